@@ -1,0 +1,186 @@
+"""Every public error of flightgroup.
+
+All of them derive from :class:`FlightError`; the only exceptions a call raises
+that do not are the builtin :class:`TimeoutError` (the caller's own ``timeout``),
+:class:`asyncio.CancelledError` (the caller's own cancellation) and the user's own
+exceptions (a leader gets its work's exception itself).
+
+Each error keeps its constructor arguments so that it pickles and can cross a
+process boundary in the wider scopes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "FlightError",
+    "FlightFailedError",
+    "FlightInterruptedError",
+    "FlightTimeoutError",
+    "GroupClosedError",
+    "LeaseLostError",
+    "NetworkDirectoryError",
+    "ProtocolVersionError",
+    "TooManyFlightsError",
+    "TooManyWaitersError",
+    "UnavailableError",
+    "ValueTooLargeError",
+]
+
+
+class FlightError(Exception):
+    """The base class of every flightgroup error."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), self._init_args())
+
+    def _init_args(self) -> tuple[Any, ...]:
+        return self.args
+
+
+class FlightFailedError(FlightError):
+    """A joiner's view of a flight whose work raised.
+
+    ``error_type`` is the failed exception class's ``__qualname__`` (e.g.
+    ``"ValueError"``), ``error_module`` its ``__module__``, ``message`` its
+    ``str()``. In the leader's process ``__cause__`` is the original exception;
+    each joiner gets its own instance, so the original's traceback never grows.
+    """
+
+    def __init__(self, key: str, error_type: str, message: str, error_module: str = "builtins"):
+        self.key = key
+        self.error_type = error_type
+        self.error_module = error_module
+        self.message = message
+        super().__init__(f"The flight of {key!r} failed: {error_type}: {message}")
+
+    def _init_args(self) -> tuple[Any, ...]:
+        return (self.key, self.error_type, self.message, self.error_module)
+
+    @classmethod
+    def of(cls, key: str, error: BaseException) -> FlightFailedError:
+        """Describe ``error`` for a joiner; ``__cause__`` is ``error`` itself."""
+        kind = type(error)
+        failed = cls(key, kind.__qualname__, str(error), kind.__module__)
+        failed.__cause__ = error
+        return failed
+
+
+class FlightInterruptedError(FlightError):
+    """The flight ended without an outcome: its leader died, lost its lease, or its
+    work was stopped by a BaseException (KeyboardInterrupt, a loop shutting down).
+    A joiner that gets it never ran the work; the next call leads a new flight."""
+
+    def __init__(self, key: str, reason: str = "its leader stopped before it landed"):
+        self.key = key
+        self.reason = reason
+        super().__init__(f"The flight of {key!r} was interrupted: {reason}.")
+
+    def _init_args(self) -> tuple[Any, ...]:
+        return (self.key, self.reason)
+
+
+class FlightTimeoutError(FlightError):
+    """The work of the flight ran past its ``deadline`` (after its retries)."""
+
+    def __init__(self, key: str, deadline: float):
+        self.key = key
+        self.deadline = deadline
+        super().__init__(f"The flight of {key!r} ran past its deadline of {deadline:g} s.")
+
+    def _init_args(self) -> tuple[Any, ...]:
+        return (self.key, self.deadline)
+
+
+class LeaseLostError(FlightError):
+    """The leader lost the lease of its flight; what it lands is refused."""
+
+    def __init__(self, key: str):
+        self.key = key
+        super().__init__(f"The lease of the flight of {key!r} was lost.")
+
+    def _init_args(self) -> tuple[Any, ...]:
+        return (self.key,)
+
+
+class TooManyWaitersError(FlightError):
+    """The flight already has ``limit`` joiners waiting in this process."""
+
+    def __init__(self, key: str, limit: int):
+        self.key = key
+        self.limit = limit
+        super().__init__(f"The flight of {key!r} already has {limit} joiners waiting.")
+
+    def _init_args(self) -> tuple[Any, ...]:
+        return (self.key, self.limit)
+
+
+class TooManyFlightsError(FlightError):
+    """This process already leads or waits for ``limit`` flights and the key is new."""
+
+    def __init__(self, key: str, limit: int):
+        self.key = key
+        self.limit = limit
+        super().__init__(f"Cannot start a flight of {key!r}: {limit} flights are in progress.")
+
+    def _init_args(self) -> tuple[Any, ...]:
+        return (self.key, self.limit)
+
+
+class ValueTooLargeError(FlightError):
+    """The encoded outcome is ``size`` bytes, over the group's ``limit``."""
+
+    def __init__(self, key: str, size: int, limit: int):
+        self.key = key
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"The outcome of {key!r} is {size} bytes encoded, over the limit of {limit} bytes."
+        )
+
+    def _init_args(self) -> tuple[Any, ...]:
+        return (self.key, self.size, self.limit)
+
+
+class ProtocolVersionError(FlightError):
+    """The coordinator speaks protocol version ``theirs``; this process speaks ``ours``."""
+
+    def __init__(self, ours: int, theirs: int | None):
+        self.ours = ours
+        self.theirs = theirs
+        super().__init__(
+            f"The coordinator speaks flightgroup protocol version {theirs}; this process "
+            f"speaks version {ours}."
+        )
+
+    def _init_args(self) -> tuple[Any, ...]:
+        return (self.ours, self.theirs)
+
+
+class NetworkDirectoryError(FlightError):
+    """The group's directory is on a network file system, where kernel locks and
+    Unix sockets do not work across hosts."""
+
+    def __init__(self, directory: str, file_system: str):
+        self.directory = directory
+        self.file_system = file_system
+        super().__init__(
+            f"The directory {directory!r} is on a network file system ({file_system}); "
+            "a directory group needs a local directory."
+        )
+
+    def _init_args(self) -> tuple[Any, ...]:
+        return (self.directory, self.file_system)
+
+
+class GroupClosedError(FlightError):
+    """The group is closed: every call is rejected."""
+
+    def __init__(self, message: str = "This flight group is closed."):
+        super().__init__(message)
+
+
+class UnavailableError(FlightError):
+    """The group's shared store (Redis) cannot be reached; ``__cause__`` is the
+    client's own error."""

@@ -1,0 +1,483 @@
+"""One key's flight, and the table of flights of one group.
+
+States and edges (every change goes through ``Flight._move``)::
+
+    IDLE ──► RUNNING ──► DONE
+     │          │  ▲
+     │          ▼  │
+     │      RETRY_PENDING          (a failed attempt waits for its next one)
+     │          │
+     └──────────┴────► DONE        (an unclaimed IDLE flight is abandoned;
+                                    a retry that is given up settles)
+    RUNNING ──► SETTLING ──► DONE   (the outcome is being encoded outside the lock)
+
+An IDLE flight is in the table but has no leader yet: the flight that follows
+one that had ``fresh`` callers waiting for its end. Its ``claims`` counts the
+callers that were told to lead or join it; the first caller that reaches it
+while it is IDLE leads it.
+
+Invariants (code that keeps one says ``# In``):
+
+I1  The table holds at most one flight per key, and removal is by identity:
+    ``if flights.get(key) is flight: del flights[key]``. ``forget`` may remove
+    outright; a flight's own settling never removes a newer flight.
+I2  A flight settles at most once; the first outcome wins, a late one is dropped.
+I3  Every waiter registered on a flight is handed exactly one signal, or is
+    withdrawn by its own caller under the lock; never both, never neither.
+    Signals are decided under the lock and delivered after it is released.
+I4  An IDLE flight without a leader always has a pending claim (``claims > 0``);
+    when the last claimant withdraws, the flight leaves the table.
+I5  User work, codecs and wake-ups never run under the table lock.
+I6  A caller that already waits on a flight never joins it again: a work that
+    calls its own key (directly or through other keys) gets RuntimeError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from asyncio import events
+from collections.abc import Hashable
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Final
+
+from .errors import GroupClosedError
+from .lease import Lease
+from .stats import Recorder
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+__all__ = ["Flight", "FlightTable", "State", "ThreadWaiter", "wake"]
+
+
+class State(Enum):
+    """The states of a flight; see the module docstring for the edges."""
+
+    IDLE = "idle"
+    RUNNING = "running"
+    RETRY_PENDING = "retry-pending"
+    SETTLING = "settling"
+    DONE = "done"
+
+
+IDLE: Final = State.IDLE
+RUNNING: Final = State.RUNNING
+RETRY_PENDING: Final = State.RETRY_PENDING
+SETTLING: Final = State.SETTLING
+DONE: Final = State.DONE
+
+_EDGES: Final = frozenset(
+    {
+        (IDLE, RUNNING),
+        (IDLE, DONE),
+        (RUNNING, RETRY_PENDING),
+        (RETRY_PENDING, RUNNING),
+        (RETRY_PENDING, DONE),
+        (RUNNING, SETTLING),
+        (RUNNING, DONE),
+        (SETTLING, DONE),
+    }
+)
+
+
+class Outcome(Enum):
+    """How a flight ended."""
+
+    VALUE = "value"  # the work returned; ``value`` (or ``data`` with a codec)
+    ERROR = "error"  # the work (or encode) raised an Exception: ``error``
+    INTERRUPTED = "interrupted"  # a BaseException stopped it: ``error`` for the leader
+    ABANDONED = "abandoned"  # an IDLE flight nobody claimed; no caller waits on it
+
+
+class Signal(Enum):
+    """What a waiter is woken with (a ``Flight`` instead means: claim that flight)."""
+
+    SETTLED = "settled"  # read the flight's outcome
+    CLOSED = "closed"  # the group closed
+    EXPIRED = "expired"  # this caller's own timeout passed (set by its timer)
+
+
+SETTLED: Final = Signal.SETTLED
+CLOSED: Final = Signal.CLOSED
+EXPIRED: Final = Signal.EXPIRED
+
+
+class Role(Enum):
+    """What ``FlightTable.arrive`` / ``claim`` made of a caller."""
+
+    LEAD = "lead"  # the caller leads: it must start the work now
+    LEADING = "leading"  # the caller leads and has started the work
+    JOIN = "join"  # registered as a joiner of the flight
+    WAIT_END = "wait-end"  # fresh: registered to wait for the flight's end
+    TAKE = "take"  # the flight is already done and its outcome is the caller's
+
+
+class ThreadWaiter:
+    """A waiting thread: a pre-acquired lock that the waker releases."""
+
+    __slots__ = ("lock", "signal")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.signal: Signal | Flight = SETTLED
+
+    def rearm(self) -> None:
+        """Make the waiter ready to wait again (after it took a signal)."""
+        self.lock.acquire(blocking=False)
+
+
+Waiter = asyncio.Future[Any] | ThreadWaiter
+
+
+class Flight:
+    """One run of the work for one key, from its start to its outcome.
+
+    Fields written under the table lock only: ``state``, ``waiters``, ``fresh``,
+    ``claims``, ``joiners``, ``next``. Outcome fields (``outcome``, ``value``,
+    ``error``, ``data``) are written once, under the lock, before ``state``
+    becomes DONE, and read by callers only after they were signalled (or saw
+    DONE under the lock). ``lease``, ``task`` and ``loop`` are written by the
+    leader when it starts the work.
+    """
+
+    __slots__ = (
+        "claims",
+        "data",
+        "error",
+        "fresh",
+        "joined_result",
+        "joiners",
+        "key",
+        "lease",
+        "loop",
+        "next",
+        "outcome",
+        "started",
+        "state",
+        "task",
+        "tkey",
+        "token",
+        "value",
+        "waiters",
+    )
+
+    def __init__(self, tkey: Hashable, key: str, token: int, state: State) -> None:
+        self.tkey = tkey
+        self.key = key
+        self.token = token
+        self.state = state
+        # waiter -> None; insertion order is wake order. Joiners and the leader.
+        self.waiters: dict[Waiter, None] = {}
+        # fresh callers waiting for this flight to end (not for its outcome)
+        self.fresh: list[Waiter] | None = None
+        self.claims = 0
+        self.joiners = 0
+        self.next: Flight | None = None
+        self.outcome: Outcome | None = None
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.data: bytes | None = None
+        self.joined_result: Any = None
+        self.lease: Lease | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.started = 0.0
+
+    def _move(self, old: State, new: State) -> None:
+        assert self.state is old, (self.state, old, new)
+        assert (old, new) in _EDGES, (old, new)
+        self.state = new
+
+    def __repr__(self) -> str:
+        return f"<Flight key={self.key!r} token={self.token} {self.state.value}>"
+
+
+def _expire(fut: asyncio.Future[Any]) -> None:
+    if not fut.done():
+        fut.set_result(EXPIRED)
+
+
+def _wake_futures(futures: list[asyncio.Future[Any]], signal: Signal | Flight) -> None:
+    for fut in futures:
+        if not fut.done():
+            fut.set_result(signal)
+
+
+def wake(waiters: Iterable[Waiter], signal: Signal | Flight) -> None:
+    """Hand ``signal`` to each waiter (I3). Call without the table lock (I5).
+
+    A future whose loop runs in this thread is resolved at once; the futures of
+    each other loop are resolved by one ``call_soon_threadsafe`` on that loop.
+    """
+    running = events._get_running_loop()
+    batches: dict[asyncio.AbstractEventLoop, list[asyncio.Future[Any]]] | None = None
+    for waiter in waiters:
+        if type(waiter) is ThreadWaiter:
+            waiter.signal = signal
+            waiter.lock.release()
+            continue
+        fut: asyncio.Future[Any] = waiter  # type: ignore[assignment]
+        loop = fut.get_loop()
+        if loop is running:
+            if not fut.done():
+                fut.set_result(signal)
+        else:
+            if batches is None:
+                batches = {}
+            batch = batches.get(loop)
+            if batch is None:
+                batches[loop] = [fut]
+            else:
+                batch.append(fut)
+    if batches:
+        for loop, futures in batches.items():
+            # A closed loop raises RuntimeError: its tasks are gone, nobody waits there.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_wake_futures, futures, signal)
+
+
+class FlightTable:
+    """The in-process flight table of one group: key -> Flight, thread-safe.
+
+    Every method runs under ``lock``, touches no user code, and returns what the
+    caller must do after releasing it (decide under the lock, act after).
+    """
+
+    __slots__ = ("_next_token", "closed", "detached", "flights", "lock", "stats")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.flights: dict[Hashable, Flight] = {}
+        # flights that left the table by forget() but still run
+        self.detached: set[Flight] = set()
+        self.stats = Recorder()
+        self.closed = False
+        self._next_token = 0
+
+    # -- arriving -----------------------------------------------------------
+
+    def arrive(
+        self,
+        tkey: Hashable,
+        key: str,
+        fresh: bool,
+        make_waiter: Callable[[], Waiter],
+        chain: Lease | None,
+        blocking_loop: asyncio.AbstractEventLoop | None,
+    ) -> tuple[Role, Flight, Waiter | None]:
+        """Decide lead, join or wait-for-end for a new call of ``tkey``.
+
+        ``chain`` is the lease current where the call is made (I6);
+        ``blocking_loop`` is the event loop that this call would block while it
+        waits (a sync call made on a loop's thread), or None.
+        """
+        with self.lock:
+            if self.closed:
+                raise GroupClosedError()
+            stats = self.stats
+            flight = self.flights.get(tkey)
+            if flight is None:
+                stats.calls += 1
+                stats.flights += 1
+                stats.in_flight += 1
+                self._next_token += 1
+                flight = Flight(tkey, key, self._next_token, RUNNING)
+                flight.started = time.perf_counter()
+                self.flights[tkey] = flight
+                return Role.LEAD, flight, None
+            state = flight.state
+            if state is IDLE:  # a flight that waits for its first leader
+                stats.calls += 1
+                self._lead(flight)
+                return Role.LEAD, flight, None
+            if chain is not None and chain._chain_has(flight):  # I6
+                raise RuntimeError(
+                    f"A work of the flight of {key!r} called the same key on the same group; "
+                    "it would wait for itself. Give the inner call a key of its own."
+                )
+            if blocking_loop is not None and flight.loop is blocking_loop:
+                raise RuntimeError(
+                    f"run_sync({key!r}) was called on the thread of the event loop that runs "
+                    "this flight's work, so it would block that work forever; use await run()."
+                )
+            stats.calls += 1
+            waiter = make_waiter()
+            if fresh:  # an IDLE flight was led above: this one is running
+                if flight.fresh is None:
+                    flight.fresh = [waiter]
+                else:
+                    flight.fresh.append(waiter)
+                return Role.WAIT_END, flight, waiter
+            flight.waiters[waiter] = None
+            flight.joiners += 1
+            stats.joins += 1
+            return Role.JOIN, flight, waiter
+
+    def claim(
+        self, flight: Flight, make_waiter: Callable[[], Waiter]
+    ) -> tuple[Role, Waiter | None]:
+        """A fresh caller takes its claim on ``flight`` (the flight after the one
+        it waited for): lead it if nobody does, else join it, or take its
+        outcome if it already ended (it started after the caller's call)."""
+        with self.lock:
+            flight.claims -= 1
+            if self.closed:
+                raise GroupClosedError()
+            if flight.state is IDLE:
+                self._lead(flight)
+                return Role.LEAD, None
+            if flight.state is DONE:
+                # I4: a flight with a pending claim is never abandoned.
+                assert flight.outcome is not Outcome.ABANDONED
+                self.stats.joins += 1
+                return Role.TAKE, None
+            waiter = make_waiter()
+            flight.waiters[waiter] = None
+            flight.joiners += 1
+            self.stats.joins += 1
+            return Role.JOIN, waiter
+
+    def _lead(self, flight: Flight) -> None:
+        flight._move(IDLE, RUNNING)
+        stats = self.stats
+        stats.flights += 1
+        stats.in_flight += 1
+        flight.started = time.perf_counter()
+
+    def release_claim(self, flight: Flight) -> None:
+        """A caller told to claim ``flight`` withdrew instead (I4)."""
+        with self.lock:
+            flight.claims -= 1
+            if flight.state is IDLE and flight.claims == 0:
+                flight._move(IDLE, DONE)
+                flight.outcome = Outcome.ABANDONED
+                if self.flights.get(flight.tkey) is flight:  # I1
+                    del self.flights[flight.tkey]
+                self.detached.discard(flight)
+
+    def wait_as_leader(self, flight: Flight, waiter: Waiter) -> bool:
+        """Register the leader's own waiter; False if the flight already ended.
+
+        Raises GroupClosedError if the group closed after the leader started.
+        """
+        with self.lock:
+            if flight.state is DONE:
+                return False
+            if self.closed:
+                raise GroupClosedError()
+            flight.waiters[waiter] = None
+            return True
+
+    def withdraw(self, flight: Flight, waiter: Waiter) -> bool:
+        """Remove a caller's waiter (timeout, cancel, on_join raised).
+
+        True if it was removed: no signal will come (I3). False if a signal was
+        already handed to it or is on its way.
+        """
+        with self.lock:
+            if flight.waiters.pop(waiter, False) is None:
+                return True
+            fresh = flight.fresh
+            if fresh is not None and waiter in fresh:
+                fresh.remove(waiter)
+                return True
+            return False
+
+    # -- running and settling -------------------------------------------------
+
+    def settle(
+        self,
+        flight: Flight,
+        outcome: Outcome,
+        value: Any,
+        error: BaseException | None,
+        data: bytes | None,
+    ) -> tuple[dict[Waiter, None], list[Waiter] | None] | None:
+        """Record the outcome (I2) and detach the waiters to wake (I3).
+
+        Returns (waiters to wake with SETTLED, fresh waiters to wake with a claim
+        on ``flight.next``), or None if the flight had already settled.
+        """
+        elapsed_us = int((time.perf_counter() - flight.started) * 1e6)
+        with self.lock:
+            if flight.state is DONE:  # I2
+                return None
+            flight.outcome = outcome
+            flight.value = value
+            flight.error = error
+            flight.data = data
+            flight.state = DONE  # from RUNNING or SETTLING
+            waiters = flight.waiters
+            flight.waiters = {}
+            fresh = flight.fresh
+            flight.fresh = None
+            tkey = flight.tkey
+            flights = self.flights
+            if flights.get(tkey) is flight:  # I1
+                del flights[tkey]
+            elif self.detached:
+                self.detached.discard(flight)
+            stats = self.stats
+            stats.in_flight -= 1
+            if outcome is Outcome.ERROR:
+                stats.failures += 1
+            elif outcome is Outcome.INTERRUPTED:
+                stats.interrupted += 1
+            stats.joiners.record(flight.joiners)
+            stats.flight_us.record(elapsed_us)
+            if fresh and not self.closed:
+                following = flights.get(tkey)
+                if following is None:
+                    self._next_token += 1
+                    following = Flight(tkey, flight.key, self._next_token, IDLE)
+                    flights[tkey] = following
+                following.claims += len(fresh)
+                flight.next = following
+            return waiters, fresh
+
+    # -- the group ------------------------------------------------------------
+
+    def forget(self, tkey: Hashable) -> None:
+        """Detach the flight of ``tkey`` (it runs on for its callers); the next
+        call leads a new flight."""
+        with self.lock:
+            flight = self.flights.pop(tkey, None)
+            if flight is not None:
+                # It runs on (or, if IDLE, its claimants still lead it) for the
+                # callers it has; close() must still find it.
+                self.detached.add(flight)
+
+    def close(self) -> list[tuple[Flight, list[Waiter]]]:
+        """Mark the group closed and detach every waiter; return them to wake
+        with CLOSED, per flight (whose leases are then lost)."""
+        with self.lock:
+            if self.closed:
+                return []
+            self.closed = True
+            result: list[tuple[Flight, list[Waiter]]] = []
+            for flight in [*self.flights.values(), *self.detached]:
+                waiters = list(flight.waiters)
+                flight.waiters = {}
+                if flight.fresh:
+                    waiters.extend(flight.fresh)
+                    flight.fresh = None
+                if flight.state is IDLE:
+                    flight.claims = 0
+                    flight._move(IDLE, DONE)
+                    flight.outcome = Outcome.ABANDONED
+                result.append((flight, waiters))
+            self.flights.clear()
+            self.detached.clear()
+            return result
+
+    def snapshot(self) -> Any:
+        """A Stats snapshot, taken under the lock."""
+        with self.lock:
+            return self.stats.snapshot()
+
+
+__all__ += ["CLOSED", "EXPIRED", "SETTLED", "Outcome", "Role", "Signal", "_expire"]

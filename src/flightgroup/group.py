@@ -1,0 +1,727 @@
+"""FlightGroup: the public face of single flight.
+
+Every call goes first through the group's in-process flight table
+(``flight.FlightTable``): the first caller of a key leads and runs the work,
+every caller that comes while it runs joins and gets the same outcome. Async
+and sync callers share one table, from any thread and any event loop.
+
+Where the work runs (ADR 0002): an async work runs in a task of its own,
+owned by the group, so the leader's caller can be cancelled or time out without
+cancelling the work. On Python 3.12+ that task starts eagerly: a work that
+finishes without suspending costs no trip through the event loop. A sync work
+runs in the leader's own thread, or, when the leader gave a ``timeout``, on a
+thread of its own so the leader can stop waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import math
+import os
+import sys
+import threading
+import time
+from asyncio import events
+from collections.abc import Awaitable, Callable, Coroutine, Hashable
+from contextvars import copy_context
+from dataclasses import dataclass
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
+
+from .codec import Codec, check_codec, encode_bytes
+from .errors import (
+    FlightFailedError,
+    FlightInterruptedError,
+    GroupClosedError,
+    ValueTooLargeError,
+)
+from .flight import (
+    CLOSED,
+    EXPIRED,
+    SETTLED,
+    Flight,
+    FlightTable,
+    Outcome,
+    Role,
+    Signal,
+    ThreadWaiter,
+    Waiter,
+    _expire,
+    wake,
+)
+from .lease import _CURRENT, Lease
+from .policy import Limits, Retention, Retry, check_seconds
+from .stats import Stats
+
+__all__ = ["FlightGroup", "Result"]
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+P = ParamSpec("P")
+
+_EAGER = sys.version_info >= (3, 12)
+"""Start a leader's task eagerly (Python 3.12+). Tests switch it off to cover 3.11's path."""
+
+_SOCKET_PATH_LIMIT = 103  # bytes of UTF-8; macOS allows 104 with the NUL, Linux 108
+
+
+@dataclass(frozen=True, slots=True)
+class Result(Generic[T_co]):
+    """What a call returns: the flight's ``value``, whether this caller ``joined``
+    (False for the leader), and the flight's fencing ``token``."""
+
+    value: T_co
+    joined: bool
+    token: int
+
+
+def _check_key(key: object) -> str:
+    if type(key) is not str and not isinstance(key, str):
+        raise TypeError(f"key must be a str, not {type(key).__name__}")
+    if not key:
+        raise ValueError("key must not be empty")
+    return key
+
+
+def _check_call(work: object, on_join: object, timeout: object, fresh: object) -> None:
+    if not callable(work):
+        raise TypeError(f"work must be callable, not {type(work).__name__}")
+    if on_join is not None and not callable(on_join):
+        raise TypeError(f"on_join must be callable or None, not {type(on_join).__name__}")
+    if timeout is not None:
+        check_seconds("timeout", timeout)
+    if type(fresh) is not bool:
+        raise TypeError(f"fresh must be a bool, not {type(fresh).__name__}")
+
+
+class _Coalesce(Protocol):
+    """The decorator returned by ``FlightGroup.coalesce``."""
+
+    @overload
+    def __call__(
+        self, fn: Callable[P, Coroutine[Any, Any, T]], /
+    ) -> Callable[P, Coroutine[Any, Any, T]]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, T], /) -> Callable[P, T]: ...
+
+
+class FlightGroup:
+    """A group of callers that share flights: one run per key at a time.
+
+    ``FlightGroup()`` is the process scope: every task and thread of this process
+    that uses the group. The wider scopes (``directory=``, ``redis=``) take the
+    same calls; see API.md.
+
+    A group is a context manager (``with`` / ``async with``); closing it makes
+    every waiting call raise GroupClosedError and every later call too. Work
+    already running is not stopped.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_closed",
+        "_codec",
+        "_deadline",
+        "_limits",
+        "_max_value_bytes",
+        "_retention",
+        "_retry",
+        "_table",
+    )
+
+    def __init__(
+        self,
+        *,
+        directory: str | os.PathLike[str] | None = None,
+        redis: str | None = None,
+        namespace: str | None = None,
+        codec: Codec | None = None,
+        deadline: float | None = None,
+        retry: Retry | None = None,
+        retention: Retention | None = None,
+        limits: Limits | None = None,
+        max_value_bytes: int | None = None,
+        lease: float = 10.0,
+        cluster: bool = False,
+        reconnect_timeout: float = 5.0,
+        max_frame_bytes: int = 64 * 1024 * 1024 + 64 * 1024,
+    ) -> None:
+        if directory is not None and redis is not None:
+            raise ValueError("directory and redis exclude each other: choose one scope")
+        if codec is not None:
+            check_codec(codec)
+        if (directory is not None or redis is not None) and codec is None:
+                raise TypeError(
+                    "a directory or fleet group needs a codec (for example codec=flightgroup.JSON)"
+                )
+        if directory is not None:
+            path = os.fsdecode(os.fspath(directory))
+            if not path:
+                raise ValueError("directory must not be empty")
+            sock = os.path.join(os.path.abspath(path), "flight.sock")
+            size = len(sock.encode())
+            if size > _SOCKET_PATH_LIMIT:
+                raise ValueError(
+                    f"the socket path {sock!r} is {size} bytes, over the limit of "
+                    f"{_SOCKET_PATH_LIMIT}; choose a shorter directory"
+                )
+        if redis is not None:
+            if not isinstance(redis, str) or not redis.startswith(
+                ("redis://", "rediss://", "unix://")
+            ):
+                raise ValueError("redis must be a redis://, rediss:// or unix:// URL")
+            if not isinstance(namespace, str) or not namespace:
+                raise ValueError("the fleet scope needs a non-empty namespace")
+            check_seconds("lease", lease, allow_none=False, allow_zero=False, allow_inf=False)
+            if not isinstance(cluster, bool):
+                raise TypeError("cluster must be a bool")
+        elif namespace is not None:
+            raise ValueError("namespace belongs to the fleet scope (redis=...)")
+        check_seconds("reconnect_timeout", reconnect_timeout, allow_none=False)
+        self._deadline = check_seconds("deadline", deadline, allow_zero=False)
+        for name, policy, kind in (
+            ("retry", retry, Retry),
+            ("retention", retention, Retention),
+            ("limits", limits, Limits),
+        ):
+            if policy is not None and not isinstance(policy, kind):
+                raise TypeError(f"{name} must be a {kind.__name__}, not {type(policy).__name__}")
+        if max_value_bytes is not None and (
+            isinstance(max_value_bytes, bool)
+            or not isinstance(max_value_bytes, int)
+            or max_value_bytes < 1
+        ):
+            raise ValueError("max_value_bytes must be a positive int")
+        if isinstance(max_frame_bytes, bool) or not isinstance(max_frame_bytes, int):
+            raise TypeError("max_frame_bytes must be an int")
+        if directory is not None:
+            raise NotImplementedError("the directory scope is not built yet (issue 4)")
+        if redis is not None:
+            raise NotImplementedError("the fleet scope is not built yet (issue 5)")
+        if self._deadline is not None or retry is not None or retention is not None or (
+            limits is not None
+        ):
+            raise NotImplementedError("flight policies are not built yet (issue 3)")
+        self._retry = retry
+        self._retention = retention
+        self._limits = limits
+        self._codec = codec
+        self._max_value_bytes = max_value_bytes
+        self._table = FlightTable()
+        self._closed = False
+
+    # -- calls ------------------------------------------------------------------
+
+    async def run(
+        self,
+        key: str,
+        work: Callable[[], Awaitable[T]],
+        *,
+        on_join: Callable[[], object] | None = None,
+        timeout: float | None = None,
+        fresh: bool = False,
+    ) -> Result[T]:
+        """Run ``work()`` as the leader of ``key``'s flight, or join the one in progress.
+
+        ``work`` is any callable that returns an awaitable. The leader gets
+        ``Result(value, joined=False)``, each joiner ``Result(value, joined=True)``,
+        with the same value (the same object in the process scope without a codec).
+        ``on_join`` is called once in each joiner, before it waits. ``fresh=True``
+        accepts only a flight that starts after this call.
+
+        Cancellation: cancelling the calling task, or its ``timeout`` passing,
+        withdraws this caller only: it raises CancelledError (resp. TimeoutError),
+        and the flight goes on for the others. The leader's cancel does not cancel
+        the work; the group owns it and lands it for the joiners. A call made with
+        ``timeout=0`` or from a task that is already being cancelled neither leads
+        nor joins.
+
+        Raises:
+            TypeError, ValueError: a bad key, work, on_join, timeout or fresh; nothing
+                changes.
+            GroupClosedError: the group is (or gets) closed.
+            TimeoutError: this caller's ``timeout`` passed.
+            FlightFailedError: (joiners) the work raised; ``__cause__`` is its error.
+            FlightInterruptedError: (joiners) the work was stopped by a
+                BaseException and has no outcome.
+            RuntimeError: the work of this very flight called its own key (it
+                would wait for itself).
+            Exception: (the leader) whatever the work raised, itself.
+        """
+        _check_key(key)
+        _check_call(work, on_join, timeout, fresh)
+        if self._closed:
+            raise GroupClosedError()
+        if timeout is not None and timeout <= 0:
+            raise TimeoutError(f"timeout of 0 s for {key!r}: the call neither led nor joined")
+        loop = events.get_running_loop()
+        task = asyncio.current_task(loop)
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError()
+        role, flight, waiter = self._table.arrive(
+            key, key, fresh, loop.create_future, _CURRENT.get(), None
+        )
+        if role is Role.LEAD:
+            self._start_async(flight, work, loop)
+            if flight.outcome is not None:  # the work finished eagerly: no waiting
+                return self._deliver(flight, True)
+            role = Role.LEADING
+        return await self._follow(role, flight, waiter, work, on_join, timeout, loop)
+
+    async def _run_op(self, tkey: Hashable, key: str, work: Callable[[], Awaitable[T]]) -> T:
+        """``run`` for a decorated function: ``tkey`` is its namespaced key."""
+        if self._closed:
+            raise GroupClosedError()
+        loop = events.get_running_loop()
+        task = asyncio.current_task(loop)
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError()
+        role, flight, waiter = self._table.arrive(
+            tkey, key, False, loop.create_future, _CURRENT.get(), None
+        )
+        if role is Role.LEAD:
+            self._start_async(flight, work, loop)
+            if flight.outcome is not None:
+                value: T = self._deliver(flight, True).value
+                return value
+            role = Role.LEADING
+        result = await self._follow(role, flight, waiter, work, None, None, loop)
+        return result.value
+
+    async def _follow(
+        self,
+        role: Role,
+        flight: Flight,
+        waiter: Waiter | None,
+        work: Callable[[], Awaitable[T]],
+        on_join: Callable[[], object] | None,
+        timeout: float | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> Result[T]:
+        table = self._table
+        at = None if timeout is None or math.isinf(timeout) else loop.time() + timeout
+        leader = False
+        fresh_of: Flight | None = None  # the flight whose end this caller waits for
+        while True:
+            if role is Role.LEAD or role is Role.LEADING:
+                leader = True
+                if role is Role.LEAD:
+                    self._start_async(flight, work, loop)
+                waiter = loop.create_future()
+                if not table.wait_as_leader(flight, waiter):
+                    return self._deliver(flight, True)
+            elif role is Role.TAKE:
+                return self._deliver(flight, False)
+            elif role is Role.JOIN and on_join is not None:
+                call_on_join, on_join = on_join, None  # once per call, never after a rejoin
+                try:
+                    call_on_join()
+                except BaseException:
+                    assert waiter is not None
+                    self._abandon(flight, waiter, fresh_of)
+                    raise
+            elif role is Role.WAIT_END:
+                fresh_of = flight
+            assert waiter is not None
+            fut: asyncio.Future[Any] = waiter  # type: ignore[assignment]
+            timer = None if at is None else loop.call_at(at, _expire, fut)
+            try:
+                signal = await fut
+            except BaseException:
+                self._abandon(flight, fut, fresh_of)
+                raise
+            finally:
+                if timer is not None:
+                    timer.cancel()
+            if signal is EXPIRED:
+                if table.withdraw(flight, fut):
+                    raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
+                signal = _signal_in_transit(flight, fresh_of)
+            if signal is SETTLED:
+                return self._deliver(flight, leader)
+            if signal is CLOSED:
+                raise GroupClosedError()
+            # A claim on the flight after the one this caller waited for.
+            assert isinstance(signal, Flight)
+            flight, fresh_of = signal, None
+            role, waiter = table.claim(flight, loop.create_future)
+
+    def run_sync(
+        self,
+        key: str,
+        work: Callable[[], T],
+        *,
+        on_join: Callable[[], object] | None = None,
+        timeout: float | None = None,
+        fresh: bool = False,
+    ) -> Result[T]:
+        """The blocking twin of :meth:`run`, for threads: ``work`` is a plain callable.
+
+        The leader runs ``work()`` in its own thread; with a ``timeout`` it runs it
+        on a thread of its own instead, so the leader can stop waiting.
+
+        Cancellation: when ``timeout`` passes this call raises TimeoutError and the
+        flight goes on for the others; a leader's timeout does not stop the work.
+        KeyboardInterrupt while waiting withdraws this caller the same way.
+        ``timeout=0`` neither leads nor joins.
+
+        Raises: as :meth:`run`, and RuntimeError when called on the thread of the
+        event loop that runs the flight's async work (it would block it forever).
+        """
+        _check_key(key)
+        _check_call(work, on_join, timeout, fresh)
+        if self._closed:
+            raise GroupClosedError()
+        if timeout is not None and timeout <= 0:
+            raise TimeoutError(f"timeout of 0 s for {key!r}: the call neither led nor joined")
+        return self._call_sync(key, key, work, on_join, timeout, fresh)
+
+    def _call_sync(
+        self,
+        tkey: Hashable,
+        key: str,
+        work: Callable[[], T],
+        on_join: Callable[[], object] | None,
+        timeout: float | None,
+        fresh: bool,
+    ) -> Result[T]:
+        role, flight, waiter = self._table.arrive(
+            tkey, key, fresh, ThreadWaiter, _CURRENT.get(), events._get_running_loop()
+        )
+        if role is Role.LEAD and timeout is None:
+            self._drive_sync(flight, work)  # the common case: no waiting at all
+            return self._deliver(flight, True)
+        return self._follow_sync(role, flight, waiter, work, on_join, timeout)
+
+    def _follow_sync(
+        self,
+        role: Role,
+        flight: Flight,
+        waiter: Waiter | None,
+        work: Callable[[], T],
+        on_join: Callable[[], object] | None,
+        timeout: float | None,
+    ) -> Result[T]:
+        table = self._table
+        monotonic = time.monotonic
+        at = None if timeout is None or math.isinf(timeout) else monotonic() + timeout
+        leader = False
+        fresh_of: Flight | None = None
+        while True:
+            if role is Role.LEAD:
+                leader = True
+                if at is None:
+                    self._drive_sync(flight, work)
+                    return self._deliver(flight, True)
+                waiter = ThreadWaiter()
+                context = copy_context()
+                threading.Thread(
+                    target=context.run,
+                    args=(self._drive_sync, flight, work),
+                    name=f"flightgroup-work-{flight.token}",
+                    daemon=True,
+                ).start()
+                if not table.wait_as_leader(flight, waiter):
+                    return self._deliver(flight, True)
+            elif role is Role.TAKE:
+                return self._deliver(flight, False)
+            elif role is Role.JOIN and on_join is not None:
+                call_on_join, on_join = on_join, None
+                try:
+                    call_on_join()
+                except BaseException:
+                    assert waiter is not None
+                    self._abandon(flight, waiter, fresh_of)
+                    raise
+            elif role is Role.WAIT_END:
+                fresh_of = flight
+            assert type(waiter) is ThreadWaiter
+            try:
+                if at is None:
+                    taken = waiter.lock.acquire()
+                else:
+                    taken = waiter.lock.acquire(timeout=max(0.0, at - monotonic()))
+            except BaseException:
+                self._abandon(flight, waiter, fresh_of)
+                raise
+            if not taken:
+                if table.withdraw(flight, waiter):
+                    raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
+                waiter.lock.acquire()  # a signal was handed over as we gave up: take it
+            signal = waiter.signal
+            if signal is SETTLED:
+                return self._deliver(flight, leader)
+            if signal is CLOSED:
+                raise GroupClosedError()
+            assert isinstance(signal, Flight)
+            flight, fresh_of = signal, None
+            role, waiter = table.claim(flight, ThreadWaiter)
+
+    def _abandon(self, flight: Flight, waiter: Waiter, fresh_of: Flight | None) -> None:
+        """This caller stops waiting (cancel, timeout, on_join raised, interrupt).
+
+        If its waiter could not be withdrawn, a signal reached it first; the only
+        signal that asks something of it is a claim on the next flight, which it
+        hands back (I4).
+        """
+        if not self._table.withdraw(flight, waiter) and fresh_of is not None:
+            following = fresh_of.next
+            if following is not None:
+                self._table.release_claim(following)
+
+    # -- the leader's side -----------------------------------------------------
+
+    def _start_async(
+        self, flight: Flight, work: Callable[[], Awaitable[Any]], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        flight.loop = loop
+        lease = Lease._new(flight.key, flight.token, flight, _CURRENT.get())
+        flight.lease = lease
+        coro = self._drive_async(flight, lease, work)
+        if _EAGER:
+            flight.task = asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
+        else:
+            flight.task = loop.create_task(coro)
+
+    async def _drive_async(
+        self, flight: Flight, lease: Lease, work: Callable[[], Awaitable[Any]]
+    ) -> None:
+        """The body of the work's own task: run it, contain every ending, land it."""
+        _CURRENT.set(lease)  # in this task's own context
+        try:
+            awaitable = work()
+            if not inspect.isawaitable(awaitable):
+                raise TypeError(
+                    f"the work given to run() returned {type(awaitable).__name__}, not an "
+                    "awaitable; use run_sync() for a plain function"
+                )
+            value = await awaitable
+        except Exception as exc:
+            self._land(flight, Outcome.ERROR, None, exc)
+        except BaseException as exc:
+            # CancelledError (its loop shutting down), KeyboardInterrupt, SystemExit:
+            # joiners are interrupted, the leader gets it, and it goes on up.
+            self._land(flight, Outcome.INTERRUPTED, None, exc)
+            raise
+        else:
+            self._land(flight, Outcome.VALUE, value, None)
+
+    def _drive_sync(self, flight: Flight, work: Callable[[], Any]) -> None:
+        lease = Lease._new(flight.key, flight.token, flight, _CURRENT.get())
+        flight.lease = lease
+        reset = _CURRENT.set(lease)
+        try:
+            value = work()
+            if inspect.isawaitable(value):
+                if inspect.iscoroutine(value):
+                    value.close()  # never awaited: close it quietly
+                raise TypeError(
+                    f"the work given to run_sync() returned {type(value).__name__}, an "
+                    "awaitable; use await run() for an async function"
+                )
+        except Exception as exc:
+            self._land(flight, Outcome.ERROR, None, exc)
+        except BaseException as exc:
+            # KeyboardInterrupt, SystemExit: joiners are interrupted; the leader
+            # raises it from _deliver (in its own thread).
+            self._land(flight, Outcome.INTERRUPTED, None, exc)
+        else:
+            self._land(flight, Outcome.VALUE, value, None)
+        finally:
+            _CURRENT.reset(reset)
+
+    def _land(
+        self, flight: Flight, outcome: Outcome, value: Any, error: BaseException | None
+    ) -> None:
+        """The landing: hand the outcome to the table and wake every waiter."""
+        data = None
+        codec = self._codec
+        if codec is not None and outcome is Outcome.VALUE:
+            try:
+                data = encode_bytes(codec, value)
+                limit = self._max_value_bytes
+                if limit is not None and len(data) > limit:
+                    raise ValueTooLargeError(flight.key, len(data), limit)
+            except Exception as exc:
+                outcome, value, error, data = Outcome.ERROR, None, exc, None
+            else:
+                value = None
+        detached = self._table.settle(flight, outcome, value, error, data)
+        if detached is None:
+            return
+        waiters, fresh = detached
+        if waiters:
+            wake(waiters, SETTLED)
+        if fresh:
+            following = flight.next
+            wake(fresh, following if following is not None else CLOSED)
+
+    def _deliver(self, flight: Flight, leader: bool) -> Result[Any]:
+        """Turn a settled flight into this caller's return value or exception."""
+        outcome = flight.outcome
+        if outcome is Outcome.VALUE:
+            data = flight.data
+            if data is not None:
+                assert self._codec is not None
+                return Result(self._codec.decode(data), not leader, flight.token)
+            if leader:
+                return Result(flight.value, False, flight.token)
+            result: Result[Any] | None = flight.joined_result
+            if result is None:
+                result = flight.joined_result = Result(flight.value, True, flight.token)
+            return result
+        error = flight.error
+        assert error is not None
+        if leader:
+            raise error
+        if outcome is Outcome.ERROR:
+            raise FlightFailedError.of(flight.key, error)
+        raise FlightInterruptedError(
+            flight.key, f"its work was stopped by {type(error).__qualname__}"
+        ) from None
+
+    # -- the decorator ----------------------------------------------------------
+
+    def coalesce(
+        self,
+        key: Callable[..., str] | None = None,
+        *,
+        name: str | None = None,
+        deadline: float | None = None,
+        retry: Retry | None = None,
+        retention: Retention | None = None,
+        limits: Limits | None = None,
+    ) -> _Coalesce:
+        """Decorate an ``async def`` or a plain ``def`` so that concurrent calls with
+        the same key share one run. The decorated function returns the value itself.
+
+        ``key`` is called with the function's arguments and returns the call's key
+        (without it, the key is the ``repr`` of the bound arguments: only for
+        arguments whose repr says all that matters). Keys live in a namespace of the
+        function's own (``module.qualname``, or ``name``), so two decorated functions
+        never share a flight. The wrapper also has ``forget(*args, **kwargs)``.
+        """
+        if key is not None and not callable(key):
+            raise TypeError("key must be a callable that returns the call's key")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ValueError("name must be a non-empty str")
+        if deadline is not None or retry is not None or retention is not None or (
+            limits is not None
+        ):
+            raise NotImplementedError("flight policies are not built yet (issue 3)")
+        decorator: _Coalesce = _make_coalesce(self, key, name)
+        return decorator
+
+    # -- the group --------------------------------------------------------------
+
+    def forget(self, key: str) -> None:
+        """Make the next call of ``key`` lead a new flight; drop a kept outcome.
+
+        A flight in progress is detached, not stopped: its callers still get its
+        outcome, and its late settling never touches the newer flight.
+        """
+        _check_key(key)
+        self._table.forget(key)
+
+    def _forget_op(self, tkey: Hashable) -> None:
+        self._table.forget(tkey)
+
+    def stats(self) -> Stats:
+        """A snapshot of this group's counters in this process."""
+        return self._table.snapshot()  # type: ignore[no-any-return]
+
+    @property
+    def closed(self) -> bool:
+        """True once the group is closed."""
+        return self._closed
+
+    def close(self) -> None:
+        """Close the group: waiting calls raise GroupClosedError, later calls too.
+
+        Work that is running is not stopped; its lease is marked lost (its outcome
+        will not be delivered), and it runs to its end. Returns at once.
+        """
+        self._closed = True
+        for flight, waiters in self._table.close():
+            if flight.lease is not None:
+                flight.lease._lose()
+            if waiters:
+                wake(waiters, CLOSED)
+
+    async def aclose(self) -> None:
+        """Close the group (see :meth:`close`)."""
+        self.close()
+
+    def __enter__(self) -> FlightGroup:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> FlightGroup:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<FlightGroup process scope, {state}, {len(self._table.flights)} flights>"
+
+
+def _signal_in_transit(flight: Flight, fresh_of: Flight | None) -> Signal | Flight:
+    """The signal a waiter was handed while its own timer also fired (I3)."""
+    if fresh_of is not None:
+        return fresh_of.next if fresh_of.next is not None else CLOSED
+    return SETTLED if flight.outcome is not None else CLOSED
+
+
+def _make_coalesce(group: FlightGroup, key: Callable[..., str] | None, name: str | None) -> Any:
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if not callable(fn):
+            raise TypeError("coalesce() decorates a function")
+        namespace = name or f"{fn.__module__}.{fn.__qualname__}"
+        if key is None:
+            signature = inspect.signature(fn)
+
+            def key_of(*args: Any, **kwargs: Any) -> str:
+                bound = signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                return repr(tuple(bound.arguments.items()))
+        else:
+            key_of = key
+
+        def op_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[str, str], str]:
+            op = _check_key(key_of(*args, **kwargs))
+            return (namespace, op), op
+
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                tkey, op = op_key(args, kwargs)
+                return await group._run_op(tkey, op, lambda: fn(*args, **kwargs))
+
+            wrapper: Any = async_wrapper
+        else:
+
+            @functools.wraps(fn)
+            def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+                tkey, op = op_key(args, kwargs)
+                if group._closed:
+                    raise GroupClosedError()
+                work = functools.partial(fn, *args, **kwargs)
+                return group._call_sync(tkey, op, work, None, None, False).value
+
+            wrapper = sync_wrapper
+
+        def forget(*args: Any, **kwargs: Any) -> None:
+            group._forget_op(op_key(args, kwargs)[0])
+
+        wrapper.forget = forget
+        wrapper.flight_namespace = namespace
+        return wrapper  # type: ignore[no-any-return]
+
+    return decorate

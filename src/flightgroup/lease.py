@@ -1,0 +1,129 @@
+"""The lease: what a flight's work holds while it runs.
+
+``current_lease()`` returns the :class:`Lease` of the attempt whose work is
+running in this task or thread. It carries the attempt's fencing token (storage
+written by the work can refuse a write from an older token) and the lost
+signal: once ``lost`` is True the work's outcome will not be landed, so it
+should stop writing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from .errors import LeaseLostError
+
+if TYPE_CHECKING:
+    from .flight import Flight
+
+__all__ = ["Lease", "current_lease"]
+
+# Guards every lease's list of lost-waiters. Loss is rare and registration is
+# rare, so one lock for the module costs nothing and keeps Lease small.
+_LOSS_LOCK = threading.Lock()
+
+_CURRENT: ContextVar[Lease | None] = ContextVar("flightgroup_lease", default=None)
+
+
+class Lease:
+    """The lease of one attempt of a flight. No public constructor.
+
+    ``key`` is the flight's key, ``token`` its fencing token (an int that grows
+    within a group). ``lost`` turns True at most once and never back.
+    """
+
+    __slots__ = ("_error", "_flight", "_lost", "_parent", "_waiters", "key", "token")
+
+    key: str
+    token: int
+    _lost: bool
+    _error: LeaseLostError | None
+    # (loop, future) pairs of ``wait_lost`` callers; None once lost.
+    _waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] | None
+    # The flight this lease belongs to, and the lease that was current where the
+    # flight's work started: the chain lets a call detect that it would join a
+    # flight it is itself part of (a deadlock).
+    _flight: Flight
+    _parent: Lease | None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("Lease has no public constructor; use current_lease() inside a work")
+
+    @classmethod
+    def _new(cls, key: str, token: int, flight: Flight, parent: Lease | None) -> Lease:
+        lease = object.__new__(cls)
+        lease.key = key
+        lease.token = token
+        lease._lost = False
+        lease._error = None
+        lease._waiters = []
+        lease._flight = flight
+        lease._parent = parent
+        return lease
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease is lost: the work's outcome will not be landed."""
+        return self._lost
+
+    def raise_if_lost(self) -> None:
+        """Raise :class:`LeaseLostError` if the lease is lost; else do nothing."""
+        if self._lost:
+            raise LeaseLostError(self.key)
+
+    async def wait_lost(self) -> None:
+        """Return once the lease is lost (at once if it already is)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        with _LOSS_LOCK:
+            if self._waiters is None:
+                return
+            self._waiters.append((loop, fut))
+        try:
+            await fut
+        finally:
+            with _LOSS_LOCK:
+                if self._waiters is not None and (loop, fut) in self._waiters:
+                    self._waiters.remove((loop, fut))
+
+    def _lose(self) -> None:
+        """Mark the lease lost (idempotent) and wake every ``wait_lost`` caller."""
+        with _LOSS_LOCK:
+            if self._waiters is None:
+                return
+            waiters, self._waiters = self._waiters, None
+            self._lost = True
+        for loop, fut in waiters:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_resolve, fut)
+
+    def _chain_has(self, flight: Flight) -> bool:
+        lease: Lease | None = self
+        while lease is not None:
+            if lease._flight is flight:
+                return True
+            lease = lease._parent
+        return False
+
+    def __repr__(self) -> str:
+        return f"<Lease key={self.key!r} token={self.token} lost={self._lost}>"
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def current_lease() -> Lease:
+    """Return the lease of the flight whose work is running here.
+
+    Raises:
+        LookupError: when called outside a flight's work.
+    """
+    lease = _CURRENT.get()
+    if lease is None:
+        raise LookupError("current_lease() is only available inside a flight's work")
+    return lease

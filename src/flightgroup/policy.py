@@ -1,0 +1,117 @@
+"""Flight policies: Retry, Retention, Limits (frozen, validated at construction).
+
+A policy belongs to the flight, never to a caller: the first caller's policy
+(the leader's) is the flight's policy, and later callers never change it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["Limits", "Retention", "Retry", "check_seconds"]
+
+
+def check_seconds(name: str, value: object, *, allow_none: bool = True, allow_zero: bool = True,
+                  allow_inf: bool = True) -> float | None:
+    """Validate a duration in seconds; return it as a float (or None).
+
+    Raises TypeError for a non-number (bools included) and ValueError for NaN, a
+    negative number, or a value the caller does not allow, naming ``name``.
+    """
+    if value is None:
+        if allow_none:
+            return None
+        raise TypeError(f"{name} must be a number of seconds, not None")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    seconds = float(value)
+    if math.isnan(seconds):
+        raise ValueError(f"{name} must not be NaN")
+    if seconds < 0:
+        raise ValueError(f"{name} must not be negative, got {value!r}")
+    if seconds == 0 and not allow_zero:
+        raise ValueError(f"{name} must be greater than 0, got {value!r}")
+    if math.isinf(seconds) and not allow_inf:
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return seconds
+
+
+def _check_count(name: str, value: object, *, minimum: int) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Retries of a flight's work. ``attempts`` counts the first run.
+
+    Backoff before attempt n+1 is ``min(max_backoff, backoff * 2**(n-1))``, drawn
+    uniformly from [0, that] when ``jitter`` (full jitter). Only exceptions that
+    are instances of ``on`` retry; a deadline overrun retries only when
+    ``on_timeout``.
+    """
+
+    attempts: int = 3
+    backoff: float = 0.1
+    max_backoff: float = 5.0
+    jitter: bool = True
+    on: tuple[type[BaseException], ...] = (Exception,)
+    on_timeout: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
+            raise TypeError(f"Retry.attempts must be an int, not {type(self.attempts).__name__}")
+        if self.attempts < 1:
+            raise ValueError(f"Retry.attempts must be at least 1, got {self.attempts}")
+        check_seconds("Retry.backoff", self.backoff, allow_none=False, allow_inf=False)
+        check_seconds("Retry.max_backoff", self.max_backoff, allow_none=False, allow_inf=False)
+        for name in ("jitter", "on_timeout"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"Retry.{name} must be a bool")
+        on = self.on
+        if isinstance(on, type):
+            on = (on,)
+            object.__setattr__(self, "on", on)
+        if not isinstance(on, tuple) or not all(
+            isinstance(kind, type) and issubclass(kind, BaseException) for kind in on
+        ):
+            raise TypeError("Retry.on must be a tuple of exception classes")
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """Keeping a settled outcome for later calls. ``success`` / ``error`` are
+    seconds to keep a value / a failure (None: not kept). The store is bounded by
+    ``max_items`` (LRU) and then by ``max_bytes`` of encoded size."""
+
+    success: float | None = 30.0
+    error: float | None = None
+    max_items: int = 10_000
+    max_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        check_seconds("Retention.success", self.success)
+        check_seconds("Retention.error", self.error)
+        if self.max_items is None:
+            raise TypeError("Retention.max_items must be an int, not None")
+        _check_count("Retention.max_items", self.max_items, minimum=1)
+        _check_count("Retention.max_bytes", self.max_bytes, minimum=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-process bounds: ``max_waiters`` joiners waiting on one flight here,
+    ``max_flights`` flights this process leads or waits for."""
+
+    max_waiters: int | None = None
+    max_flights: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_count("Limits.max_waiters", self.max_waiters, minimum=0)
+        _check_count("Limits.max_flights", self.max_flights, minimum=1)

@@ -1,0 +1,140 @@
+"""Counters and bounded histograms behind ``FlightGroup.stats()``.
+
+The recorder is written only under the group's table lock, inside critical
+sections the hot path takes anyway, so counting adds no lock of its own.
+Histograms are log-linear with a fixed number of buckets: memory stays bounded
+whatever the traffic, and a percentile is exact to within one bucket (1/16 of
+its power of two, about 6%).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Histogram", "Recorder", "Stats"]
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """A snapshot of one group's counters, as this process sees them.
+
+    ``calls``: calls made; ``flights``: times a work ran (attempts included);
+    ``joins``: calls that joined a flight or were served a kept outcome;
+    ``failures``: flights whose work failed; ``interrupted``: flights that ended
+    with no outcome; ``in_flight``: flights running now; ``kept``: outcomes kept
+    for later calls; ``coalescing_ratio``: flights / calls (0.0 before any call);
+    ``joiners_*``: joiners per flight; ``flight_seconds_*``: how long flights ran.
+    """
+
+    calls: int
+    flights: int
+    joins: int
+    failures: int
+    interrupted: int
+    in_flight: int
+    kept: int
+    coalescing_ratio: float
+    joiners_p50: float
+    joiners_p99: float
+    joiners_max: int
+    flight_seconds_p50: float
+    flight_seconds_p99: float
+
+
+_SUB_BITS = 4
+_SUB = 1 << _SUB_BITS  # buckets per power of two
+_MAX_EXP = 48  # about 2**52 at most: 140 years in microseconds
+_LAST = (_MAX_EXP + 1) * _SUB - 1
+
+
+class Histogram:
+    """A log-linear histogram of non-negative integers with bounded memory."""
+
+    __slots__ = ("_counts", "count", "max")
+
+    def __init__(self) -> None:
+        self._counts = [0] * ((_MAX_EXP + 1) * _SUB)
+        self.count = 0
+        self.max = 0
+
+    @staticmethod
+    def _index(value: int) -> int:
+        if value < _SUB:
+            return value
+        exp = value.bit_length() - _SUB_BITS - 1  # >= 0
+        if exp >= _MAX_EXP:
+            return _LAST
+        return (exp + 1) * _SUB + ((value >> exp) & (_SUB - 1))
+
+    @staticmethod
+    def _lower(index: int) -> int:
+        if index < _SUB:
+            return index
+        exp = index // _SUB - 1
+        return (_SUB | (index % _SUB)) << exp
+
+    def record(self, value: int) -> None:
+        """Count one observation of ``value`` (clamped at 0)."""
+        if value < 0:
+            value = 0
+        self._counts[self._index(value)] += 1
+        self.count += 1
+        if value > self.max:
+            self.max = value
+
+    def percentile(self, fraction: float) -> int:
+        """The smallest bucket's lower bound at or above ``fraction`` of the counts."""
+        if self.count == 0:
+            return 0
+        rank = max(1, int(fraction * self.count + 0.999999))
+        seen = 0
+        for index, count in enumerate(self._counts):
+            seen += count
+            if seen >= rank:
+                return min(self._lower(index), self.max)
+        return self.max
+
+
+class Recorder:
+    """The mutable counters of one group. Written under the group's lock only."""
+
+    __slots__ = (
+        "calls",
+        "failures",
+        "flight_us",
+        "flights",
+        "in_flight",
+        "interrupted",
+        "joiners",
+        "joins",
+        "kept",
+    )
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.flights = 0
+        self.joins = 0
+        self.failures = 0
+        self.interrupted = 0
+        self.in_flight = 0
+        self.kept = 0
+        self.joiners = Histogram()
+        self.flight_us = Histogram()
+
+    def snapshot(self) -> Stats:
+        """A frozen copy; call it under the group's lock."""
+        return Stats(
+            calls=self.calls,
+            flights=self.flights,
+            joins=self.joins,
+            failures=self.failures,
+            interrupted=self.interrupted,
+            in_flight=self.in_flight,
+            kept=self.kept,
+            coalescing_ratio=(self.flights / self.calls) if self.calls else 0.0,
+            joiners_p50=float(self.joiners.percentile(0.50)),
+            joiners_p99=float(self.joiners.percentile(0.99)),
+            joiners_max=self.joiners.max,
+            flight_seconds_p50=self.flight_us.percentile(0.50) / 1e6,
+            flight_seconds_p99=self.flight_us.percentile(0.99) / 1e6,
+        )
