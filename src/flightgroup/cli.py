@@ -68,7 +68,8 @@ def _demo() -> int:
             for _ in range(_TASKS - 1)
         ]
         results = [await leader, *await asyncio.gather(*joiners)]
-        await asyncio.to_thread(lambda: [thread.join() for thread in threads])
+        for thread in threads:
+            await asyncio.to_thread(thread.join)
         elapsed = time.perf_counter() - started
         every = results + thread_results
         leaders = [r for r in every if not r.joined]
