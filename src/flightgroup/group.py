@@ -502,8 +502,12 @@ class FlightGroup:
             self._land(flight, Outcome.ERROR, None, exc)
         except BaseException as exc:
             # CancelledError (its loop shutting down), KeyboardInterrupt, SystemExit:
-            # joiners are interrupted, the leader gets it, and it goes on up.
+            # joiners are interrupted, the leader gets it, and it goes on up so the
+            # task ends cancelled and the loop sees KeyboardInterrupt/SystemExit.
             self._land(flight, Outcome.INTERRUPTED, None, exc)
+            task = asyncio.current_task()
+            if task is not None:  # the leader has it: the task need not log it again
+                task.add_done_callback(_retrieve)
             raise
         else:
             self._land(flight, Outcome.VALUE, value, None)
@@ -669,6 +673,11 @@ class FlightGroup:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<FlightGroup process scope, {state}, {len(self._table.flights)} flights>"
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _signal_in_transit(flight: Flight, fresh_of: Flight | None) -> Signal | Flight:

@@ -1,0 +1,31 @@
+"""Shared fixtures. Every test runs under pytest-timeout (pyproject: timeout = 60)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+import flightgroup.group as group_module
+
+from .support import LoopThread
+
+_MODES = ["eager", "loop"] if sys.version_info >= (3, 12) else ["loop"]
+
+
+@pytest.fixture(params=_MODES)
+def task_start(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test with each way a leader's task can start: eagerly (3.12+) and
+    through the loop (3.11's only way), so both paths stay covered on any Python."""
+    monkeypatch.setattr(group_module, "_EAGER", request.param == "eager")
+    return str(request.param)
+
+
+@pytest.fixture
+def loop_thread() -> Iterator[LoopThread]:
+    lt = LoopThread()
+    try:
+        yield lt
+    finally:
+        lt.close()

@@ -1,0 +1,61 @@
+"""Helpers shared by the tests (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+
+def run(coro: Coroutine[Any, Any, Any], timeout: float = 20.0) -> Any:
+    """asyncio.run with a bound, so a lost wake-up fails instead of hanging."""
+
+    async def bounded() -> Any:
+        return await asyncio.wait_for(coro, timeout)
+
+    return asyncio.run(bounded())
+
+
+class LoopThread:
+    """An event loop running in a thread of its own, for cross-loop tests."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Schedule ``coro`` on this loop; returns a concurrent.futures.Future."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def call(self, fn: Callable[[], Any]) -> None:
+        self.loop.call_soon_threadsafe(fn)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+async def until(predicate: Callable[[], bool], what: str = "condition") -> None:
+    """Yield to the loop until ``predicate()`` holds (bounded by the test's own timeout).
+
+    Used only to wait for state that other tasks/threads are driving towards;
+    the interleaving itself is forced by events.
+    """
+    for _ in range(200_000):
+        if predicate():
+            return
+        await asyncio.sleep(0 if _ % 100 else 0.001)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_until(predicate: Callable[[], bool], what: str = "condition") -> None:
+    """The thread twin of :func:`until`."""
+    event = threading.Event()
+    for _ in range(20_000):
+        if predicate():
+            return
+        event.wait(0.001)
+    raise AssertionError(f"timed out waiting for {what}")
