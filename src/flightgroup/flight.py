@@ -140,60 +140,75 @@ class Flight:
     ``claims``, ``joiners``, ``next``. Outcome fields (``outcome``, ``value``,
     ``error``, ``data``) are written once, under the lock, before ``state``
     becomes DONE, and read by callers only after they were signalled (or saw
-    DONE under the lock). ``lease``, ``task`` and ``loop`` are written by the
-    leader when it starts the work.
+    DONE under the lock). ``parent``, ``task`` and ``loop`` are written by the
+    leader when it starts the work, before anyone can read them.
+
+    No ``__slots__``: the class-level defaults below make a new flight cost four
+    assignments on the miss path; most flights never touch the other fields.
     """
 
-    __slots__ = (
-        "claims",
-        "data",
-        "error",
-        "fresh",
-        "joined_result",
-        "joiners",
-        "key",
-        "lease",
-        "loop",
-        "next",
-        "outcome",
-        "started",
-        "state",
-        "task",
-        "tkey",
-        "token",
-        "value",
-        "waiters",
-    )
+    # waiter -> None, in wake order: the joiners, and the leader when it waits.
+    # A shared empty dict until the first waiter comes (copy on first write).
+    waiters: dict[Waiter, None] = {}  # noqa: RUF012 - replaced, never mutated
+    fresh: list[Waiter] | None = None  # fresh callers waiting for the end
+    claims = 0  # pending claims on an IDLE flight (I4)
+    joiners = 0
+    next: Flight | None = None  # the flight after this one, for its fresh callers
+    outcome: Outcome | None = None
+    value: Any = None
+    error: BaseException | None = None
+    data: bytes | None = None  # the encoded value, with a codec
+    joined_result: Any = None  # one Result shared by every joiner (immutable)
+    parent: Flight | None = None  # the flight whose work made this call (I6)
+    lease: Lease | None = None  # made when the work first asks for it
+    lost = False
+    loop: asyncio.AbstractEventLoop | None = None  # where an async work runs
+    task: asyncio.Task[None] | None = None  # the work's own task: the group owns it
+    started = 0.0
 
     def __init__(self, tkey: Hashable, key: str, token: int, state: State) -> None:
         self.tkey = tkey
         self.key = key
         self.token = token
         self.state = state
-        # waiter -> None; insertion order is wake order. Joiners and the leader.
-        self.waiters: dict[Waiter, None] = {}
-        # fresh callers waiting for this flight to end (not for its outcome)
-        self.fresh: list[Waiter] | None = None
-        self.claims = 0
-        self.joiners = 0
-        self.next: Flight | None = None
-        self.outcome: Outcome | None = None
-        self.value: Any = None
-        self.error: BaseException | None = None
-        self.data: bytes | None = None
-        self.joined_result: Any = None
-        self.lease: Lease | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.task: asyncio.Task[None] | None = None
-        self.started = 0.0
 
     def _move(self, old: State, new: State) -> None:
         assert self.state is old, (self.state, old, new)
         assert (old, new) in _EDGES, (old, new)
         self.state = new
 
+    def get_lease(self) -> Lease:
+        """The lease of this flight's running attempt (made on first use)."""
+        lease = self.lease
+        if lease is None:
+            lease = self.lease = Lease._new(self.key, self.token, self.lost)
+        return lease
+
+    def lose(self) -> None:
+        """Mark the lease lost: the work's outcome will not be delivered."""
+        self.lost = True
+        if self.lease is not None:
+            self.lease._lose()
+
+    def in_chain_of(self, current: Flight | None) -> bool:
+        """True if ``current`` (the flight whose work is making a call) is this
+        flight or was started, through nested calls, by this flight's work."""
+        while current is not None:
+            if current is self:
+                return True
+            current = current.parent
+        return False
+
     def __repr__(self) -> str:
         return f"<Flight key={self.key!r} token={self.token} {self.state.value}>"
+
+
+def _add_waiter(flight: Flight, waiter: Waiter) -> None:
+    waiters = flight.waiters
+    if not waiters and waiters is Flight.waiters:
+        flight.waiters = {waiter: None}
+    else:
+        waiters[waiter] = None
 
 
 def _expire(fut: asyncio.Future[Any]) -> None:
@@ -266,12 +281,12 @@ class FlightTable:
         key: str,
         fresh: bool,
         make_waiter: Callable[[], Waiter],
-        chain: Lease | None,
+        chain: Flight | None,
         blocking_loop: asyncio.AbstractEventLoop | None,
     ) -> tuple[Role, Flight, Waiter | None]:
         """Decide lead, join or wait-for-end for a new call of ``tkey``.
 
-        ``chain`` is the lease current where the call is made (I6);
+        ``chain`` is the flight whose work makes the call, if any (I6);
         ``blocking_loop`` is the event loop that this call would block while it
         waits (a sync call made on a loop's thread), or None.
         """
@@ -294,7 +309,7 @@ class FlightTable:
                 stats.calls += 1
                 self._lead(flight)
                 return Role.LEAD, flight, None
-            if chain is not None and chain._chain_has(flight):  # I6
+            if chain is not None and flight.in_chain_of(chain):  # I6
                 raise RuntimeError(
                     f"A work of the flight of {key!r} called the same key on the same group; "
                     "it would wait for itself. Give the inner call a key of its own."
@@ -312,7 +327,7 @@ class FlightTable:
                 else:
                     flight.fresh.append(waiter)
                 return Role.WAIT_END, flight, waiter
-            flight.waiters[waiter] = None
+            _add_waiter(flight, waiter)
             flight.joiners += 1
             stats.joins += 1
             return Role.JOIN, flight, waiter
@@ -336,7 +351,7 @@ class FlightTable:
                 self.stats.joins += 1
                 return Role.TAKE, None
             waiter = make_waiter()
-            flight.waiters[waiter] = None
+            _add_waiter(flight, waiter)
             flight.joiners += 1
             self.stats.joins += 1
             return Role.JOIN, waiter
@@ -369,7 +384,7 @@ class FlightTable:
                 return False
             if self.closed:
                 raise GroupClosedError()
-            flight.waiters[waiter] = None
+            _add_waiter(flight, waiter)
             return True
 
     def withdraw(self, flight: Flight, waiter: Waiter) -> bool:
@@ -379,7 +394,7 @@ class FlightTable:
         already handed to it or is on its way.
         """
         with self.lock:
-            if flight.waiters.pop(waiter, False) is None:
+            if flight.waiters and flight.waiters.pop(waiter, False) is None:
                 return True
             fresh = flight.fresh
             if fresh is not None and waiter in fresh:
@@ -412,7 +427,8 @@ class FlightTable:
             flight.data = data
             flight.state = DONE  # from RUNNING or SETTLING
             waiters = flight.waiters
-            flight.waiters = {}
+            if waiters:
+                flight.waiters = {}
             fresh = flight.fresh
             flight.fresh = None
             tkey = flight.tkey
@@ -461,7 +477,8 @@ class FlightTable:
             result: list[tuple[Flight, list[Waiter]]] = []
             for flight in [*self.flights.values(), *self.detached]:
                 waiters = list(flight.waiters)
-                flight.waiters = {}
+                if waiters:
+                    flight.waiters = {}
                 if flight.fresh:
                     waiters.extend(flight.fresh)
                     flight.fresh = None

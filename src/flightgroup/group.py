@@ -23,11 +23,11 @@ import os
 import sys
 import threading
 import time
+import types
 from asyncio import events
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from contextvars import copy_context
-from dataclasses import dataclass
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
+from typing import Any, Generic, NamedTuple, ParamSpec, Protocol, TypeVar, overload
 
 from .codec import Codec, check_codec, encode_bytes
 from .errors import (
@@ -50,7 +50,7 @@ from .flight import (
     _expire,
     wake,
 )
-from .lease import _CURRENT, Lease
+from .lease import _CURRENT
 from .policy import Limits, Retention, Retry, check_seconds
 from .stats import Stats
 
@@ -60,16 +60,21 @@ T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 P = ParamSpec("P")
 
+_CoroutineType = types.CoroutineType
 _EAGER = sys.version_info >= (3, 12)
 """Start a leader's task eagerly (Python 3.12+). Tests switch it off to cover 3.11's path."""
 
 _SOCKET_PATH_LIMIT = 103  # bytes of UTF-8; macOS allows 104 with the NUL, Linux 108
 
 
-@dataclass(frozen=True, slots=True)
-class Result(Generic[T_co]):
+class Result(NamedTuple, Generic[T_co]):
     """What a call returns: the flight's ``value``, whether this caller ``joined``
-    (False for the leader), and the flight's fencing ``token``."""
+    (False for the leader), and the flight's fencing ``token``.
+
+    Immutable. A tuple underneath (ADR 0003): it is made on every call, and a tuple
+    is the cheapest immutable record Python has; ``value, joined, token = result``
+    works too.
+    """
 
     value: T_co
     joined: bool
@@ -250,12 +255,14 @@ class FlightGroup:
                 would wait for itself).
             Exception: (the leader) whatever the work raised, itself.
         """
-        _check_key(key)
-        _check_call(work, on_join, timeout, fresh)
+        if type(key) is not str or not key:
+            _check_key(key)
+        if on_join is not None or timeout is not None or fresh is not False or not callable(work):
+            _check_call(work, on_join, timeout, fresh)
+            if timeout is not None and timeout <= 0:
+                raise TimeoutError(f"timeout of 0 s for {key!r}: the call neither led nor joined")
         if self._closed:
             raise GroupClosedError()
-        if timeout is not None and timeout <= 0:
-            raise TimeoutError(f"timeout of 0 s for {key!r}: the call neither led nor joined")
         loop = events.get_running_loop()
         task = asyncio.current_task(loop)
         if task is not None and task.cancelling():
@@ -370,12 +377,14 @@ class FlightGroup:
         Raises: as :meth:`run`, and RuntimeError when called on the thread of the
         event loop that runs the flight's async work (it would block it forever).
         """
-        _check_key(key)
-        _check_call(work, on_join, timeout, fresh)
+        if type(key) is not str or not key:
+            _check_key(key)
+        if on_join is not None or timeout is not None or fresh is not False or not callable(work):
+            _check_call(work, on_join, timeout, fresh)
+            if timeout is not None and timeout <= 0:
+                raise TimeoutError(f"timeout of 0 s for {key!r}: the call neither led nor joined")
         if self._closed:
             raise GroupClosedError()
-        if timeout is not None and timeout <= 0:
-            raise TimeoutError(f"timeout of 0 s for {key!r}: the call neither led nor joined")
         return self._call_sync(key, key, work, on_join, timeout, fresh)
 
     def _call_sync(
@@ -477,22 +486,19 @@ class FlightGroup:
         self, flight: Flight, work: Callable[[], Awaitable[Any]], loop: asyncio.AbstractEventLoop
     ) -> None:
         flight.loop = loop
-        lease = Lease._new(flight.key, flight.token, flight, _CURRENT.get())
-        flight.lease = lease
-        coro = self._drive_async(flight, lease, work)
+        flight.parent = _CURRENT.get()
+        coro = self._drive_async(flight, work)
         if _EAGER:
             flight.task = asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
         else:
             flight.task = loop.create_task(coro)
 
-    async def _drive_async(
-        self, flight: Flight, lease: Lease, work: Callable[[], Awaitable[Any]]
-    ) -> None:
+    async def _drive_async(self, flight: Flight, work: Callable[[], Awaitable[Any]]) -> None:
         """The body of the work's own task: run it, contain every ending, land it."""
-        _CURRENT.set(lease)  # in this task's own context
+        _CURRENT.set(flight)  # in this task's own context
         try:
             awaitable = work()
-            if not inspect.isawaitable(awaitable):
+            if type(awaitable) is not _CoroutineType and not inspect.isawaitable(awaitable):
                 raise TypeError(
                     f"the work given to run() returned {type(awaitable).__name__}, not an "
                     "awaitable; use run_sync() for a plain function"
@@ -513,9 +519,8 @@ class FlightGroup:
             self._land(flight, Outcome.VALUE, value, None)
 
     def _drive_sync(self, flight: Flight, work: Callable[[], Any]) -> None:
-        lease = Lease._new(flight.key, flight.token, flight, _CURRENT.get())
-        flight.lease = lease
-        reset = _CURRENT.set(lease)
+        flight.parent = _CURRENT.get()
+        reset = _CURRENT.set(flight)
         try:
             value = work()
             if inspect.isawaitable(value):
@@ -649,8 +654,7 @@ class FlightGroup:
         """
         self._closed = True
         for flight, waiters in self._table.close():
-            if flight.lease is not None:
-                flight.lease._lose()
+            flight.lose()
             if waiters:
                 wake(waiters, CLOSED)
 

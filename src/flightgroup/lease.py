@@ -25,7 +25,9 @@ __all__ = ["Lease", "current_lease"]
 # rare, so one lock for the module costs nothing and keeps Lease small.
 _LOSS_LOCK = threading.Lock()
 
-_CURRENT: ContextVar[Lease | None] = ContextVar("flightgroup_lease", default=None)
+# The flight whose work runs here (set in the work's own task or thread). Its
+# lease is made only when the work asks for it: most works never do.
+_CURRENT: ContextVar[Flight | None] = ContextVar("flightgroup_flight", default=None)
 
 
 class Lease:
@@ -35,33 +37,24 @@ class Lease:
     within a group). ``lost`` turns True at most once and never back.
     """
 
-    __slots__ = ("_error", "_flight", "_lost", "_parent", "_waiters", "key", "token")
+    __slots__ = ("_lost", "_waiters", "key", "token")
 
     key: str
     token: int
     _lost: bool
-    _error: LeaseLostError | None
     # (loop, future) pairs of ``wait_lost`` callers; None once lost.
     _waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] | None
-    # The flight this lease belongs to, and the lease that was current where the
-    # flight's work started: the chain lets a call detect that it would join a
-    # flight it is itself part of (a deadlock).
-    _flight: Flight
-    _parent: Lease | None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("Lease has no public constructor; use current_lease() inside a work")
 
     @classmethod
-    def _new(cls, key: str, token: int, flight: Flight, parent: Lease | None) -> Lease:
+    def _new(cls, key: str, token: int, lost: bool) -> Lease:
         lease = object.__new__(cls)
         lease.key = key
         lease.token = token
-        lease._lost = False
-        lease._error = None
-        lease._waiters = []
-        lease._flight = flight
-        lease._parent = parent
+        lease._lost = lost
+        lease._waiters = None if lost else []
         return lease
 
     @property
@@ -100,14 +93,6 @@ class Lease:
             if not loop.is_closed():
                 loop.call_soon_threadsafe(_resolve, fut)
 
-    def _chain_has(self, flight: Flight) -> bool:
-        lease: Lease | None = self
-        while lease is not None:
-            if lease._flight is flight:
-                return True
-            lease = lease._parent
-        return False
-
     def __repr__(self) -> str:
         return f"<Lease key={self.key!r} token={self.token} lost={self._lost}>"
 
@@ -123,7 +108,7 @@ def current_lease() -> Lease:
     Raises:
         LookupError: when called outside a flight's work.
     """
-    lease = _CURRENT.get()
-    if lease is None:
+    flight = _CURRENT.get()
+    if flight is None:
         raise LookupError("current_lease() is only available inside a flight's work")
-    return lease
+    return flight.get_lease()

@@ -58,15 +58,6 @@ class Histogram:
         self.max = 0
 
     @staticmethod
-    def _index(value: int) -> int:
-        if value < _SUB:
-            return value
-        exp = value.bit_length() - _SUB_BITS - 1  # >= 0
-        if exp >= _MAX_EXP:
-            return _LAST
-        return (exp + 1) * _SUB + ((value >> exp) & (_SUB - 1))
-
-    @staticmethod
     def _lower(index: int) -> int:
         if index < _SUB:
             return index
@@ -74,10 +65,16 @@ class Histogram:
         return (_SUB | (index % _SUB)) << exp
 
     def record(self, value: int) -> None:
-        """Count one observation of ``value`` (clamped at 0)."""
-        if value < 0:
-            value = 0
-        self._counts[self._index(value)] += 1
+        """Count one observation of ``value`` (clamped at 0). Inlined: it runs
+        twice per flight under the table lock."""
+        if value < _SUB:
+            index = value if value > 0 else 0
+        else:
+            exp = value.bit_length() - _SUB_BITS - 1
+            index = ((exp + 1) << _SUB_BITS) + ((value >> exp) & (_SUB - 1))
+            if index > _LAST:
+                index = _LAST
+        self._counts[index] += 1
         self.count += 1
         if value > self.max:
             self.max = value
