@@ -346,6 +346,9 @@ class FlightGroup:
                 if table.withdraw(flight, fut):
                     raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
                 signal = _signal_in_transit(flight, fresh_of)
+                if isinstance(signal, Flight):  # out of time: hand the claim back (I4)
+                    table.release_claim(signal)
+                    raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
             if signal is SETTLED:
                 return self._deliver(flight, leader)
             if signal is CLOSED:
@@ -455,11 +458,15 @@ class FlightGroup:
             except BaseException:
                 self._abandon(flight, waiter, fresh_of)
                 raise
+            signal = waiter.signal
             if not taken:
                 if table.withdraw(flight, waiter):
                     raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
                 waiter.lock.acquire()  # a signal was handed over as we gave up: take it
-            signal = waiter.signal
+                signal = waiter.signal
+                if isinstance(signal, Flight):  # out of time: hand the claim back (I4)
+                    table.release_claim(signal)
+                    raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
             if signal is SETTLED:
                 return self._deliver(flight, leader)
             if signal is CLOSED:
