@@ -419,7 +419,8 @@ def test_work_cancelled_by_its_loop_shutting_down_interrupts_joiners_on_other_lo
         return "never"
 
     async def leader_side() -> None:
-        asyncio.create_task(g.run("k", work))
+        leader = asyncio.create_task(g.run("k", work))
+        leader.add_done_callback(lambda t: t.cancelled() or t.exception())
         await until(started.is_set, "the work started")
 
     async def joiner_side() -> Any:
@@ -687,7 +688,7 @@ def test_close_rejects_waiting_callers_and_later_calls_but_lets_work_finish() ->
         await until(lambda: g.stats().joins == 1)
         await g.aclose()
         for task in (leader, joiner):
-            with pytest.raises(GroupClosedError, match="This flight group is closed."):
+            with pytest.raises(GroupClosedError, match=r"This flight group is closed\."):
                 await task
         with pytest.raises(GroupClosedError):
             await g.run("other", work)
@@ -713,14 +714,14 @@ def test_group_as_async_and_sync_context_manager() -> None:
 def test_settled_flights_are_not_kept_alive() -> None:
     async def main() -> None:
         g = FlightGroup()
-        value = type("Big", (), {})()
-        ref = weakref.ref(value)
+        holder = [type("Big", (), {})()]
+        ref = weakref.ref(holder[0])
 
         async def work() -> Any:
-            return value
+            return holder.pop()
 
         result = await g.run("k", work)
-        del result, value
+        del result
         gc.collect()
         assert ref() is None  # neither the table nor a flight holds the value
 

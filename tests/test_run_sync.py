@@ -203,7 +203,7 @@ def test_keyboard_interrupt_in_sync_work_interrupts_joiners_and_reaches_the_lead
         def leader() -> None:
             try:
                 g.run_sync("k", gate)
-            except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            except BaseException as exc:  # the test inspects it
                 wait_leader.set_result(exc)
 
         pool.submit(leader)

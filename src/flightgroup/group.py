@@ -319,7 +319,9 @@ class FlightGroup:
                 waiter = loop.create_future()
                 if not table.wait_as_leader(flight, waiter):
                     return self._deliver(flight, True)
-            elif role is Role.TAKE:
+            elif role is Role.TAKE:  # joined a flight that already ended
+                if on_join is not None:
+                    on_join()
                 return self._deliver(flight, False)
             elif role is Role.JOIN and on_join is not None:
                 call_on_join, on_join = on_join, None  # once per call, never after a rejoin
@@ -437,7 +439,9 @@ class FlightGroup:
                 ).start()
                 if not table.wait_as_leader(flight, waiter):
                     return self._deliver(flight, True)
-            elif role is Role.TAKE:
+            elif role is Role.TAKE:  # joined a flight that already ended
+                if on_join is not None:
+                    on_join()
                 return self._deliver(flight, False)
             elif role is Role.JOIN and on_join is not None:
                 call_on_join, on_join = on_join, None
