@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import threading
 import time
+from _thread import LockType, allocate_lock
 from asyncio import events
 from collections.abc import Hashable
 from enum import Enum
@@ -50,7 +51,15 @@ from .stats import Recorder
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-__all__ = ["Flight", "FlightTable", "State", "ThreadWaiter", "wake"]
+__all__ = [
+    "Flight",
+    "FlightTable",
+    "State",
+    "ThreadWaiter",
+    "new_thread_waiter",
+    "signal_of",
+    "wake",
+]
 
 
 class State(Enum):
@@ -115,22 +124,20 @@ class Role(Enum):
     TAKE = "take"  # the flight is already done and its outcome is the caller's
 
 
-class ThreadWaiter:
-    """A waiting thread: a pre-acquired lock that the waker releases."""
-
-    __slots__ = ("lock", "signal")
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.lock.acquire()
-        self.signal: Signal | Flight = SETTLED
-
-    def rearm(self) -> None:
-        """Make the waiter ready to wait again (after it took a signal)."""
-        self.lock.acquire(blocking=False)
+ThreadWaiter = LockType
+"""A waiting thread is a bare lock, acquired once when made; the waker releases it.
+Its signal is read from the flight it waits on (``signal_of``), so it needs no object
+of its own."""
 
 
-Waiter = asyncio.Future[Any] | ThreadWaiter
+def new_thread_waiter() -> LockType:
+    """A pre-acquired lock for a thread to block on."""
+    lock = allocate_lock()
+    lock.acquire()
+    return lock
+
+
+Waiter = asyncio.Future[Any] | LockType
 
 
 class Flight:
@@ -162,6 +169,7 @@ class Flight:
     parent: Flight | None = None  # the flight whose work made this call (I6)
     lease: Lease | None = None  # made when the work first asks for it
     lost = False
+    closed = False  # its waiters were woken by the group's close()
     loop: asyncio.AbstractEventLoop | None = None  # where an async work runs
     task: asyncio.Task[None] | None = None  # the work's own task: the group owns it
     started = 0.0
@@ -203,6 +211,16 @@ class Flight:
         return f"<Flight key={self.key!r} token={self.token} {self.state.value}>"
 
 
+def signal_of(flight: Flight, fresh_of: Flight | None) -> Signal | Flight:
+    """The signal a waiter of ``flight`` was handed, read from the flight itself
+    (valid once the waiter was detached, I3). ``fresh_of`` is the flight whose end
+    a fresh caller waited for, else None."""
+    if fresh_of is not None:
+        following = fresh_of.next
+        return following if following is not None else CLOSED
+    return CLOSED if flight.closed else SETTLED
+
+
 def _add_waiter(flight: Flight, waiter: Waiter) -> None:
     waiters = flight.waiters
     if not waiters and waiters is Flight.waiters:
@@ -231,11 +249,10 @@ def wake(waiters: Iterable[Waiter], signal: Signal | Flight) -> None:
     running = events._get_running_loop()
     batches: dict[asyncio.AbstractEventLoop, list[asyncio.Future[Any]]] | None = None
     for waiter in waiters:
-        if type(waiter) is ThreadWaiter:
-            waiter.signal = signal
-            waiter.lock.release()
+        if type(waiter) is LockType:
+            waiter.release()  # the thread reads its signal from the flight
             continue
-        fut: asyncio.Future[Any] = waiter  # type: ignore[assignment]
+        fut: asyncio.Future[Any] = waiter
         loop = fut.get_loop()
         if loop is running:
             if not fut.done():
@@ -476,6 +493,7 @@ class FlightTable:
             self.closed = True
             result: list[tuple[Flight, list[Waiter]]] = []
             for flight in [*self.flights.values(), *self.detached]:
+                flight.closed = True
                 waiters = list(flight.waiters)
                 if waiters:
                     flight.waiters = {}

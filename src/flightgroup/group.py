@@ -44,10 +44,11 @@ from .flight import (
     FlightTable,
     Outcome,
     Role,
-    Signal,
     ThreadWaiter,
     Waiter,
     _expire,
+    new_thread_waiter,
+    signal_of,
     wake,
 )
 from .lease import _CURRENT
@@ -347,7 +348,7 @@ class FlightGroup:
             if signal is EXPIRED:
                 if table.withdraw(flight, fut):
                     raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
-                signal = _signal_in_transit(flight, fresh_of)
+                signal = signal_of(flight, fresh_of)
                 if isinstance(signal, Flight):  # out of time: hand the claim back (I4)
                     table.release_claim(signal)
                     raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
@@ -390,24 +391,25 @@ class FlightGroup:
                 raise TimeoutError(f"timeout of 0 s for {key!r}: the call neither led nor joined")
         if self._closed:
             raise GroupClosedError()
-        return self._call_sync(key, key, work, on_join, timeout, fresh)
-
-    def _call_sync(
-        self,
-        tkey: Hashable,
-        key: str,
-        work: Callable[[], T],
-        on_join: Callable[[], object] | None,
-        timeout: float | None,
-        fresh: bool,
-    ) -> Result[T]:
+        parent = _CURRENT.get()
         role, flight, waiter = self._table.arrive(
-            tkey, key, fresh, ThreadWaiter, _CURRENT.get(), events._get_running_loop()
+            key, key, fresh, new_thread_waiter, parent, events._get_running_loop()
         )
         if role is Role.LEAD and timeout is None:
-            self._drive_sync(flight, work)  # the common case: no waiting at all
+            self._drive_sync(flight, work, parent)  # the common case: no waiting at all
             return self._deliver(flight, True)
         return self._follow_sync(role, flight, waiter, work, on_join, timeout)
+
+    def _call_sync(self, tkey: Hashable, key: str, work: Callable[[], T]) -> Result[T]:
+        """``run_sync`` for a decorated function: ``tkey`` is its namespaced key."""
+        parent = _CURRENT.get()
+        role, flight, waiter = self._table.arrive(
+            tkey, key, False, new_thread_waiter, parent, events._get_running_loop()
+        )
+        if role is Role.LEAD:
+            self._drive_sync(flight, work, parent)
+            return self._deliver(flight, True)
+        return self._follow_sync(role, flight, waiter, work, None, None)
 
     def _follow_sync(
         self,
@@ -427,13 +429,13 @@ class FlightGroup:
             if role is Role.LEAD:
                 leader = True
                 if at is None:
-                    self._drive_sync(flight, work)
+                    self._drive_sync(flight, work, _CURRENT.get())
                     return self._deliver(flight, True)
-                waiter = ThreadWaiter()
+                waiter = new_thread_waiter()
                 context = copy_context()
                 threading.Thread(
                     target=context.run,
-                    args=(self._drive_sync, flight, work),
+                    args=(self._drive_sync, flight, work, _CURRENT.get()),
                     name=f"flightgroup-work-{flight.token}",
                     daemon=True,
                 ).start()
@@ -456,28 +458,27 @@ class FlightGroup:
             assert type(waiter) is ThreadWaiter
             try:
                 if at is None:
-                    taken = waiter.lock.acquire()
+                    taken = waiter.acquire()
                 else:
-                    taken = waiter.lock.acquire(timeout=max(0.0, at - monotonic()))
+                    taken = waiter.acquire(timeout=max(0.0, at - monotonic()))
             except BaseException:
                 self._abandon(flight, waiter, fresh_of)
                 raise
-            signal = waiter.signal
             if not taken:
                 if table.withdraw(flight, waiter):
                     raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
-                waiter.lock.acquire()  # a signal was handed over as we gave up: take it
-                signal = waiter.signal
-                if isinstance(signal, Flight):  # out of time: hand the claim back (I4)
-                    table.release_claim(signal)
-                    raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
+                waiter.acquire()  # a signal was handed over as we gave up: take it
+            signal = signal_of(flight, fresh_of)
+            if not taken and isinstance(signal, Flight):  # out of time: hand the claim back
+                table.release_claim(signal)
+                raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
             if signal is SETTLED:
                 return self._deliver(flight, leader)
             if signal is CLOSED:
                 raise GroupClosedError()
             assert isinstance(signal, Flight)
             flight, fresh_of = signal, None
-            role, waiter = table.claim(flight, ThreadWaiter)
+            role, waiter = table.claim(flight, new_thread_waiter)
 
     def _abandon(self, flight: Flight, waiter: Waiter, fresh_of: Flight | None) -> None:
         """This caller stops waiting (cancel, timeout, on_join raised, interrupt).
@@ -509,32 +510,36 @@ class FlightGroup:
         _CURRENT.set(flight)  # in this task's own context
         try:
             awaitable = work()
-            if type(awaitable) is not _CoroutineType and not inspect.isawaitable(awaitable):
+            if type(awaitable) is not _CoroutineType and not _is_awaitable(awaitable):
                 raise TypeError(
                     f"the work given to run() returned {type(awaitable).__name__}, not an "
                     "awaitable; use run_sync() for a plain function"
                 )
             value = await awaitable
         except Exception as exc:
-            self._land(flight, Outcome.ERROR, None, exc)
+            stop = self._land(flight, Outcome.ERROR, None, exc)
         except BaseException as exc:
+            stop = self._land(flight, Outcome.INTERRUPTED, None, exc)
+        else:
+            stop = self._land(flight, Outcome.VALUE, value, None)
+        if stop is not None:
             # CancelledError (its loop shutting down), KeyboardInterrupt, SystemExit:
-            # joiners are interrupted, the leader gets it, and it goes on up so the
-            # task ends cancelled and the loop sees KeyboardInterrupt/SystemExit.
-            self._land(flight, Outcome.INTERRUPTED, None, exc)
+            # the joiners are interrupted, the leader gets it from _deliver, and it goes
+            # on up so the task ends cancelled and the loop sees KeyboardInterrupt.
             task = asyncio.current_task()
             if task is not None:  # the leader has it: the task need not log it again
                 task.add_done_callback(_retrieve)
-            raise
-        else:
-            self._land(flight, Outcome.VALUE, value, None)
+            raise stop
 
-    def _drive_sync(self, flight: Flight, work: Callable[[], Any]) -> None:
-        flight.parent = _CURRENT.get()
+    def _drive_sync(self, flight: Flight, work: Callable[[], Any], parent: Flight | None) -> None:
+        """Run a sync work in this thread, contain every ending, land it. A
+        BaseException reaches the leader through _deliver, in its own thread."""
+        flight.parent = parent
+        error: BaseException | None
         reset = _CURRENT.set(flight)
         try:
             value = work()
-            if inspect.isawaitable(value):
+            if _is_awaitable(value):
                 if inspect.iscoroutine(value):
                     value.close()  # never awaited: close it quietly
                 raise TypeError(
@@ -542,20 +547,21 @@ class FlightGroup:
                     "awaitable; use await run() for an async function"
                 )
         except Exception as exc:
-            self._land(flight, Outcome.ERROR, None, exc)
+            outcome, value, error = Outcome.ERROR, None, exc
         except BaseException as exc:
-            # KeyboardInterrupt, SystemExit: joiners are interrupted; the leader
-            # raises it from _deliver (in its own thread).
-            self._land(flight, Outcome.INTERRUPTED, None, exc)
+            outcome, value, error = Outcome.INTERRUPTED, None, exc
         else:
-            self._land(flight, Outcome.VALUE, value, None)
+            outcome, error = Outcome.VALUE, None
         finally:
             _CURRENT.reset(reset)
+        self._land(flight, outcome, value, error)
 
     def _land(
         self, flight: Flight, outcome: Outcome, value: Any, error: BaseException | None
-    ) -> None:
-        """The landing: hand the outcome to the table and wake every waiter."""
+    ) -> BaseException | None:
+        """The landing: encode (with a codec), hand the outcome to the table, wake
+        every waiter. Never raises; returns the BaseException that stopped the
+        flight (the work's, or the codec's), which an async driver re-raises."""
         data = None
         codec = self._codec
         if codec is not None and outcome is Outcome.VALUE:
@@ -566,17 +572,19 @@ class FlightGroup:
                     raise ValueTooLargeError(flight.key, len(data), limit)
             except Exception as exc:
                 outcome, value, error, data = Outcome.ERROR, None, exc, None
+            except BaseException as exc:
+                outcome, value, error, data = Outcome.INTERRUPTED, None, exc, None
             else:
                 value = None
         detached = self._table.settle(flight, outcome, value, error, data)
-        if detached is None:
-            return
-        waiters, fresh = detached
-        if waiters:
-            wake(waiters, SETTLED)
-        if fresh:
-            following = flight.next
-            wake(fresh, following if following is not None else CLOSED)
+        if detached is not None:
+            waiters, fresh = detached
+            if waiters:
+                wake(waiters, SETTLED)
+            if fresh:
+                following = flight.next
+                wake(fresh, following if following is not None else CLOSED)
+        return error if outcome is Outcome.INTERRUPTED else None
 
     def _deliver(self, flight: Flight, leader: bool) -> Result[Any]:
         """Turn a settled flight into this caller's return value or exception."""
@@ -695,11 +703,14 @@ def _retrieve(task: asyncio.Task[None]) -> None:
         task.exception()
 
 
-def _signal_in_transit(flight: Flight, fresh_of: Flight | None) -> Signal | Flight:
-    """The signal a waiter was handed while its own timer also fired (I3)."""
-    if fresh_of is not None:
-        return fresh_of.next if fresh_of.next is not None else CLOSED
-    return SETTLED if flight.outcome is not None else CLOSED
+def _is_awaitable(value: object) -> bool:
+    """inspect.isawaitable without its ABC check (the hot path of run_sync)."""
+    kind = type(value)
+    if hasattr(kind, "__await__"):
+        return True
+    return kind is types.GeneratorType and bool(
+        value.gi_code.co_flags & inspect.CO_ITERABLE_COROUTINE  # type: ignore[attr-defined]
+    )
 
 
 def _make_coalesce(group: FlightGroup, key: Callable[..., str] | None, name: str | None) -> Any:
@@ -737,7 +748,7 @@ def _make_coalesce(group: FlightGroup, key: Callable[..., str] | None, name: str
                 if group._closed:
                     raise GroupClosedError()
                 work = functools.partial(fn, *args, **kwargs)
-                return group._call_sync(tkey, op, work, None, None, False).value
+                return group._call_sync(tkey, op, work).value
 
             wrapper = sync_wrapper
 
