@@ -1,10 +1,8 @@
-"""Review of the process-scope engine: each test proves one bug.
+"""Regressions from the review of the process-scope engine: each test proved one bug.
 
 Every test forces its interleaving (events, a paused private function, a loop driven
-by hand), never a lucky sleep. A test of a bug still in the code is marked
-``xfail(strict=True)`` until its fix lands (drop the mark with the fix); the reason of
-each mark says what is wrong, the docstring gives the interleaving. Tests without a
-mark proved bugs that were fixed while the review ran; they stay as regressions.
+by hand), never a lucky sleep; its docstring gives the interleaving. All the bugs are
+fixed; the tests stay so they do not come back.
 """
 
 from __future__ import annotations
@@ -100,11 +98,6 @@ def test_timed_out_joiner_detached_by_close_never_gets_the_late_outcome(
 # -- 2. a lease made while close() runs is never lost -------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Flight.get_lease reads flight.lost, then stores the new lease without a lock: "
-    "a close() in between marks the flight lost but never the lease",
-)
 def test_lease_made_while_the_group_closes_is_lost(monkeypatch: pytest.MonkeyPatch) -> None:
     """t0 the work (a thread) calls current_lease(): get_lease reads lost=False and
        calls Lease._new (paused here).
@@ -140,12 +133,6 @@ def test_lease_made_while_the_group_closes_is_lost(monkeypatch: pytest.MonkeyPat
 # -- 3. a sync leader's call returns normally after close() -------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="run_sync's leader without a timeout runs the work inline and delivers its "
-    "outcome even when the group closed meanwhile (API: calls still waiting raise "
-    "GroupClosedError; close(): the outcome will not be delivered)",
-)
 def test_sync_leader_of_a_group_closed_during_its_work_raises_group_closed_error() -> None:
     """The async leader of the same schedule raises GroupClosedError
     (test_close_rejects_waiting_callers_and_later_calls_but_lets_work_finish); the
@@ -170,11 +157,6 @@ def test_sync_leader_of_a_group_closed_during_its_work_raises_group_closed_error
 # -- 4. run_sync with a large finite timeout raises OverflowError -------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_follow_sync passes the timeout to Lock.acquire unclamped: a timeout over "
-    "threading.TIMEOUT_MAX (~292 years) raises OverflowError and withdraws the caller",
-)
 def test_run_sync_with_a_timeout_over_timeout_max_waits_like_no_limit() -> None:
     g = FlightGroup()
     started, release = threading.Event(), threading.Event()
@@ -199,12 +181,6 @@ def test_run_sync_with_a_timeout_over_timeout_max_waits_like_no_limit() -> None:
 # -- 5. a work task cancelled before its first step never lands ---------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="without eager start (Python 3.11, or _EAGER off) a work task cancelled before "
-    "its first step never enters _drive_async's try: the flight never settles and the "
-    "key is stuck in the table; its joiners hang",
-)
 def test_work_task_cancelled_before_it_started_still_settles_its_flight(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -309,11 +285,6 @@ class _NoThread:
         raise RuntimeError("can't start new thread")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_follow_sync starts the work's thread after arrive() made it leader and does "
-    "not land the flight when Thread.start() raises: the key is stuck in the table",
-)
 def test_leader_whose_work_thread_cannot_start_leaves_nothing_behind(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -333,11 +304,6 @@ def test_leader_whose_work_thread_cannot_start_leaves_nothing_behind(
 # -- 8. a settled async flight is freed only by the cyclic GC ------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="flight.task -> the task's context -> _CURRENT -> flight is a reference cycle: "
-    "a settled async flight (and its value) outlives every caller until a GC pass",
-)
 @pytest.mark.parametrize("eager", [True, False], ids=["eager", "loop"])
 def test_settled_async_flight_is_freed_without_the_cyclic_gc(
     monkeypatch: pytest.MonkeyPatch, eager: bool
@@ -371,11 +337,6 @@ def test_settled_async_flight_is_freed_without_the_cyclic_gc(
 # -- 9. close() stops half-way when a lease's wait_lost loop is closing -------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Lease._lose checks loop.is_closed() then calls call_soon_threadsafe, unguarded: "
-    "if the loop closes in between, close() raises and the flight's waiters never get CLOSED",
-)
 def test_close_wakes_every_waiter_even_if_a_wait_lost_loop_closes_meanwhile(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -445,12 +406,6 @@ def test_close_wakes_every_waiter_even_if_a_wait_lost_loop_closes_meanwhile(
 # -- 10. the decorator's documented .forget is invisible to mypy ---------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="coalesce() types the wrapper as the bare Callable[P, T]: the documented "
-    "wrapper.forget(*args) (docs/process-scope.md) is an attr-defined error under "
-    "mypy --strict (tests/test_coalesce.py needs a type: ignore for it)",
-)
 def test_mypy_sees_the_decorated_function_s_forget(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text(
@@ -492,12 +447,6 @@ def _passthrough(fn: Callable[..., R]) -> Callable[..., R]:
     return wrapper
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="coalesce() picks sync or async with inspect.iscoroutinefunction(fn), which "
-    "does not see through functools.wraps: mypy types await f() as the value, at run "
-    "time it goes through run_sync and raises TypeError",
-)
 def test_coalesce_of_a_wrapped_async_function_is_awaitable() -> None:
     g = FlightGroup()
 
@@ -515,12 +464,6 @@ def test_coalesce_of_a_wrapped_async_function_is_awaitable() -> None:
 # -- 12. a fresh herd's flight can start after a newer flight yet carry an older token ---
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the IDLE flight for fresh callers takes its fencing token when it is made, not "
-    "when it starts: after forget(), it can start after a newer flight of the key and still "
-    "carry the smaller token, so fenced storage refuses the writes of the later run",
-)
 def test_a_flight_that_starts_later_carries_the_larger_token() -> None:
     """t0 flight F of "k" runs (token 1) in a thread; a fresh caller waits for its end.
     t1 F lands: the IDLE flight G is made for the fresh caller, with token 2.
@@ -573,12 +516,6 @@ def test_a_flight_that_starts_later_carries_the_larger_token() -> None:
 # -- 13. two joiner threads can get two Result objects ------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_deliver makes flight.joined_result lazily without a lock: joiner threads that "
-    "deliver at once each make their own Result (ADR 0003: every joiner of a successful "
-    "flight gets the same Result object, made once)",
-)
 def test_joiner_threads_share_one_result_object(monkeypatch: pytest.MonkeyPatch) -> None:
     g = FlightGroup()
     started, release = threading.Event(), threading.Event()

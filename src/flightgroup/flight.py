@@ -165,7 +165,6 @@ class Flight:
     value: Any = None
     error: BaseException | None = None
     data: bytes | None = None  # the encoded value, with a codec
-    joined_result: Any = None  # one Result shared by every joiner (immutable)
     parent: Flight | None = None  # the flight whose work made this call (I6)
     lease: Lease | None = None  # made when the work first asks for it
     lost = False
@@ -190,6 +189,8 @@ class Flight:
         lease = self.lease
         if lease is None:
             lease = self.lease = Lease._new(self.key, self.token, self.lost)
+            if self.lost:  # close() may have run between the read and the store
+                lease._lose()
         return lease
 
     def lose(self) -> None:
@@ -375,6 +376,8 @@ class FlightTable:
 
     def _lead(self, flight: Flight) -> None:
         flight._move(IDLE, RUNNING)
+        self._next_token += 1
+        flight.token = self._next_token
         stats = self.stats
         stats.flights += 1
         stats.in_flight += 1
@@ -465,8 +468,9 @@ class FlightTable:
             if fresh and not self.closed:
                 following = flights.get(tkey)
                 if following is None:
-                    self._next_token += 1
-                    following = Flight(tkey, flight.key, self._next_token, IDLE)
+                    # Its token comes when it is led (_lead): a flight that starts later
+                    # must carry the larger token, even if it was made earlier.
+                    following = Flight(tkey, flight.key, 0, IDLE)
                     flights[tkey] = following
                 following.claims += len(fresh)
                 flight.next = following

@@ -24,10 +24,11 @@ import sys
 import threading
 import time
 import types
+import weakref
 from asyncio import events
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from contextvars import copy_context
-from typing import Any, Generic, NamedTuple, ParamSpec, Protocol, TypeVar, overload
+from typing import Any, Generic, NamedTuple, ParamSpec, Protocol, Self, TypeVar, overload
 
 from .codec import Codec, check_codec, encode_bytes
 from .errors import (
@@ -55,16 +56,18 @@ from .lease import _CURRENT
 from .policy import Limits, Retention, Retry, check_seconds
 from .stats import Stats
 
-__all__ = ["FlightGroup", "Result"]
+__all__ = ["Coalesced", "FlightGroup", "Result"]
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
+R_co = TypeVar("R_co", covariant=True)
 P = ParamSpec("P")
 
 _CoroutineType = types.CoroutineType
 _EAGER = sys.version_info >= (3, 12)
 """Start a leader's task eagerly (Python 3.12+). Tests switch it off to cover 3.11's path."""
 
+_WAIT_MAX = threading.TIMEOUT_MAX
 _SOCKET_PATH_LIMIT = 103  # bytes of UTF-8; macOS allows 104 with the NUL, Linux 108
 
 
@@ -101,16 +104,30 @@ def _check_call(work: object, on_join: object, timeout: object, fresh: object) -
         raise TypeError(f"fresh must be a bool, not {type(fresh).__name__}")
 
 
+class Coalesced(Protocol[P, R_co]):
+    """A function decorated by ``FlightGroup.coalesce``: called as the original, plus
+    ``forget(*args, **kwargs)`` (the next call with those arguments leads a new flight)
+    and ``flight_namespace`` (the namespace its keys live in)."""
+
+    flight_namespace: str
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
+
+    def forget(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        """Detach the flight these arguments' key maps to (see FlightGroup.forget)."""
+        ...
+
+
 class _Coalesce(Protocol):
     """The decorator returned by ``FlightGroup.coalesce``."""
 
     @overload
     def __call__(
         self, fn: Callable[P, Coroutine[Any, Any, T]], /
-    ) -> Callable[P, Coroutine[Any, Any, T]]: ...
+    ) -> Coalesced[P, Coroutine[Any, Any, T]]: ...
 
     @overload
-    def __call__(self, fn: Callable[P, T], /) -> Callable[P, T]: ...
+    def __call__(self, fn: Callable[P, T], /) -> Coalesced[P, T]: ...
 
 
 class FlightGroup:
@@ -422,7 +439,9 @@ class FlightGroup:
     ) -> Result[T]:
         table = self._table
         monotonic = time.monotonic
-        at = None if timeout is None or math.isinf(timeout) else monotonic() + timeout
+        # Past threading.TIMEOUT_MAX (~292 years) Lock.acquire overflows: no limit.
+        limited = timeout is not None and timeout < threading.TIMEOUT_MAX
+        at = monotonic() + timeout if limited and timeout is not None else None
         leader = False
         fresh_of: Flight | None = None
         while True:
@@ -433,12 +452,16 @@ class FlightGroup:
                     return self._deliver(flight, True)
                 waiter = new_thread_waiter()
                 context = copy_context()
-                threading.Thread(
-                    target=context.run,
-                    args=(self._drive_sync, flight, work, _CURRENT.get()),
-                    name=f"flightgroup-work-{flight.token}",
-                    daemon=True,
-                ).start()
+                try:
+                    threading.Thread(
+                        target=context.run,
+                        args=(self._drive_sync, flight, work, _CURRENT.get()),
+                        name=f"flightgroup-work-{flight.token}",
+                        daemon=True,
+                    ).start()
+                except BaseException as exc:  # "can't start new thread": nothing ran
+                    self._land(flight, Outcome.INTERRUPTED, None, exc)
+                    raise
                 if not table.wait_as_leader(flight, waiter):
                     return self._deliver(flight, True)
             elif role is Role.TAKE:  # joined a flight that already ended
@@ -460,14 +483,13 @@ class FlightGroup:
                 if at is None:
                     taken = waiter.acquire()
                 else:
-                    taken = waiter.acquire(timeout=max(0.0, at - monotonic()))
+                    taken = waiter.acquire(timeout=min(max(0.0, at - monotonic()), _WAIT_MAX))
             except BaseException:
                 self._abandon(flight, waiter, fresh_of)
                 raise
-            if not taken:
-                if table.withdraw(flight, waiter):
-                    raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
-                waiter.acquire()  # a signal was handed over as we gave up: take it
+            if not taken and table.withdraw(flight, waiter):
+                raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
+            # Taken, or detached as we gave up: either way the signal is on the flight.
             signal = signal_of(flight, fresh_of)
             if not taken and isinstance(signal, Flight):  # out of time: hand the claim back
                 table.release_claim(signal)
@@ -503,7 +525,16 @@ class FlightGroup:
         if _EAGER:
             flight.task = asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
         else:
-            flight.task = loop.create_task(coro)
+            task = flight.task = loop.create_task(coro)
+            # Cancelled before its first step (its loop shut down at once), the task
+            # never enters _drive_async: land the flight here instead.
+            # (A weak reference: the callback must not keep a settled flight's value.)
+            task.add_done_callback(functools.partial(self._unstarted, weakref.ref(flight)))
+
+    def _unstarted(self, flight_ref: weakref.ref[Flight], task: asyncio.Task[None]) -> None:
+        flight = flight_ref()
+        if flight is not None and flight.outcome is None and task.cancelled():
+            self._land(flight, Outcome.INTERRUPTED, None, asyncio.CancelledError())
 
     async def _drive_async(self, flight: Flight, work: Callable[[], Awaitable[Any]]) -> None:
         """The body of the work's own task: run it, contain every ending, land it."""
@@ -522,13 +553,18 @@ class FlightGroup:
             stop = self._land(flight, Outcome.INTERRUPTED, None, exc)
         else:
             stop = self._land(flight, Outcome.VALUE, value, None)
+        # The task's context holds the flight and the flight holds the task: break the
+        # cycle so a settled flight (and its value) goes with its last caller.
+        _CURRENT.set(None)
         if stop is not None:
             # CancelledError (its loop shutting down), KeyboardInterrupt, SystemExit:
             # the joiners are interrupted, the leader gets it from _deliver, and it goes
             # on up so the task ends cancelled and the loop sees KeyboardInterrupt.
-            task = asyncio.current_task()
-            if task is not None:  # the leader has it: the task need not log it again
-                task.add_done_callback(_retrieve)
+            # (GeneratorExit: the coroutine is being closed outside any loop.)
+            if events._get_running_loop() is not None:
+                task = asyncio.current_task()
+                if task is not None:  # the leader has it: the task need not log it again
+                    task.add_done_callback(_retrieve)
             raise stop
 
     def _drive_sync(self, flight: Flight, work: Callable[[], Any], parent: Flight | None) -> None:
@@ -588,6 +624,8 @@ class FlightGroup:
 
     def _deliver(self, flight: Flight, leader: bool) -> Result[Any]:
         """Turn a settled flight into this caller's return value or exception."""
+        if flight.closed:  # the group closed while this caller's flight ran
+            raise GroupClosedError()
         outcome = flight.outcome
         if outcome is Outcome.VALUE:
             data = flight.data
@@ -596,9 +634,14 @@ class FlightGroup:
                 return Result(self._codec.decode(data), not leader, flight.token)
             if leader:
                 return Result(flight.value, False, flight.token)
-            result: Result[Any] | None = flight.joined_result
+            # One Result for every joiner (ADR 0003); setdefault is atomic, so two
+            # threads that both found none still return the same object.
+            shared = vars(flight)
+            result: Result[Any] | None = shared.get("joined_result")
             if result is None:
-                result = flight.joined_result = Result(flight.value, True, flight.token)
+                result = shared.setdefault(
+                    "joined_result", Result(flight.value, True, flight.token)
+                )
             return result
         error = flight.error
         assert error is not None
@@ -673,21 +716,21 @@ class FlightGroup:
         """
         self._closed = True
         for flight, waiters in self._table.close():
-            flight.lose()
             if waiters:
                 wake(waiters, CLOSED)
+            flight.lose()
 
     async def aclose(self) -> None:
         """Close the group (see :meth:`close`)."""
         self.close()
 
-    def __enter__(self) -> FlightGroup:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    async def __aenter__(self) -> FlightGroup:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -732,7 +775,7 @@ def _make_coalesce(group: FlightGroup, key: Callable[..., str] | None, name: str
             op = _check_key(key_of(*args, **kwargs))
             return (namespace, op), op
 
-        if inspect.iscoroutinefunction(fn):
+        if inspect.iscoroutinefunction(inspect.unwrap(fn)) or inspect.iscoroutinefunction(fn):
 
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -10,6 +10,7 @@ should stop writing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -90,7 +91,8 @@ class Lease:
             waiters, self._waiters = self._waiters, None
             self._lost = True
         for loop, fut in waiters:
-            if not loop.is_closed():
+            # A loop that closed meanwhile raises RuntimeError: nobody waits there.
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_resolve, fut)
 
     def __repr__(self) -> str:
