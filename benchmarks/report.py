@@ -1,0 +1,344 @@
+"""The report: Markdown tables of every scenario, and the targets as PASS/MISS."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from statistics import median
+
+from .peers import FLIGHTGROUP, NO_COALESCING
+from .scenarios import BARE, FLOOR, Report, Results, Series
+
+PACKAGES = ("flightgroup", "oneflight", "singleflight", "coalescer", "async-lru", "cashews")
+
+
+@dataclass(frozen=True)
+class Target:
+    what: str
+    measured: str
+    goal: str
+    met: bool | None  # None: no verdict (nothing to compare with)
+    must: bool = False  # a correctness must, not a speed target
+
+    @property
+    def verdict(self) -> str:
+        if self.met is None:
+            return "n/a"
+        if self.met:
+            return "PASS"
+        return "FAIL" if self.must else "MISS"
+
+
+def _usable(series: Series) -> bool:
+    return series.error is None and bool(series.values)
+
+
+def _fastest(
+    results: Results, peers: set[str], valid: Callable[[Series], bool] = _usable
+) -> str | None:
+    """The peer with the lowest value among those that did the job right."""
+    good = [name for name in peers if name in results and valid(results[name])]
+    return min(good, key=lambda name: results[name].value, default=None)
+
+
+def _runs(series: Series) -> str:
+    if not series.runs:
+        return "—"
+    low, high = min(series.runs), max(series.runs)
+    return f"{low:,}" if low == high else f"{low:,}–{high:,}"
+
+
+def _number(value: float, digits: int) -> str:
+    return f"{value:,.{digits}f}"
+
+
+def _table(
+    results: Results,
+    unit: str,
+    digits: int,
+    runs_header: str = "runs",
+    extra: Callable[[str, Series], str] | None = None,
+    extra_header: str = "",
+) -> list[str]:
+    """One row per library: runs, best, median and worst, and flightgroup ÷ this
+    (on the scenario's own statistic)."""
+    mine = results.get(FLIGHTGROUP)
+    stat = next(iter(results.values())).stat
+    header = ["library", runs_header, f"{unit}: best", "median", "worst"]
+    header += [extra_header] if extra else []
+    header.append(f"flightgroup ÷ this ({stat})")
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for name, series in results.items():
+        if not _usable(series):
+            cells = [name, "—", f"error: {series.error or 'no sample'}", "—", "—"]
+            cells += ["—"] if extra else []
+            lines.append("| " + " | ".join([*cells, "—"]) + " |")
+            continue
+        values = series.values
+        cells = [name, _runs(series)]
+        cells += [_number(v, digits) for v in (min(values), median(values), max(values))]
+        cells += [extra(name, series)] if extra else []
+        ratio = (
+            f"{mine.value / series.value:.2f}×"
+            if mine is not None and _usable(mine) and series.value > 0
+            else "—"
+        )
+        lines.append("| " + " | ".join([*cells, ratio]) + " |")
+    return lines
+
+
+def _compare(
+    what: str, results: Results, other: str | None, goal: float | None, strict: bool = False
+) -> Target:
+    """flightgroup's value ÷ ``other``'s, against ``goal`` (None: for information).
+    ``what`` may hold ``{other}``, replaced by the name of the one compared with."""
+    what = what.format(other=other or "none usable")
+    mine = results.get(FLIGHTGROUP)
+    if other is None or mine is None or not _usable(mine) or not _usable(results[other]):
+        return Target(what, "—", "—", None)
+    ratio = mine.value / results[other].value
+    if goal is None:
+        return Target(what, f"{ratio:.2f}×", "information", None)
+    met = ratio < goal if strict else ratio <= goal
+    sign = "<" if strict else "≤"
+    return Target(what, f"{ratio:.2f}×", f"{sign} {goal:.2f}×", met)
+
+
+def targets(report: Report) -> list[Target]:
+    peers = set(report.miss) - {FLIGHTGROUP, BARE}
+    thread_peers = set(report.threads) - {FLIGHTGROUP, NO_COALESCING}
+
+    def once(series: Series) -> bool:
+        return _usable(series) and all(runs == 1 for runs in series.runs)
+
+    def real_misses(series: Series) -> bool:
+        return _usable(series) and series.ok
+
+    fastest = _fastest(report.miss, peers, real_misses)
+    out = [
+        _compare("(a) miss ÷ the fastest peer's miss ({other})", report.miss, fastest, 0.5),
+        _compare("(a) miss ÷ a bare `await fn()`", report.miss, BARE, None),
+        _compare(
+            "(b) herd: joiner cost ÷ the fastest peer's ({other})",
+            report.herd,
+            _fastest(report.herd, peers, once),
+            1.0,
+        ),
+        _compare("(b) herd: joiner cost ÷ the floor's", report.herd, FLOOR, None),
+        _compare(
+            "(c) many keys: total time ÷ the fastest peer's ({other})",
+            report.spread,
+            _fastest(report.spread, peers),
+            None,
+        ),
+        _compare("(c) many keys: total time ÷ no coalescing", report.spread, NO_COALESCING, None),
+        _compare(
+            "(e) threads: total time ÷ no coalescing", report.threads, NO_COALESCING, 1.0, True
+        ),
+        _compare(
+            "(e) threads: total time ÷ the fastest thread peer's ({other})",
+            report.threads,
+            _fastest(report.threads, thread_peers),
+            0.7,
+        ),
+    ]
+    herd, storm = report.herd.get(FLIGHTGROUP), report.storm.get(FLIGHTGROUP)
+    if herd is not None:
+        out.append(Target("(b) herd: flightgroup's runs of fn", _runs(herd), "1", once(herd), True))
+    if storm is not None:
+        raised = "yes" if storm.ok else "no"
+        out.append(
+            Target(
+                "(d) failure storm: flightgroup's runs per wave in every wave; every caller raised",
+                f"{_runs(storm)}; {raised}",
+                "1; yes",
+                once(storm) and storm.ok,
+                True,
+            )
+        )
+    seq = report.sequential
+    left = seq["table entries"] + seq["detached entries"] + seq["stats().in_flight"]
+    out.append(
+        Target(
+            f"(f) flightgroup's table after {report.sizes.sequential_flights:,} flights",
+            f"{seq['table entries']} entries, in_flight {seq['stats().in_flight']}",
+            "0",
+            left == 0 and seq["flights"] == report.sizes.sequential_flights,
+            True,
+        )
+    )
+    return out
+
+
+def flightgroup_ok(report: Report, found: list[Target]) -> bool:
+    """False if flightgroup crashed in a scenario or broke a must."""
+    crashed = any(
+        FLIGHTGROUP in results and results[FLIGHTGROUP].error is not None
+        for results in (
+            report.miss,
+            report.herd,
+            report.spread,
+            report.storm,
+            report.memory,
+            report.threads,
+        )
+    )
+    return not crashed and all(t.met is not False for t in found if t.must)
+
+
+def _versions() -> str:
+    found = []
+    for name in PACKAGES:
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"{name} (not installed)")
+    return ", ".join(found)
+
+
+def _git(*args: str) -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return done.stdout
+
+
+def src_digest() -> str:
+    """A digest of every file under src/, to tell whether it changed during a run."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).resolve().parent.parent.glob("src/**/*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def engine() -> str:
+    """The engine's source: HEAD, and the files of src/ that differ from it."""
+    head = _git("rev-parse", "--short", "HEAD").strip() or "unknown"
+    changed = _git("status", "--porcelain", "--", "src").splitlines()
+    if not changed:
+        return head
+    return f"{head} with uncommitted changes to {', '.join(line[3:] for line in changed)}"
+
+
+def render(report: Report, found: list[Target], command: str, source: str) -> str:
+    s = report.sizes
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Reproduce with `{command}` from the repository root.",
+        "",
+        f"- Python: {platform.python_implementation()} {platform.python_version()} "
+        f"({platform.system()} {platform.machine()}), {os.cpu_count()} cores",
+        f"- Libraries: {_versions()}",
+        f"- flightgroup source: {source}",
+        "- Method: every library runs in the same process, in rounds; the order of the "
+        "libraries rotates each round; garbage collection is paused inside each timing. "
+        "Ratios are flightgroup's ÷ the other's, below 1 means flightgroup is faster, taken "
+        "on the best round where a timing is one thread's CPU work (other load on the "
+        "machine only adds to it) and on the median round for threads (whose spread is the "
+        "scheduler's own).",
+        "",
+        "## Targets",
+        "",
+        "| target | measured | goal | result |",
+        "| --- | --- | --- | --- |",
+        *(f"| {t.what} | {t.measured} | {t.goal} | {t.verdict} |" for t in found),
+        "",
+        "## (a) Miss: distinct keys, fn returns at once",
+        "",
+        f"Sequential awaits in one task; {s.miss_rounds} short rounds of {s.miss_calls:,} "
+        "calls, so that every library meets the machine's slow and fast spells alike. `runs` "
+        "counts fn's runs per round: a real miss runs fn on every call.",
+        "",
+        *_table(report.miss, "µs per call", 2),
+        "",
+        f"## (b) Herd: {s.herd_tasks:,} tasks on one key, fn sleeps {s.herd_sleep * 1e3:.0f} ms",
+        "",
+        f"µs per caller above the sleep = (wall time − {s.herd_sleep * 1e3:.0f} ms) ÷ "
+        f"callers; {s.herd_rounds} rounds. It counts making each caller's task, its arrival "
+        "and its wake-up; arrivals overlap the sleep, so what fits inside the sleep is not "
+        "counted. The floor is the same number of tasks awaiting one bare `asyncio.Future`, "
+        "resolved by a timer the first task arms.",
+        "",
+        *_table(report.herd, "µs per caller", 2),
+        "",
+        f"## (c) Many keys: {s.spread_tasks:,} tasks over {s.spread_keys:,} keys, fn sleeps "
+        f"{s.spread_sleep * 1e3:g} ms",
+        "",
+        f"All tasks start together, so a key's callers overlap; {s.spread_rounds} rounds.",
+        "",
+        *_table(report.spread, "total s", 3),
+        "",
+        f"## (d) Failure storm: {s.storm_waves} waves of {s.storm_callers:,} callers of one "
+        f"key, fn raises after {s.storm_sleep * 1e3:g} ms",
+        "",
+        f"One group per round for all its waves ({s.storm_rounds} rounds): a wave after a "
+        "failed one must run fn again. µs per caller above the sleep, per wave.",
+        "",
+        *_table(
+            report.storm,
+            "µs per caller",
+            2,
+            runs_header="runs per wave",
+            extra=lambda _, series: "yes" if series.ok else "no",
+            extra_header="every caller raised",
+        ),
+        "",
+        f"## (e) Threads: {s.threads} threads × {s.thread_calls:,} calls over "
+        f"{s.thread_keys} keys, fn = `time.sleep({s.thread_sleep:g})`",
+        "",
+        f"Each thread's keys are drawn at random once (seeded) and replayed for every "
+        f"library; {s.thread_rounds} rounds.",
+        "",
+        *_table(report.threads, "total s", 3),
+        "",
+        f"## (f) Memory per in-flight key: {s.memory_keys:,} keys in flight at once",
+        "",
+        "tracemalloc, bytes held while every key's work waits on one event, ÷ keys. The "
+        "callers' own tasks are counted for every library alike; `no coalescing` (each task "
+        "awaits fn itself) is that floor.",
+        "",
+        *_memory_table(report.memory),
+        "",
+        f"## (f) flightgroup's table after {s.sequential_flights:,} sequential flights",
+        "",
+        "Distinct keys, one flight in ten fails.",
+        "",
+        "| what | count |",
+        "| --- | --- |",
+        *(f"| {name} | {count:,} |" for name, count in report.sequential.items()),
+        "",
+        "## How each library is driven",
+        "",
+        "Each round binds a fresh group (or cache) around that round's fn; `call(key)` is "
+        "a plain lambda over the library's API (for async-lru and cashews, the decorated "
+        "function itself).",
+        "",
+        *(f"- {name}: {how}" for name, how in report.how.items()),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _memory_table(results: Results) -> list[str]:
+    floor = results.get(NO_COALESCING)
+    lines = ["| library | bytes per key | above no coalescing |", "| --- | --- | --- |"]
+    for name, series in results.items():
+        if not _usable(series):
+            lines.append(f"| {name} | error: {series.error or 'no sample'} | — |")
+            continue
+        above = (
+            _number(series.value - floor.value, 0)
+            if floor is not None and _usable(floor) and name != NO_COALESCING
+            else "—"
+        )
+        lines.append(f"| {name} | {_number(series.value, 0)} | {above} |")
+    return lines

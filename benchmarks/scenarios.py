@@ -1,0 +1,461 @@
+"""The scenarios. Each one measures every library in rounds; the order of the
+libraries rotates from round to round, so that no library always runs first (on
+a cold cache) or last (after the others' garbage)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import itertools
+import random
+import sys
+import threading
+import time
+import tracemalloc
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from statistics import median
+
+from .peers import NO_COALESCING, AsyncCall, Lib, SyncCall, SyncWork, Work
+
+BARE = "bare `await fn()`"
+FLOOR = "floor (tasks awaiting one Future)"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each scenario is: FULL is the issue's numbers, QUICK a smoke run."""
+
+    miss_calls: int
+    miss_rounds: int
+    herd_tasks: int
+    herd_rounds: int
+    spread_tasks: int
+    spread_keys: int
+    spread_rounds: int
+    storm_waves: int
+    storm_callers: int
+    storm_rounds: int
+    threads: int
+    thread_calls: int
+    thread_keys: int
+    thread_rounds: int
+    memory_keys: int
+    sequential_flights: int
+    herd_sleep: float = 0.050
+    spread_sleep: float = 0.001
+    storm_sleep: float = 0.001  # so that a wave's callers overlap the failing run
+    thread_sleep: float = 0.0005
+
+
+FULL = Sizes(
+    miss_calls=1_000,
+    miss_rounds=25,
+    herd_tasks=10_000,
+    herd_rounds=10,
+    spread_tasks=100_000,
+    spread_keys=1_000,
+    spread_rounds=5,
+    storm_waves=10,
+    storm_callers=1_000,
+    storm_rounds=3,
+    threads=32,
+    thread_calls=2_000,
+    thread_keys=16,
+    thread_rounds=7,
+    memory_keys=10_000,
+    sequential_flights=1_000_000,
+)
+
+QUICK = Sizes(
+    miss_calls=500,
+    miss_rounds=4,
+    herd_tasks=500,
+    herd_rounds=2,
+    spread_tasks=2_000,
+    spread_keys=50,
+    spread_rounds=2,
+    storm_waves=2,
+    storm_callers=100,
+    storm_rounds=2,
+    threads=32,
+    thread_calls=50,
+    thread_keys=16,
+    thread_rounds=2,
+    memory_keys=500,
+    sequential_flights=10_000,
+)
+
+
+@dataclass
+class Series:
+    """One library's samples in one scenario."""
+
+    # The statistic that stands for the series: "best" where the timing is one
+    # thread's CPU work (noise only adds to it), "median" where the spread is the
+    # OS scheduler's own (threads).
+    stat: str = "best"
+    values: list[float] = field(default_factory=list)
+    runs: list[int] = field(default_factory=list)  # runs of fn per sample
+    ok: bool = True  # every caller got the outcome it should
+    error: str | None = None  # the measurement raised: no more samples
+
+    @property
+    def value(self) -> float:
+        return min(self.values) if self.stat == "best" else median(self.values)
+
+
+Results = dict[str, Series]
+
+
+class Boom(Exception):
+    """What the failure storm's fn raises."""
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """No garbage collection lands inside a timing: collect first, then pause it."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _rotations(names: Sequence[str], rounds: int) -> Iterator[str]:
+    for r in range(rounds):
+        k = r % len(names)
+        yield from [*names[k:], *names[:k]]
+
+
+def _failed(series: Series, exc: BaseException) -> None:
+    series.error = f"{type(exc).__name__}: {exc}"
+
+
+async def _each(
+    names: Sequence[str], rounds: int, measure: Callable[[str, Series], Awaitable[None]]
+) -> Results:
+    results = {name: Series() for name in names}
+    for name in _rotations(names, rounds):
+        series = results[name]
+        if series.error is None:
+            try:
+                await measure(name, series)
+            except Exception as exc:
+                _failed(series, exc)
+    return results
+
+
+def _each_sync(
+    names: Sequence[str], rounds: int, measure: Callable[[str, Series], None]
+) -> Results:
+    results = {name: Series(stat="median") for name in names}
+    for name in _rotations(names, rounds):
+        series = results[name]
+        if series.error is None:
+            try:
+                measure(name, series)
+            except Exception as exc:
+                _failed(series, exc)
+    return results
+
+
+Libs = dict[str, Lib[Work, AsyncCall]]
+
+
+async def miss(libs: Libs, sizes: Sizes) -> Results:
+    """(a) Distinct keys, fn returns at once: µs per call, sequential awaits."""
+    keys = [f"miss:{i}" for i in range(sizes.miss_calls)]
+    warm = [f"warm:{i}" for i in range(len(keys) // 10)]
+
+    async def measure(name: str, series: Series) -> None:
+        runs = 0
+
+        async def fn() -> int:
+            nonlocal runs
+            runs += 1
+            return 1
+
+        if name == BARE:
+            with quiet():
+                start = time.perf_counter()
+                for _ in keys:
+                    await fn()
+                elapsed = time.perf_counter() - start
+        else:
+            call = libs[name].bind(fn)
+            for key in warm:
+                await call(key)
+            runs = 0
+            with quiet():
+                start = time.perf_counter()
+                for key in keys:
+                    await call(key)
+                elapsed = time.perf_counter() - start
+        series.values.append(elapsed / len(keys) * 1e6)
+        series.runs.append(runs)
+        series.ok = series.ok and runs == len(keys)  # every call was a real miss
+
+    return await _each([*libs, BARE], sizes.miss_rounds, measure)
+
+
+def _floor(pause: float) -> AsyncCall:
+    """The herd's floor: tasks that await one bare Future, resolved ``pause``
+    seconds after the first of them arrives (as a leader's fn would start)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[int] = loop.create_future()
+    armed = False
+
+    async def wait(key: str) -> int:
+        nonlocal armed
+        if not armed:
+            armed = True
+            loop.call_later(pause, future.set_result, 1)
+        return await future
+
+    return wait
+
+
+async def herd(libs: Libs, sizes: Sizes) -> Results:
+    """(b) Many tasks on one key, fn sleeps: runs, and µs per caller above the sleep."""
+    pause, n = sizes.herd_sleep, sizes.herd_tasks
+
+    async def measure(name: str, series: Series) -> None:
+        runs = 0
+
+        async def fn() -> int:
+            nonlocal runs
+            runs += 1
+            await asyncio.sleep(pause)
+            return 1
+
+        call = _floor(pause) if name == FLOOR else libs[name].bind(fn)
+        with quiet():
+            start = time.perf_counter()
+            await asyncio.gather(*[call("herd") for _ in range(n)])
+            elapsed = time.perf_counter() - start
+        series.values.append((elapsed - pause) / n * 1e6)
+        series.runs.append(runs)
+
+    return await _each([*libs, FLOOR], sizes.herd_rounds, measure)
+
+
+async def spread(libs: Libs, sizes: Sizes) -> Results:
+    """(c) Many tasks over many keys, fn sleeps a little: total seconds and runs."""
+    keys = [f"spread:{i % sizes.spread_keys}" for i in range(sizes.spread_tasks)]
+
+    async def measure(name: str, series: Series) -> None:
+        runs = 0
+
+        async def fn() -> int:
+            nonlocal runs
+            runs += 1
+            await asyncio.sleep(sizes.spread_sleep)
+            return 1
+
+        call = libs[name].bind(fn)
+        with quiet():
+            start = time.perf_counter()
+            await asyncio.gather(*[call(key) for key in keys])
+            elapsed = time.perf_counter() - start
+        series.values.append(elapsed)
+        series.runs.append(runs)
+
+    return await _each(list(libs), sizes.spread_rounds, measure)
+
+
+async def storm(libs: Libs, sizes: Sizes) -> Results:
+    """(d) Waves of callers of one key whose fn raises: one run per wave, every
+    caller raises, and the next wave runs again (no poisoned key). One group per
+    round, used by all its waves."""
+    pause, n = sizes.storm_sleep, sizes.storm_callers
+
+    async def measure(name: str, series: Series) -> None:
+        runs = 0
+
+        async def fn() -> int:
+            nonlocal runs
+            runs += 1
+            await asyncio.sleep(pause)
+            raise Boom("storm")
+
+        call = libs[name].bind(fn)
+        for _ in range(sizes.storm_waves):
+            before = runs
+            with quiet():
+                start = time.perf_counter()
+                outcomes = await asyncio.gather(
+                    *[call("storm") for _ in range(n)], return_exceptions=True
+                )
+                elapsed = time.perf_counter() - start
+            series.values.append((elapsed - pause) / n * 1e6)
+            series.runs.append(runs - before)
+            series.ok = series.ok and all(isinstance(o, Exception) for o in outcomes)
+
+    return await _each(list(libs), sizes.storm_rounds, measure)
+
+
+def threads(libs: dict[str, Lib[SyncWork, SyncCall]], sizes: Sizes) -> Results:
+    """(e) Threads × calls over a few keys, fn = time.sleep: total seconds and runs."""
+    keys = [f"thread:{k}" for k in range(sizes.thread_keys)]
+    # Each thread's sequence of keys is drawn once, so every library gets the same.
+    plans = [
+        [rng.choice(keys) for _ in range(sizes.thread_calls)]
+        for rng in (random.Random(t) for t in range(sizes.threads))
+    ]
+
+    def measure(name: str, series: Series) -> None:
+        counter = itertools.count()  # next() is atomic under the GIL
+
+        def fn() -> int:
+            next(counter)
+            time.sleep(sizes.thread_sleep)
+            return 1
+
+        call = libs[name].bind(fn)
+        errors: list[BaseException] = []
+        gate = threading.Barrier(len(plans) + 1)
+
+        def worker(plan: list[str]) -> None:
+            gate.wait()
+            try:
+                for key in plan:
+                    call(key)
+            except BaseException as exc:
+                errors.append(exc)
+
+        workers = [threading.Thread(target=worker, args=(plan,)) for plan in plans]
+        for thread in workers:
+            thread.start()
+        with quiet():
+            gate.wait()
+            start = time.perf_counter()
+            for thread in workers:
+                thread.join()
+            elapsed = time.perf_counter() - start
+        if errors:
+            raise errors[0]
+        series.values.append(elapsed)
+        series.runs.append(next(counter))
+
+    return _each_sync(list(libs), sizes.thread_rounds, measure)
+
+
+async def memory(libs: Libs, sizes: Sizes) -> Results:
+    """(f) Bytes per in-flight key: N keys held in flight at once by works blocked
+    on an event, traced by tracemalloc (the callers' own tasks included, for
+    every library alike; ``no coalescing`` is that floor)."""
+    n = sizes.memory_keys
+    keys = [f"memory:{i}" for i in range(n)]
+
+    async def measure(name: str, series: Series) -> None:
+        started = 0
+        gate = asyncio.Event()
+
+        async def fn() -> int:
+            nonlocal started
+            started += 1
+            await gate.wait()
+            return 1
+
+        call = libs[name].bind(fn)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            tasks = [asyncio.ensure_future(call(key)) for key in keys]
+            for _ in range(100):  # libraries that start the work in a task of its own
+                if started == n:
+                    break
+                await asyncio.sleep(0)
+            held = tracemalloc.get_traced_memory()[0] - base
+        finally:
+            tracemalloc.stop()
+            gate.set()
+        await asyncio.gather(*tasks)
+        if started != n:
+            raise RuntimeError(f"only {started} of {n} works were in flight at once")
+        series.values.append(held / n)
+        series.runs.append(started)
+
+    return await _each(list(libs), 1, measure)
+
+
+async def sequential(sizes: Sizes) -> dict[str, int]:
+    """(f) flightgroup's table after many sequential flights (one in ten fails):
+    every entry must be gone."""
+    from flightgroup import FlightGroup
+
+    async def value() -> int:
+        return 1
+
+    async def failure() -> int:
+        raise Boom("sequential")
+
+    group = FlightGroup()
+    failed = 0
+    for i in range(sizes.sequential_flights):
+        try:
+            await group.run(str(i), failure if i % 10 == 0 else value)
+        except Boom:
+            failed += 1
+    stats = group.stats()
+    return {
+        "flights": stats.flights,
+        "failed": failed,
+        "table entries": len(group._table.flights),
+        "detached entries": len(group._table.detached),
+        "stats().in_flight": stats.in_flight,
+    }
+
+
+@dataclass
+class Report:
+    sizes: Sizes
+    miss: Results
+    herd: Results
+    spread: Results
+    storm: Results
+    threads: Results
+    memory: Results
+    sequential: dict[str, int]
+    how: dict[str, str]  # library -> how it was driven
+
+
+def _progress(message: str) -> None:
+    print(f"benchmarks: {message}", flush=True, file=sys.stderr)
+
+
+async def _run_async(libs: Libs, none: Lib[Work, AsyncCall], sizes: Sizes) -> tuple[Results, ...]:
+    _progress("(a) miss")
+    a = await miss(libs, sizes)
+    _progress("(b) herd")
+    b = await herd(libs, sizes)
+    _progress("(c) many keys")
+    c = await spread({**libs, NO_COALESCING: none}, sizes)
+    _progress("(d) failure storm")
+    d = await storm(libs, sizes)
+    _progress("(f) memory per in-flight key")
+    f = await memory({**libs, NO_COALESCING: none}, sizes)
+    return a, b, c, d, f
+
+
+def run(
+    async_libs: Sequence[Lib[Work, AsyncCall]],
+    none_async: Lib[Work, AsyncCall],
+    thread_libs: Sequence[Lib[SyncWork, SyncCall]],
+    none_sync: Lib[SyncWork, SyncCall],
+    sizes: Sizes,
+) -> Report:
+    libs = {lib.name: lib for lib in async_libs if lib.installed}
+    tlibs = {lib.name: lib for lib in thread_libs if lib.installed}
+    a, b, c, d, f = asyncio.run(_run_async(libs, none_async, sizes))
+    _progress(f"(f) {sizes.sequential_flights:,} sequential flights")
+    seq = asyncio.run(sequential(sizes))
+    _progress("(e) threads")
+    e = threads({**tlibs, NO_COALESCING: none_sync}, sizes)
+    how = {f"{lib.name} (async)": lib.how for lib in libs.values()}
+    how |= {f"{lib.name} (threads)": lib.how for lib in tlibs.values()}
+    return Report(sizes, a, b, c, d, e, f, seq, how)
