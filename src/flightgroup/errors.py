@@ -58,11 +58,33 @@ class FlightFailedError(FlightError):
     def _init_args(self) -> tuple[Any, ...]:
         return (self.key, self.error_type, self.message, self.error_module)
 
-    @classmethod
-    def of(cls, key: str, error: BaseException) -> FlightFailedError:
-        """Describe ``error`` for a joiner; ``__cause__`` is ``error`` itself."""
+    @staticmethod
+    def describe(key: str, error: BaseException) -> tuple[str, str, str, str]:
+        """(error_type, error_module, message, text): what every joiner's error says.
+        Made once per flight, however many joiners it has."""
         kind = type(error)
-        failed = cls(key, kind.__qualname__, str(error), kind.__module__)
+        message = str(error)
+        return (
+            kind.__qualname__,
+            kind.__module__,
+            message,
+            f"The flight of {key!r} failed: {kind.__qualname__}: {message}",
+        )
+
+    @classmethod
+    def of(
+        cls,
+        key: str,
+        error: BaseException,
+        description: tuple[str, str, str, str] | None = None,
+    ) -> FlightFailedError:
+        """A new error for one joiner; ``__cause__`` is ``error`` itself."""
+        error_type, error_module, message, text = description or cls.describe(key, error)
+        failed = cls.__new__(cls, text)  # BaseException.__new__ sets args=(text,)
+        failed.key = key
+        failed.error_type = error_type
+        failed.error_module = error_module
+        failed.message = message
         failed.__cause__ = error
         return failed
 

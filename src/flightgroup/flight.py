@@ -165,13 +165,14 @@ class Flight:
     value: Any = None
     error: BaseException | None = None
     data: bytes | None = None  # the encoded value, with a codec
+    failure: tuple[str, str, str, str] | None = None  # made once for all joiners
     parent: Flight | None = None  # the flight whose work made this call (I6)
     lease: Lease | None = None  # made when the work first asks for it
     lost = False
     closed = False  # its waiters were woken by the group's close()
     loop: asyncio.AbstractEventLoop | None = None  # where an async work runs
     task: asyncio.Task[None] | None = None  # the work's own task: the group owns it
-    started = 0.0
+    started = 0  # perf_counter_ns() when the work started
 
     def __init__(self, tkey: Hashable, key: str, token: int, state: State) -> None:
         self.tkey = tkey
@@ -319,7 +320,7 @@ class FlightTable:
                 stats.in_flight += 1
                 self._next_token += 1
                 flight = Flight(tkey, key, self._next_token, RUNNING)
-                flight.started = time.perf_counter()
+                flight.started = time.perf_counter_ns()
                 self.flights[tkey] = flight
                 return Role.LEAD, flight, None
             state = flight.state
@@ -381,7 +382,7 @@ class FlightTable:
         stats = self.stats
         stats.flights += 1
         stats.in_flight += 1
-        flight.started = time.perf_counter()
+        flight.started = time.perf_counter_ns()
 
     def release_claim(self, flight: Flight) -> None:
         """A caller told to claim ``flight`` withdrew instead (I4)."""
@@ -437,34 +438,32 @@ class FlightTable:
         Returns (waiters to wake with SETTLED, fresh waiters to wake with a claim
         on ``flight.next``), or None if the flight had already settled.
         """
-        elapsed_us = int((time.perf_counter() - flight.started) * 1e6)
+        ended = time.perf_counter_ns()
         with self.lock:
             if flight.state is DONE:  # I2
                 return None
             flight.outcome = outcome
-            flight.value = value
-            flight.error = error
-            flight.data = data
+            if value is not None:  # the class defaults are None: write only what is set
+                flight.value = value
+            if error is not None:
+                flight.error = error
+            if data is not None:
+                flight.data = data
             flight.state = DONE  # from RUNNING or SETTLING
             waiters = flight.waiters
             if waiters:
                 flight.waiters = {}
             fresh = flight.fresh
-            flight.fresh = None
+            if fresh is not None:
+                flight.fresh = None
             tkey = flight.tkey
             flights = self.flights
             if flights.get(tkey) is flight:  # I1
                 del flights[tkey]
             elif self.detached:
                 self.detached.discard(flight)
-            stats = self.stats
-            stats.in_flight -= 1
-            if outcome is Outcome.ERROR:
-                stats.failures += 1
-            elif outcome is Outcome.INTERRUPTED:
-                stats.interrupted += 1
-            stats.joiners.record(flight.joiners)
-            stats.flight_us.record(elapsed_us)
+            self.stats.settled(outcome is Outcome.ERROR, outcome is Outcome.INTERRUPTED,
+                               flight.joiners, (ended - flight.started) // 1000)
             if fresh and not self.closed:
                 following = flights.get(tkey)
                 if following is None:

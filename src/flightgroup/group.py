@@ -293,6 +293,17 @@ class FlightGroup:
             if flight.outcome is not None:  # the work finished eagerly: no waiting
                 return self._deliver(flight, True)
             role = Role.LEADING
+        elif role is Role.JOIN and on_join is None and timeout is None:
+            # The herd's path, without a second coroutine: a joiner is handed SETTLED
+            # or CLOSED, never a claim (claims go to fresh callers).
+            try:
+                signal = await waiter  # type: ignore[misc]
+            except BaseException:
+                self._abandon(flight, waiter, None)  # type: ignore[arg-type]
+                raise
+            if signal is SETTLED:
+                return self._deliver(flight, False)
+            raise GroupClosedError()
         return await self._follow(role, flight, waiter, work, on_join, timeout, loop)
 
     async def _run_op(self, tkey: Hashable, key: str, work: Callable[[], Awaitable[T]]) -> T:
@@ -648,7 +659,10 @@ class FlightGroup:
         if leader:
             raise error
         if outcome is Outcome.ERROR:
-            raise FlightFailedError.of(flight.key, error)
+            description = flight.failure
+            if description is None:  # a race here only makes the same tuple twice
+                description = flight.failure = FlightFailedError.describe(flight.key, error)
+            raise FlightFailedError.of(flight.key, error, description)
         raise FlightInterruptedError(
             flight.key, f"its work was stopped by {type(error).__qualname__}"
         ) from None

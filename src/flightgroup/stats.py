@@ -118,6 +118,16 @@ class Recorder:
         self.joiners = Histogram()
         self.flight_us = Histogram()
 
+    def settled(self, failed: bool, interrupted: bool, joiners: int, micros: int) -> None:
+        """Count a flight that ended: one call, under the group's lock."""
+        self.in_flight -= 1
+        if failed:
+            self.failures += 1
+        elif interrupted:
+            self.interrupted += 1
+        self.joiners.record(joiners)
+        self.flight_us.record(micros)
+
     def snapshot(self) -> Stats:
         """A frozen copy; call it under the group's lock."""
         return Stats(
