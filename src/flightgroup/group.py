@@ -423,9 +423,19 @@ class FlightGroup:
         role, flight, waiter = self._table.arrive(
             key, key, fresh, new_thread_waiter, parent, events._get_running_loop()
         )
-        if role is Role.LEAD and timeout is None:
-            self._drive_sync(flight, work, parent)  # the common case: no waiting at all
-            return self._deliver(flight, True)
+        if timeout is None:
+            if role is Role.LEAD:
+                self._drive_sync(flight, work, parent)  # the common case: no waiting at all
+                return self._deliver(flight, True)
+            if role is Role.JOIN and on_join is None:
+                # The plain join: a joiner is handed SETTLED or CLOSED, never a claim,
+                # and _deliver tells the two apart by the flight.
+                try:
+                    waiter.acquire()  # type: ignore[union-attr]
+                except BaseException:
+                    self._abandon(flight, waiter, None)  # type: ignore[arg-type]
+                    raise
+                return self._deliver(flight, False)
         return self._follow_sync(role, flight, waiter, work, on_join, timeout)
 
     def _call_sync(self, tkey: Hashable, key: str, work: Callable[[], T]) -> Result[T]:
