@@ -252,6 +252,9 @@ def render(report: Report, found: list[Target], command: str, source: str) -> st
         "| --- | --- | --- | --- |",
         *(f"| {t.what} | {t.measured} | {t.goal} | {t.verdict} |" for t in found),
         "",
+        "Why (a) and (e) miss their goals, and what bounds them: "
+        "[performance.md](performance.md).",
+        "",
         "## (a) Miss: distinct keys, fn returns at once",
         "",
         f"Sequential awaits in one task; {s.miss_rounds} short rounds of {s.miss_calls:,} "

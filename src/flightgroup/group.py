@@ -273,14 +273,17 @@ class FlightGroup:
                 would wait for itself).
             Exception: (the leader) whatever the work raised, itself.
         """
-        if type(key) is not str or not key:
-            _check_key(key)
-        if on_join is not None or timeout is not None or fresh is not False or not callable(work):
-            _check_call(work, on_join, timeout, fresh)
-            if timeout is not None and timeout <= 0:
-                raise TimeoutError(f"timeout of 0 s for {key!r}: the call neither led nor joined")
-        if self._closed:
-            raise GroupClosedError()
+        if (
+            type(key) is not str
+            or not key
+            or on_join is not None
+            or timeout is not None
+            or fresh is not False
+            or self._closed
+        ):
+            self._admit(key, work, on_join, timeout, fresh)
+        elif not callable(work):
+            _check_call(work, None, None, False)
         loop = events.get_running_loop()
         task = asyncio.current_task(loop)
         if task is not None and task.cancelling():
@@ -325,6 +328,18 @@ class FlightGroup:
             role = Role.LEADING
         result = await self._follow(role, flight, waiter, work, None, None, loop)
         return result.value
+
+    def _admit(
+        self, key: object, work: object, on_join: object, timeout: object, fresh: object
+    ) -> None:
+        """The slow path of a call's checks, in order: arguments, closed, timeout=0.
+        Raises, or returns when the call may go on."""
+        _check_key(key)
+        _check_call(work, on_join, timeout, fresh)
+        if self._closed:
+            raise GroupClosedError()
+        if timeout is not None and timeout <= 0:  # type: ignore[operator]
+            raise TimeoutError(f"timeout of 0 s for {key!r}: the call neither led nor joined")
 
     async def _follow(
         self,
@@ -411,14 +426,17 @@ class FlightGroup:
         Raises: as :meth:`run`, and RuntimeError when called on the thread of the
         event loop that runs the flight's async work (it would block it forever).
         """
-        if type(key) is not str or not key:
-            _check_key(key)
-        if on_join is not None or timeout is not None or fresh is not False or not callable(work):
-            _check_call(work, on_join, timeout, fresh)
-            if timeout is not None and timeout <= 0:
-                raise TimeoutError(f"timeout of 0 s for {key!r}: the call neither led nor joined")
-        if self._closed:
-            raise GroupClosedError()
+        if (
+            type(key) is not str
+            or not key
+            or on_join is not None
+            or timeout is not None
+            or fresh is not False
+            or self._closed
+        ):
+            self._admit(key, work, on_join, timeout, fresh)
+        elif not callable(work):
+            _check_call(work, None, None, False)
         parent = _CURRENT.get()
         role, flight, waiter = self._table.arrive(
             key, key, fresh, new_thread_waiter, parent, events._get_running_loop()

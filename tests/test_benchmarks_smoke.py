@@ -1,0 +1,29 @@
+"""The benchmark harness runs (quick sizes) and its must-checks hold: one run per herd,
+one run per failure wave, an empty table afterwards. Speed targets are not asserted:
+tests never assert wall-clock times."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_quick_benchmark_runs_and_its_must_checks_pass() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    for check in ("(b) herd: flightgroup's runs of fn | 1 | 1 | PASS",
+                  "(d) failure storm: flightgroup's runs per wave in every wave; every caller "
+                  "raised | 1; yes | 1; yes | PASS"):
+        assert check in out, out[:3000]
+    assert "| table entries | 0 |" in out
