@@ -101,7 +101,7 @@ def test_timed_out_joiner_detached_by_close_never_gets_the_late_outcome(
 def test_lease_made_while_the_group_closes_is_lost(monkeypatch: pytest.MonkeyPatch) -> None:
     """t0 the work (a thread) calls current_lease(): get_lease reads lost=False and
        calls Lease._new (paused here).
-    t1 close() sets flight.lost and finds flight.lease still None: nothing to mark.
+    t1 close() marks the attempt lost and finds its lease still None: nothing to mark.
     t2 get_lease stores the lease it made with lost=False: lease.lost stays False and
        wait_lost() would never return."""
     g = FlightGroup()
@@ -357,7 +357,8 @@ def test_close_wakes_every_waiter_even_if_a_wait_lost_loop_closes_meanwhile(
         leader_tasks.append(asyncio.create_task(g.run("k", work)))
         await until(
             lambda: "k" in g._table.flights
-            and (lease := g._table.flights["k"].lease) is not None
+            and (attempt := g._table.flights["k"].attempt) is not None
+        and (lease := attempt.lease) is not None
             and bool(lease._waiters),
             "the work waits in wait_lost()",
         )

@@ -44,14 +44,17 @@ from collections.abc import Hashable
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Final
 
-from .errors import GroupClosedError
+from .errors import GroupClosedError, TooManyFlightsError, TooManyWaitersError
 from .lease import Lease
+from .policy import NO_POLICY, FlightPolicy
+from .retention import RetentionStore
 from .stats import Recorder
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
 __all__ = [
+    "Attempt",
     "Flight",
     "FlightTable",
     "State",
@@ -97,6 +100,7 @@ class Outcome(Enum):
 
     VALUE = "value"  # the work returned; ``value`` (or ``data`` with a codec)
     ERROR = "error"  # the work (or encode) raised an Exception: ``error``
+    TIMEOUT = "timeout"  # its last attempt ran past the deadline: ``error``
     INTERRUPTED = "interrupted"  # a BaseException stopped it: ``error`` for the leader
     ABANDONED = "abandoned"  # an IDLE flight nobody claimed; no caller waits on it
 
@@ -122,6 +126,7 @@ class Role(Enum):
     JOIN = "join"  # registered as a joiner of the flight
     WAIT_END = "wait-end"  # fresh: registered to wait for the flight's end
     TAKE = "take"  # the flight is already done and its outcome is the caller's
+    KEPT = "kept"  # served a kept outcome (retention): no flight, no on_join
 
 
 ThreadWaiter = LockType
@@ -138,6 +143,39 @@ def new_thread_waiter() -> LockType:
 
 
 Waiter = asyncio.Future[Any] | LockType
+
+
+class Attempt:
+    """One attempt of a flight's work: its fencing token and its lease.
+
+    A flight has one attempt, or several under a Retry policy; each gets a new
+    token. The context variable of a running work holds its attempt, so a work
+    left running past its deadline still sees its own (lost) lease.
+    """
+
+    __slots__ = ("flight", "lease", "lost", "timed_out", "token")
+
+    def __init__(self, flight: Flight, token: int) -> None:
+        self.flight = flight
+        self.token = token
+        self.lease: Lease | None = None
+        self.lost = False
+        self.timed_out = False
+
+    def get_lease(self) -> Lease:
+        """The lease of this attempt (made on first use)."""
+        lease = self.lease
+        if lease is None:
+            lease = self.lease = Lease._new(self.flight.key, self.token, self.lost)
+            if self.lost:  # lose() may have run between the read and the store
+                lease._lose()
+        return lease
+
+    def lose(self) -> None:
+        """Mark the lease lost: this attempt's outcome will not be delivered."""
+        self.lost = True
+        if self.lease is not None:
+            self.lease._lose()
 
 
 class Flight:
@@ -167,8 +205,9 @@ class Flight:
     data: bytes | None = None  # the encoded value, with a codec
     failure: tuple[str, str, str, str] | None = None  # made once for all joiners
     parent: Flight | None = None  # the flight whose work made this call (I6)
-    lease: Lease | None = None  # made when the work first asks for it
-    lost = False
+    attempt: Attempt | None = None  # the running (or last) attempt
+    policy: FlightPolicy = NO_POLICY  # the leader's, for the flight's whole life
+    leader_waiter: Waiter | None = None
     closed = False  # its waiters were woken by the group's close()
     loop: asyncio.AbstractEventLoop | None = None  # where an async work runs
     task: asyncio.Task[None] | None = None  # the work's own task: the group owns it
@@ -185,20 +224,10 @@ class Flight:
         assert (old, new) in _EDGES, (old, new)
         self.state = new
 
-    def get_lease(self) -> Lease:
-        """The lease of this flight's running attempt (made on first use)."""
-        lease = self.lease
-        if lease is None:
-            lease = self.lease = Lease._new(self.key, self.token, self.lost)
-            if self.lost:  # close() may have run between the read and the store
-                lease._lose()
-        return lease
-
     def lose(self) -> None:
-        """Mark the lease lost: the work's outcome will not be delivered."""
-        self.lost = True
-        if self.lease is not None:
-            self.lease._lose()
+        """Mark the running attempt's lease lost (the group closed)."""
+        if self.attempt is not None:
+            self.attempt.lose()
 
     def in_chain_of(self, current: Flight | None) -> bool:
         """True if ``current`` (the flight whose work is making a call) is this
@@ -281,16 +310,26 @@ class FlightTable:
     caller must do after releasing it (decide under the lock, act after).
     """
 
-    __slots__ = ("_next_token", "closed", "detached", "flights", "lock", "stats")
+    __slots__ = ("_clock", "_next_token", "closed", "detached", "flights", "kept", "lock", "stats")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.flights: dict[Hashable, Flight] = {}
         # flights that left the table by forget() but still run
         self.detached: set[Flight] = set()
+        # kept outcomes (Retention): settled flights, made on the first one kept
+        self.kept: RetentionStore | None = None
+        self._clock: Callable[[], float] = time.monotonic
         self.stats = Recorder()
         self.closed = False
         self._next_token = 0
+
+    def use_clock(self, clock: Callable[[], float]) -> None:
+        """Drive retention with ``clock`` (tests use a fake one)."""
+        with self.lock:
+            self._clock = clock
+            if self.kept is not None:
+                self.kept._clock = clock
 
     # -- arriving -----------------------------------------------------------
 
@@ -302,12 +341,14 @@ class FlightTable:
         make_waiter: Callable[[], Waiter],
         chain: Flight | None,
         blocking_loop: asyncio.AbstractEventLoop | None,
+        policy: FlightPolicy = NO_POLICY,
     ) -> tuple[Role, Flight, Waiter | None]:
-        """Decide lead, join or wait-for-end for a new call of ``tkey``.
+        """Decide lead, join, wait-for-end or kept for a new call of ``tkey``.
 
         ``chain`` is the flight whose work makes the call, if any (I6);
         ``blocking_loop`` is the event loop that this call would block while it
-        waits (a sync call made on a loop's thread), or None.
+        waits (a sync call made on a loop's thread), or None; ``policy`` is the
+        caller's, which a flight it leads keeps.
         """
         with self.lock:
             if self.closed:
@@ -315,18 +356,30 @@ class FlightTable:
             stats = self.stats
             flight = self.flights.get(tkey)
             if flight is None:
+                if self.kept is not None and not fresh:
+                    entry = self.kept.get(tkey)
+                    if entry is not None:
+                        stats.calls += 1
+                        stats.joins += 1
+                        return Role.KEPT, entry.payload, None
+                if policy is not NO_POLICY:
+                    self._check_flights(key, policy)
                 stats.calls += 1
                 stats.flights += 1
                 stats.in_flight += 1
                 self._next_token += 1
-                flight = Flight(tkey, key, self._next_token, RUNNING)
+                token = self._next_token
+                flight = Flight(tkey, key, token, RUNNING)
+                flight.attempt = Attempt(flight, token)
                 flight.started = time.perf_counter_ns()
+                if policy is not NO_POLICY:
+                    flight.policy = policy
                 self.flights[tkey] = flight
                 return Role.LEAD, flight, None
             state = flight.state
             if state is IDLE:  # a flight that waits for its first leader
                 stats.calls += 1
-                self._lead(flight)
+                self._lead(flight, policy)
                 return Role.LEAD, flight, None
             if chain is not None and flight.in_chain_of(chain):  # I6
                 raise RuntimeError(
@@ -338,6 +391,8 @@ class FlightTable:
                     f"run_sync({key!r}) was called on the thread of the event loop that runs "
                     "this flight's work, so it would block that work forever; use await run()."
                 )
+            if not fresh:
+                self._check_waiters(flight)
             stats.calls += 1
             waiter = make_waiter()
             if fresh:  # an IDLE flight was led above: this one is running
@@ -351,8 +406,26 @@ class FlightTable:
             stats.joins += 1
             return Role.JOIN, flight, waiter
 
+    def _check_flights(self, key: str, policy: FlightPolicy) -> None:
+        limits = policy.limits
+        if (
+            limits is not None
+            and limits.max_flights is not None
+            and len(self.flights) + len(self.detached) >= limits.max_flights
+        ):
+            raise TooManyFlightsError(key, limits.max_flights)
+
+    def _check_waiters(self, flight: Flight) -> None:
+        limits = flight.policy.limits
+        if limits is not None and limits.max_waiters is not None:
+            waiting = len(flight.waiters)
+            if flight.leader_waiter is not None and flight.leader_waiter in flight.waiters:
+                waiting -= 1
+            if waiting >= limits.max_waiters:
+                raise TooManyWaitersError(flight.key, limits.max_waiters)
+
     def claim(
-        self, flight: Flight, make_waiter: Callable[[], Waiter]
+        self, flight: Flight, make_waiter: Callable[[], Waiter], policy: FlightPolicy
     ) -> tuple[Role, Waiter | None]:
         """A fresh caller takes its claim on ``flight`` (the flight after the one
         it waited for): lead it if nobody does, else join it, or take its
@@ -362,7 +435,7 @@ class FlightTable:
             if self.closed:
                 raise GroupClosedError()
             if flight.state is IDLE:
-                self._lead(flight)
+                self._lead(flight, policy)
                 return Role.LEAD, None
             if flight.state is DONE:
                 # I4: a flight with a pending claim is never abandoned.
@@ -375,10 +448,12 @@ class FlightTable:
             self.stats.joins += 1
             return Role.JOIN, waiter
 
-    def _lead(self, flight: Flight) -> None:
+    def _lead(self, flight: Flight, policy: FlightPolicy) -> None:
         flight._move(IDLE, RUNNING)
         self._next_token += 1
         flight.token = self._next_token
+        flight.attempt = Attempt(flight, flight.token)
+        flight.policy = policy
         stats = self.stats
         stats.flights += 1
         stats.in_flight += 1
@@ -406,6 +481,7 @@ class FlightTable:
             if self.closed:
                 raise GroupClosedError()
             _add_waiter(flight, waiter)
+            flight.leader_waiter = waiter
             return True
 
     def withdraw(self, flight: Flight, waiter: Waiter) -> bool:
@@ -425,6 +501,27 @@ class FlightTable:
 
     # -- running and settling -------------------------------------------------
 
+    def retry_pending(self, flight: Flight) -> bool:
+        """The attempt failed and another follows after a pause; False if the group
+        closed (nobody waits any more: the flight ends with this failure)."""
+        with self.lock:
+            if self.closed:
+                return False
+            flight._move(RUNNING, RETRY_PENDING)
+            return True
+
+    def next_attempt(self, flight: Flight) -> Attempt | None:
+        """Start the next attempt with a new token; None if the group closed."""
+        with self.lock:
+            if self.closed:
+                return None
+            flight._move(RETRY_PENDING, RUNNING)
+            self._next_token += 1
+            flight.token = self._next_token
+            attempt = flight.attempt = Attempt(flight, flight.token)
+            self.stats.flights += 1
+            return attempt
+
     def settle(
         self,
         flight: Flight,
@@ -432,8 +529,10 @@ class FlightTable:
         value: Any,
         error: BaseException | None,
         data: bytes | None,
+        size: int = 0,
     ) -> tuple[dict[Waiter, None], list[Waiter] | None] | None:
-        """Record the outcome (I2) and detach the waiters to wake (I3).
+        """Record the outcome (I2) and detach the waiters to wake (I3). ``size`` is
+        the outcome's size for Retention, measured by the caller outside the lock.
 
         Returns (waiters to wake with SETTLED, fresh waiters to wake with a claim
         on ``flight.next``), or None if the flight had already settled.
@@ -449,7 +548,8 @@ class FlightTable:
                 flight.error = error
             if data is not None:
                 flight.data = data
-            flight.state = DONE  # from RUNNING or SETTLING
+            flight.state = DONE  # from RUNNING, RETRY_PENDING or SETTLING
+            flight.attempt = None  # the attempt points at its flight: no cycle to collect
             waiters = flight.waiters
             if waiters:
                 flight.waiters = {}
@@ -460,10 +560,16 @@ class FlightTable:
             flights = self.flights
             if flights.get(tkey) is flight:  # I1
                 del flights[tkey]
+                if flight.policy.retention is not None and not self.closed:
+                    self._keep(flight, size)
             elif self.detached:
-                self.detached.discard(flight)
-            self.stats.settled(outcome is Outcome.ERROR, outcome is Outcome.INTERRUPTED,
-                               flight.joiners, (ended - flight.started) // 1000)
+                self.detached.discard(flight)  # a forgotten flight is never kept
+            self.stats.settled(
+                outcome is Outcome.ERROR or outcome is Outcome.TIMEOUT,
+                outcome is Outcome.INTERRUPTED,
+                flight.joiners,
+                (ended - flight.started) // 1000,
+            )
             if fresh and not self.closed:
                 following = flights.get(tkey)
                 if following is None:
@@ -475,12 +581,31 @@ class FlightTable:
                 flight.next = following
             return waiters, fresh
 
+    def _keep(self, flight: Flight, size: int) -> None:
+        """Keep a settled flight's outcome for later calls (Retention)."""
+        retention = flight.policy.retention
+        assert retention is not None
+        ok = flight.outcome is Outcome.VALUE
+        if not ok and flight.outcome is not Outcome.ERROR:
+            return  # a timeout or an interruption teaches nothing worth keeping
+        ttl = retention.success if ok else retention.error
+        if not ttl:
+            return
+        if self.kept is None:
+            self.kept = RetentionStore(retention.max_items, retention.max_bytes, self._clock)
+        flight.parent = None  # a kept flight holds its outcome, nothing else
+        flight.task = None
+        flight.loop = None
+        self.kept.put(flight.tkey, ok, flight, flight.token, ttl, size)
+
     # -- the group ------------------------------------------------------------
 
     def forget(self, tkey: Hashable) -> None:
         """Detach the flight of ``tkey`` (it runs on for its callers); the next
         call leads a new flight."""
         with self.lock:
+            if self.kept is not None:
+                self.kept.discard(tkey)
             flight = self.flights.pop(tkey, None)
             if flight is not None:
                 # It runs on (or, if IDLE, its claimants still lead it) for the
@@ -510,11 +635,17 @@ class FlightTable:
                 result.append((flight, waiters))
             self.flights.clear()
             self.detached.clear()
+            if self.kept is not None:
+                self.kept.clear()
             return result
 
     def snapshot(self) -> Any:
         """A Stats snapshot, taken under the lock."""
         with self.lock:
+            kept = self.kept
+            if kept is not None:
+                kept.purge()
+                self.stats.kept = len(kept)
             return self.stats.snapshot()
 
 

@@ -20,6 +20,7 @@ import functools
 import inspect
 import math
 import os
+import random
 import sys
 import threading
 import time
@@ -34,6 +35,7 @@ from .codec import Codec, check_codec, encode_bytes
 from .errors import (
     FlightFailedError,
     FlightInterruptedError,
+    FlightTimeoutError,
     GroupClosedError,
     ValueTooLargeError,
 )
@@ -41,6 +43,7 @@ from .flight import (
     CLOSED,
     EXPIRED,
     SETTLED,
+    Attempt,
     Flight,
     FlightTable,
     Outcome,
@@ -53,7 +56,8 @@ from .flight import (
     wake,
 )
 from .lease import _CURRENT
-from .policy import Limits, Retention, Retry, check_seconds
+from .policy import NO_POLICY, FlightPolicy, Limits, Retention, Retry, check_seconds
+from .retention import estimate_size
 from .stats import Stats
 
 __all__ = ["Coalesced", "FlightGroup", "Result"]
@@ -147,10 +151,8 @@ class FlightGroup:
         "_closed",
         "_codec",
         "_deadline",
-        "_limits",
         "_max_value_bytes",
-        "_retention",
-        "_retry",
+        "_policy",
         "_table",
     )
 
@@ -204,13 +206,13 @@ class FlightGroup:
             raise ValueError("namespace belongs to the fleet scope (redis=...)")
         check_seconds("reconnect_timeout", reconnect_timeout, allow_none=False)
         self._deadline = check_seconds("deadline", deadline, allow_zero=False)
-        for name, policy, kind in (
+        for name, given, kind in (
             ("retry", retry, Retry),
             ("retention", retention, Retention),
             ("limits", limits, Limits),
         ):
-            if policy is not None and not isinstance(policy, kind):
-                raise TypeError(f"{name} must be a {kind.__name__}, not {type(policy).__name__}")
+            if given is not None and not isinstance(given, kind):
+                raise TypeError(f"{name} must be a {kind.__name__}, not {type(given).__name__}")
         if max_value_bytes is not None and (
             isinstance(max_value_bytes, bool)
             or not isinstance(max_value_bytes, int)
@@ -223,13 +225,8 @@ class FlightGroup:
             raise NotImplementedError("the directory scope is not built yet (issue 4)")
         if redis is not None:
             raise NotImplementedError("the fleet scope is not built yet (issue 5)")
-        if self._deadline is not None or retry is not None or retention is not None or (
-            limits is not None
-        ):
-            raise NotImplementedError("flight policies are not built yet (issue 3)")
-        self._retry = retry
-        self._retention = retention
-        self._limits = limits
+        policy = FlightPolicy(self._deadline, retry, retention, limits)
+        self._policy = NO_POLICY if policy == NO_POLICY else policy
         self._codec = codec
         self._max_value_bytes = max_value_bytes
         self._table = FlightTable()
@@ -288,14 +285,23 @@ class FlightGroup:
         task = asyncio.current_task(loop)
         if task is not None and task.cancelling():
             raise asyncio.CancelledError()
+        current = _CURRENT.get()
         role, flight, waiter = self._table.arrive(
-            key, key, fresh, loop.create_future, _CURRENT.get(), None
+            key,
+            key,
+            fresh,
+            loop.create_future,
+            None if current is None else current.flight,
+            None,
+            self._policy,
         )
         if role is Role.LEAD:
             self._start_async(flight, work, loop)
             if flight.outcome is not None:  # the work finished eagerly: no waiting
                 return self._deliver(flight, True)
             role = Role.LEADING
+        elif role is Role.KEPT:
+            return self._deliver(flight, False)
         elif role is Role.JOIN and on_join is None and timeout is None:
             # The herd's path, without a second coroutine: a joiner is handed SETTLED
             # or CLOSED, never a claim (claims go to fresh callers).
@@ -307,9 +313,11 @@ class FlightGroup:
             if signal is SETTLED:
                 return self._deliver(flight, False)
             raise GroupClosedError()
-        return await self._follow(role, flight, waiter, work, on_join, timeout, loop)
+        return await self._follow(role, flight, waiter, work, on_join, timeout, loop, self._policy)
 
-    async def _run_op(self, tkey: Hashable, key: str, work: Callable[[], Awaitable[T]]) -> T:
+    async def _run_op(
+        self, tkey: Hashable, key: str, work: Callable[[], Awaitable[T]], policy: FlightPolicy
+    ) -> T:
         """``run`` for a decorated function: ``tkey`` is its namespaced key."""
         if self._closed:
             raise GroupClosedError()
@@ -317,8 +325,15 @@ class FlightGroup:
         task = asyncio.current_task(loop)
         if task is not None and task.cancelling():
             raise asyncio.CancelledError()
+        current = _CURRENT.get()
         role, flight, waiter = self._table.arrive(
-            tkey, key, False, loop.create_future, _CURRENT.get(), None
+            tkey,
+            key,
+            False,
+            loop.create_future,
+            None if current is None else current.flight,
+            None,
+            policy,
         )
         if role is Role.LEAD:
             self._start_async(flight, work, loop)
@@ -326,7 +341,10 @@ class FlightGroup:
                 value: T = self._deliver(flight, True).value
                 return value
             role = Role.LEADING
-        result = await self._follow(role, flight, waiter, work, None, None, loop)
+        elif role is Role.KEPT:
+            kept: T = self._deliver(flight, False).value
+            return kept
+        result = await self._follow(role, flight, waiter, work, None, None, loop, policy)
         return result.value
 
     def _admit(
@@ -350,6 +368,7 @@ class FlightGroup:
         on_join: Callable[[], object] | None,
         timeout: float | None,
         loop: asyncio.AbstractEventLoop,
+        policy: FlightPolicy,
     ) -> Result[T]:
         table = self._table
         at = None if timeout is None or math.isinf(timeout) else loop.time() + timeout
@@ -402,7 +421,7 @@ class FlightGroup:
             # A claim on the flight after the one this caller waited for.
             assert isinstance(signal, Flight)
             flight, fresh_of = signal, None
-            role, waiter = table.claim(flight, loop.create_future)
+            role, waiter = table.claim(flight, loop.create_future, policy)
 
     def run_sync(
         self,
@@ -437,10 +456,13 @@ class FlightGroup:
             self._admit(key, work, on_join, timeout, fresh)
         elif not callable(work):
             _check_call(work, None, None, False)
-        parent = _CURRENT.get()
+        current = _CURRENT.get()
+        parent = None if current is None else current.flight
         role, flight, waiter = self._table.arrive(
-            key, key, fresh, new_thread_waiter, parent, events._get_running_loop()
+            key, key, fresh, new_thread_waiter, parent, events._get_running_loop(), self._policy
         )
+        if role is Role.KEPT:
+            return self._deliver(flight, False)
         if timeout is None:
             if role is Role.LEAD:
                 self._drive_sync(flight, work, parent)  # the common case: no waiting at all
@@ -454,18 +476,23 @@ class FlightGroup:
                     self._abandon(flight, waiter, None)  # type: ignore[arg-type]
                     raise
                 return self._deliver(flight, False)
-        return self._follow_sync(role, flight, waiter, work, on_join, timeout)
+        return self._follow_sync(role, flight, waiter, work, on_join, timeout, self._policy)
 
-    def _call_sync(self, tkey: Hashable, key: str, work: Callable[[], T]) -> Result[T]:
+    def _call_sync(
+        self, tkey: Hashable, key: str, work: Callable[[], T], policy: FlightPolicy
+    ) -> Result[T]:
         """``run_sync`` for a decorated function: ``tkey`` is its namespaced key."""
-        parent = _CURRENT.get()
+        current = _CURRENT.get()
+        parent = None if current is None else current.flight
         role, flight, waiter = self._table.arrive(
-            tkey, key, False, new_thread_waiter, parent, events._get_running_loop()
+            tkey, key, False, new_thread_waiter, parent, events._get_running_loop(), policy
         )
+        if role is Role.KEPT:
+            return self._deliver(flight, False)
         if role is Role.LEAD:
             self._drive_sync(flight, work, parent)
             return self._deliver(flight, True)
-        return self._follow_sync(role, flight, waiter, work, None, None)
+        return self._follow_sync(role, flight, waiter, work, None, None, policy)
 
     def _follow_sync(
         self,
@@ -475,6 +502,7 @@ class FlightGroup:
         work: Callable[[], T],
         on_join: Callable[[], object] | None,
         timeout: float | None,
+        policy: FlightPolicy,
     ) -> Result[T]:
         table = self._table
         monotonic = time.monotonic
@@ -487,14 +515,14 @@ class FlightGroup:
             if role is Role.LEAD:
                 leader = True
                 if at is None:
-                    self._drive_sync(flight, work, _CURRENT.get())
+                    self._drive_sync(flight, work, _current_flight())
                     return self._deliver(flight, True)
                 waiter = new_thread_waiter()
                 context = copy_context()
                 try:
                     threading.Thread(
                         target=context.run,
-                        args=(self._drive_sync, flight, work, _CURRENT.get()),
+                        args=(self._drive_sync, flight, work, _current_flight()),
                         name=f"flightgroup-work-{flight.token}",
                         daemon=True,
                     ).start()
@@ -539,7 +567,7 @@ class FlightGroup:
                 raise GroupClosedError()
             assert isinstance(signal, Flight)
             flight, fresh_of = signal, None
-            role, waiter = table.claim(flight, new_thread_waiter)
+            role, waiter = table.claim(flight, new_thread_waiter, policy)
 
     def _abandon(self, flight: Flight, waiter: Waiter, fresh_of: Flight | None) -> None:
         """This caller stops waiting (cancel, timeout, on_join raised, interrupt).
@@ -559,7 +587,7 @@ class FlightGroup:
         self, flight: Flight, work: Callable[[], Awaitable[Any]], loop: asyncio.AbstractEventLoop
     ) -> None:
         flight.loop = loop
-        flight.parent = _CURRENT.get()
+        flight.parent = _current_flight()
         coro = self._drive_async(flight, work)
         if _EAGER:
             flight.task = asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
@@ -576,22 +604,60 @@ class FlightGroup:
             self._land(flight, Outcome.INTERRUPTED, None, asyncio.CancelledError())
 
     async def _drive_async(self, flight: Flight, work: Callable[[], Awaitable[Any]]) -> None:
-        """The body of the work's own task: run it, contain every ending, land it."""
-        _CURRENT.set(flight)  # in this task's own context
-        try:
-            awaitable = work()
-            if type(awaitable) is not _CoroutineType and not _is_awaitable(awaitable):
-                raise TypeError(
-                    f"the work given to run() returned {type(awaitable).__name__}, not an "
-                    "awaitable; use run_sync() for a plain function"
+        """The body of the work's own task: run each attempt, contain every ending,
+        retry as the flight's policy says, land the outcome."""
+        attempt = flight.attempt
+        assert attempt is not None
+        _CURRENT.set(attempt)  # in this task's own context
+        policy = flight.policy
+        number = 1
+        error: BaseException | None
+        while True:
+            timer = None
+            if policy.deadline is not None:
+                timer = events.get_running_loop().call_later(
+                    policy.deadline, _time_out, attempt, asyncio.current_task()
                 )
-            value = await awaitable
-        except Exception as exc:
-            stop = self._land(flight, Outcome.ERROR, None, exc)
-        except BaseException as exc:
-            stop = self._land(flight, Outcome.INTERRUPTED, None, exc)
-        else:
-            stop = self._land(flight, Outcome.VALUE, value, None)
+            try:
+                awaitable = work()
+                if type(awaitable) is not _CoroutineType and not _is_awaitable(awaitable):
+                    raise TypeError(
+                        f"the work given to run() returned {type(awaitable).__name__}, not an "
+                        "awaitable; use run_sync() for a plain function"
+                    )
+                value = await awaitable
+            except Exception as exc:
+                outcome, value, error = Outcome.ERROR, None, exc
+            except BaseException as exc:
+                outcome, value, error = Outcome.INTERRUPTED, None, exc
+            else:
+                outcome, error = Outcome.VALUE, None
+            if timer is not None:
+                timer.cancel()
+                if attempt.timed_out:  # the deadline cancelled it (or its result is late)
+                    task = asyncio.current_task()
+                    if task is not None and isinstance(error, asyncio.CancelledError):
+                        task.uncancel()
+                    assert policy.deadline is not None
+                    outcome, value = Outcome.TIMEOUT, None
+                    error = FlightTimeoutError(flight.key, policy.deadline)
+            if error is None or outcome is Outcome.INTERRUPTED:
+                break
+            if not policy.retries(number, error, outcome is Outcome.TIMEOUT):
+                break
+            if not self._table.retry_pending(flight):
+                break
+            try:
+                await asyncio.sleep(policy.backoff(number, random.uniform))
+            except BaseException as exc:  # its loop shut down during the pause
+                outcome, value, error = Outcome.INTERRUPTED, None, exc
+                break
+            following = self._table.next_attempt(flight)
+            if following is None:
+                break
+            attempt, number = following, number + 1
+            _CURRENT.set(attempt)
+        stop = self._land(flight, outcome, value, error)
         # The task's context holds the flight and the flight holds the task: break the
         # cycle so a settled flight (and its value) goes with its last caller.
         _CURRENT.set(None)
@@ -607,28 +673,35 @@ class FlightGroup:
             raise stop
 
     def _drive_sync(self, flight: Flight, work: Callable[[], Any], parent: Flight | None) -> None:
-        """Run a sync work in this thread, contain every ending, land it. A
-        BaseException reaches the leader through _deliver, in its own thread."""
+        """Run a sync work's attempts in this thread, retry as the policy says, land
+        the outcome. A BaseException reaches the leader through _deliver, in its own
+        thread."""
         flight.parent = parent
+        attempt = flight.attempt
+        assert attempt is not None
+        policy = flight.policy
+        number = 1
         error: BaseException | None
-        reset = _CURRENT.set(flight)
-        try:
-            value = work()
-            if _is_awaitable(value):
-                if inspect.iscoroutine(value):
-                    value.close()  # never awaited: close it quietly
-                raise TypeError(
-                    f"the work given to run_sync() returned {type(value).__name__}, an "
-                    "awaitable; use await run() for an async function"
-                )
-        except Exception as exc:
-            outcome, value, error = Outcome.ERROR, None, exc
-        except BaseException as exc:
-            outcome, value, error = Outcome.INTERRUPTED, None, exc
-        else:
-            outcome, error = Outcome.VALUE, None
-        finally:
-            _CURRENT.reset(reset)
+        while True:
+            if policy.deadline is None:
+                outcome, value, error = _attempt_sync(attempt, work)
+            else:
+                outcome, value, error = _attempt_sync_with_deadline(attempt, work, policy.deadline)
+            if error is None or outcome is Outcome.INTERRUPTED:
+                break
+            if not policy.retries(number, error, outcome is Outcome.TIMEOUT):
+                break
+            if not self._table.retry_pending(flight):
+                break
+            try:
+                time.sleep(policy.backoff(number, random.uniform))
+            except BaseException as exc:  # KeyboardInterrupt during the pause
+                outcome, value, error = Outcome.INTERRUPTED, None, exc
+                break
+            following = self._table.next_attempt(flight)
+            if following is None:
+                break
+            attempt, number = following, number + 1
         self._land(flight, outcome, value, error)
 
     def _land(
@@ -651,7 +724,13 @@ class FlightGroup:
                 outcome, value, error, data = Outcome.INTERRUPTED, None, exc, None
             else:
                 value = None
-        detached = self._table.settle(flight, outcome, value, error, data)
+        size = 0
+        if flight.policy.retention is not None:  # measured here: __sizeof__ is user code (I5)
+            if data is not None:
+                size = len(data)
+            else:
+                size = estimate_size(value if outcome is Outcome.VALUE else error)
+        detached = self._table.settle(flight, outcome, value, error, data, size)
         if detached is not None:
             waiters, fresh = detached
             if waiters:
@@ -686,6 +765,9 @@ class FlightGroup:
         assert error is not None
         if leader:
             raise error
+        if outcome is Outcome.TIMEOUT:
+            assert isinstance(error, FlightTimeoutError)
+            raise FlightTimeoutError(flight.key, error.deadline) from None
         if outcome is Outcome.ERROR:
             description = flight.failure
             if description is None:  # a race here only makes the same tuple twice
@@ -720,11 +802,16 @@ class FlightGroup:
             raise TypeError("key must be a callable that returns the call's key")
         if name is not None and (not isinstance(name, str) or not name):
             raise ValueError("name must be a non-empty str")
-        if deadline is not None or retry is not None or retention is not None or (
-            limits is not None
+        check_seconds("deadline", deadline, allow_zero=False)
+        for field, given, kind in (
+            ("retry", retry, Retry),
+            ("retention", retention, Retention),
+            ("limits", limits, Limits),
         ):
-            raise NotImplementedError("flight policies are not built yet (issue 3)")
-        decorator: _Coalesce = _make_coalesce(self, key, name)
+            if given is not None and not isinstance(given, kind):
+                raise TypeError(f"{field} must be a {kind.__name__}, not {type(given).__name__}")
+        policy = self._policy.override(deadline, retry, retention, limits)
+        decorator: _Coalesce = _make_coalesce(self, key, name, policy)
         return decorator
 
     # -- the group --------------------------------------------------------------
@@ -783,9 +870,73 @@ class FlightGroup:
         return f"<FlightGroup process scope, {state}, {len(self._table.flights)} flights>"
 
 
+def _time_out(attempt: Attempt, task: asyncio.Task[None] | None) -> None:
+    """The deadline of an async attempt: its lease is lost and its work cancelled."""
+    attempt.timed_out = True
+    attempt.lose()
+    if task is not None:
+        task.cancel()
+
+
+Ending = tuple[Outcome, Any, BaseException | None]
+
+
+def _attempt_sync(attempt: Attempt, work: Callable[[], Any]) -> Ending:
+    """One attempt of a sync work in this thread: every ending becomes an outcome."""
+    reset = _CURRENT.set(attempt)
+    try:
+        value = work()
+        if _is_awaitable(value):
+            if inspect.iscoroutine(value):
+                value.close()  # never awaited: close it quietly
+            raise TypeError(
+                f"the work given to run_sync() returned {type(value).__name__}, an "
+                "awaitable; use await run() for an async function"
+            )
+    except Exception as exc:
+        return Outcome.ERROR, None, exc
+    except BaseException as exc:
+        return Outcome.INTERRUPTED, None, exc
+    finally:
+        _CURRENT.reset(reset)
+    return Outcome.VALUE, value, None
+
+
+def _attempt_sync_with_deadline(
+    attempt: Attempt, work: Callable[[], Any], deadline: float
+) -> Ending:
+    """One attempt on a thread of its own, waited for until the deadline. A sync
+    work cannot be stopped: past the deadline its lease is lost and it runs on,
+    detached; its late ending goes to this attempt's own box, which nobody reads."""
+    box: list[Ending] = []
+    done = new_thread_waiter()
+
+    def body() -> None:
+        try:
+            box.append(_attempt_sync(attempt, work))
+        finally:
+            done.release()
+
+    threading.Thread(
+        target=copy_context().run, args=(body,), name=f"flightgroup-work-{attempt.token}",
+        daemon=True,
+    ).start()
+    if done.acquire(timeout=min(deadline, _WAIT_MAX)):
+        return box[0]
+    attempt.timed_out = True
+    attempt.lose()
+    return Outcome.TIMEOUT, None, FlightTimeoutError(attempt.flight.key, deadline)
+
+
 def _retrieve(task: asyncio.Task[None]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+def _current_flight() -> Flight | None:
+    """The flight whose work runs here, if any (the chain of I6)."""
+    current = _CURRENT.get()
+    return None if current is None else current.flight
 
 
 def _is_awaitable(value: object) -> bool:
@@ -798,7 +949,9 @@ def _is_awaitable(value: object) -> bool:
     )
 
 
-def _make_coalesce(group: FlightGroup, key: Callable[..., str] | None, name: str | None) -> Any:
+def _make_coalesce(
+    group: FlightGroup, key: Callable[..., str] | None, name: str | None, policy: FlightPolicy
+) -> Any:
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         if not callable(fn):
             raise TypeError("coalesce() decorates a function")
@@ -822,7 +975,7 @@ def _make_coalesce(group: FlightGroup, key: Callable[..., str] | None, name: str
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 tkey, op = op_key(args, kwargs)
-                return await group._run_op(tkey, op, lambda: fn(*args, **kwargs))
+                return await group._run_op(tkey, op, lambda: fn(*args, **kwargs), policy)
 
             wrapper: Any = async_wrapper
         else:
@@ -833,7 +986,7 @@ def _make_coalesce(group: FlightGroup, key: Callable[..., str] | None, name: str
                 if group._closed:
                     raise GroupClosedError()
                 work = functools.partial(fn, *args, **kwargs)
-                return group._call_sync(tkey, op, work).value
+                return group._call_sync(tkey, op, work, policy).value
 
             wrapper = sync_wrapper
 

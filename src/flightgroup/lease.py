@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import LeaseLostError
 
 if TYPE_CHECKING:
-    from .flight import Flight
+    from .flight import Attempt
 
 __all__ = ["Lease", "current_lease"]
 
@@ -26,9 +26,9 @@ __all__ = ["Lease", "current_lease"]
 # rare, so one lock for the module costs nothing and keeps Lease small.
 _LOSS_LOCK = threading.Lock()
 
-# The flight whose work runs here (set in the work's own task or thread). Its
+# The attempt whose work runs here (set in the work's own task or thread). Its
 # lease is made only when the work asks for it: most works never do.
-_CURRENT: ContextVar[Flight | None] = ContextVar("flightgroup_flight", default=None)
+_CURRENT: ContextVar[Attempt | None] = ContextVar("flightgroup_attempt", default=None)
 
 
 class Lease:
@@ -110,7 +110,7 @@ def current_lease() -> Lease:
     Raises:
         LookupError: when called outside a flight's work.
     """
-    flight = _CURRENT.get()
-    if flight is None:
+    attempt = _CURRENT.get()
+    if attempt is None:
         raise LookupError("current_lease() is only available inside a flight's work")
-    return flight.get_lease()
+    return attempt.get_lease()

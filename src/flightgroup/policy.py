@@ -7,9 +7,10 @@ A policy belongs to the flight, never to a caller: the first caller's policy
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Limits", "Retention", "Retry", "check_seconds"]
+__all__ = ["NO_POLICY", "FlightPolicy", "Limits", "Retention", "Retry", "check_seconds"]
 
 
 def check_seconds(name: str, value: object, *, allow_none: bool = True, allow_zero: bool = True,
@@ -115,3 +116,49 @@ class Limits:
     def __post_init__(self) -> None:
         _check_count("Limits.max_waiters", self.max_waiters, minimum=0)
         _check_count("Limits.max_flights", self.max_flights, minimum=1)
+
+
+@dataclass(frozen=True, slots=True)
+class FlightPolicy:
+    """Everything a flight runs by: the group's settings, or an operation's overrides.
+    A flight takes its leader's policy when it starts and keeps it to its end."""
+
+    deadline: float | None = None
+    retry: Retry | None = None
+    retention: Retention | None = None
+    limits: Limits | None = None
+
+    def override(
+        self,
+        deadline: float | None,
+        retry: Retry | None,
+        retention: Retention | None,
+        limits: Limits | None,
+    ) -> FlightPolicy:
+        """This policy with each given (not None) field replaced."""
+        return FlightPolicy(
+            deadline if deadline is not None else self.deadline,
+            retry if retry is not None else self.retry,
+            retention if retention is not None else self.retention,
+            limits if limits is not None else self.limits,
+        )
+
+    def backoff(self, failed_attempts: int, uniform: Callable[[float, float], float]) -> float:
+        """Seconds to wait before the next attempt: exponential, capped, full jitter."""
+        retry = self.retry
+        assert retry is not None
+        cap = min(retry.max_backoff, retry.backoff * 2 ** (failed_attempts - 1))
+        return uniform(0.0, cap) if retry.jitter else cap
+
+    def retries(self, attempt: int, error: BaseException, timed_out: bool) -> bool:
+        """True if the attempt numbered ``attempt`` (from 1) that ended with ``error``
+        is followed by another."""
+        retry = self.retry
+        if retry is None or attempt >= retry.attempts:
+            return False
+        if timed_out:
+            return retry.on_timeout
+        return isinstance(error, retry.on)
+
+
+NO_POLICY = FlightPolicy()

@@ -1,0 +1,429 @@
+"""Flight policies in the process scope: deadline, retries, retention, limits, per operation.
+
+Interleavings are forced by events and by observing the flight's state; retention's
+clock is a fake one the test advances.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from flightgroup import (
+    FlightFailedError,
+    FlightGroup,
+    FlightTimeoutError,
+    Limits,
+    Retention,
+    Retry,
+    TooManyFlightsError,
+    TooManyWaitersError,
+    current_lease,
+)
+from flightgroup.flight import RETRY_PENDING
+
+from .support import run, until, wait_until
+
+FAST = Retry(attempts=3, backoff=0.001, max_backoff=0.001, jitter=False)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def fake_clock(g: FlightGroup) -> FakeClock:
+    clock = FakeClock()
+    g._table.use_clock(clock)
+    return clock
+
+
+# -- retries ------------------------------------------------------------------
+
+
+def test_two_failures_then_success_under_retry_3_every_caller_gets_the_value() -> None:
+    g = FlightGroup(retry=FAST)
+
+    async def main() -> None:
+        tokens: list[int] = []
+        release = asyncio.Event()
+
+        async def flaky() -> str:
+            tokens.append(current_lease().token)
+            if len(tokens) == 1:
+                await release.wait()  # joiners attach during the first attempt
+            if len(tokens) < 3:
+                raise ConnectionError(f"attempt {len(tokens)}")
+            return "finally"
+
+        leader = asyncio.create_task(g.run("k", flaky))
+        await until(lambda: len(tokens) == 1)
+        joiners = [asyncio.create_task(g.run("k", flaky)) for _ in range(3)]
+        await until(lambda: g.stats().joins == 3)
+        release.set()
+        results = [await leader, *await asyncio.gather(*joiners)]
+        assert [r.value for r in results] == ["finally"] * 4
+        assert [r.joined for r in results] == [False, True, True, True]
+        assert len(tokens) == 3 and tokens == sorted(set(tokens))  # a new token per attempt
+        assert {r.token for r in results} == {tokens[-1]}  # the attempt that produced it
+        stats = g.stats()
+        assert (stats.flights, stats.failures, stats.calls) == (3, 0, 4)
+
+    run(main())
+
+
+def test_a_joiner_arriving_in_the_backoff_pause_joins_the_same_flight() -> None:
+    g = FlightGroup(retry=Retry(attempts=2, backoff=0.3, jitter=False))
+    runs: list[int] = []
+
+    async def main() -> None:
+        async def flaky() -> int:
+            runs.append(1)
+            if len(runs) == 1:
+                raise TimeoutError("first attempt fails")
+            return 7
+
+        leader = asyncio.create_task(g.run("k", flaky))
+        flight_state = lambda: g._table.flights["k"].state  # noqa: E731
+        await until(lambda: "k" in g._table.flights and flight_state() is RETRY_PENDING)
+        joiner = asyncio.create_task(g.run("k", flaky))
+        await until(lambda: g.stats().joins == 1)
+        assert flight_state() is RETRY_PENDING  # it joined during the pause
+        assert (await leader).value == 7
+        result = await joiner
+        assert (result.value, result.joined) == (7, True)
+        assert len(runs) == 2
+
+    run(main())
+
+
+def test_exhausted_retries_leader_gets_the_last_error_joiners_flight_failed() -> None:
+    g = FlightGroup(retry=FAST)
+    errors: list[Exception] = []
+
+    async def main() -> None:
+        release = asyncio.Event()
+
+        async def always_fails() -> None:
+            if not errors:
+                await release.wait()
+            errors.append(ValueError(f"attempt {len(errors) + 1}"))
+            raise errors[-1]
+
+        leader = asyncio.create_task(g.run("k", always_fails))
+        await until(lambda: "k" in g._table.flights)
+        joiner = asyncio.create_task(g.run("k", always_fails))
+        await until(lambda: g.stats().joins == 1)
+        release.set()
+        with pytest.raises(ValueError, match="attempt 3") as info:
+            await leader
+        assert info.value is errors[-1]
+        with pytest.raises(FlightFailedError) as failed:
+            await joiner
+        assert failed.value.__cause__ is errors[-1]
+
+    run(main())
+    assert len(errors) == 3 and g.stats().flights == 3 and g.stats().failures == 1
+
+
+def test_retry_on_selects_which_exceptions_retry() -> None:
+    g = FlightGroup(retry=Retry(attempts=3, backoff=0, on=(ConnectionError,)))
+    runs: list[str] = []
+
+    def not_retried() -> None:
+        runs.append("x")
+        raise KeyError("not a connection error")
+
+    with pytest.raises(KeyError):
+        g.run_sync("k", not_retried)
+    assert runs == ["x"]
+
+    def retried() -> str:
+        runs.append("y")
+        if runs.count("y") < 3:
+            raise ConnectionResetError("a subclass of ConnectionError")
+        return "ok"
+
+    assert g.run_sync("j", retried).value == "ok"
+    assert runs.count("y") == 3
+
+
+def test_sync_retries_run_in_the_leader_thread_with_backoff() -> None:
+    g = FlightGroup(retry=FAST)
+    threads: set[int] = set()
+
+    def flaky() -> str:
+        threads.add(threading.get_ident())
+        if len(threads) and g.stats().flights < 3:
+            raise OSError("again")
+        return "ok"
+
+    assert g.run_sync("k", flaky).value == "ok"
+    assert threads == {threading.get_ident()} and g.stats().flights == 3
+
+
+# -- deadline -----------------------------------------------------------------
+
+
+def test_async_deadline_cancels_the_work_everyone_gets_flight_timeout_error() -> None:
+    g = FlightGroup(deadline=0.05)
+    seen: list[Any] = []
+
+    async def main() -> None:
+        async def hangs() -> None:
+            lease = current_lease()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                seen.append(("cancelled", lease.lost))
+                raise
+
+        leader = asyncio.create_task(g.run("k", hangs))
+        await until(lambda: "k" in g._table.flights)
+        joiner = asyncio.create_task(g.run("k", hangs))
+        for task in (leader, joiner):
+            with pytest.raises(FlightTimeoutError) as info:
+                await task
+            assert (info.value.key, info.value.deadline) == ("k", 0.05)
+        assert seen == [("cancelled", True)]  # the timed-out attempt's lease is lost
+        assert (await g.run("k", lambda: asyncio.sleep(0, "next"))).value == "next"
+
+    run(main())
+
+
+def test_sync_deadline_settles_at_the_deadline_and_the_late_result_is_dropped() -> None:
+    g = FlightGroup(deadline=0.05)
+    release = threading.Event()
+    late_done = threading.Event()
+    lost_at_end: list[bool] = []
+
+    def slow() -> str:
+        lease = current_lease()
+        release.wait(10)
+        lost_at_end.append(lease.lost)
+        late_done.set()
+        return "late"
+
+    with ThreadPoolExecutor(2) as pool:
+        leader = pool.submit(g.run_sync, "k", slow)
+        wait_until(lambda: "k" in g._table.flights)
+        joiner = pool.submit(g.run_sync, "k", slow)
+        for future in (leader, joiner):
+            assert isinstance(future.exception(5), FlightTimeoutError)
+        # A new flight of the key runs while the old thread is still stuck.
+        gate = threading.Event()
+
+        def fresh_work() -> str:
+            gate.wait(5)
+            return "new"
+
+        new_leader = pool.submit(g.run_sync, "k", fresh_work)
+        wait_until(lambda: "k" in g._table.flights)
+        release.set()  # the old attempt ends now: its result must not settle the new flight
+        assert late_done.wait(5)
+        assert lost_at_end == [True]
+        assert not new_leader.done()
+        gate.set()
+        assert new_leader.result(5).value == "new"
+
+
+def test_deadline_retries_only_when_on_timeout() -> None:
+    for on_timeout, expected_runs in ((True, 2), (False, 1)):
+        g = FlightGroup(deadline=0.03, retry=Retry(attempts=2, backoff=0, on_timeout=on_timeout))
+        runs: list[int] = []
+
+        async def hangs(runs: list[int] = runs) -> None:
+            runs.append(1)
+            await asyncio.Event().wait()
+
+        with pytest.raises(FlightTimeoutError):
+            run(g.run("k", hangs))
+        assert len(runs) == expected_runs, on_timeout
+
+
+# -- retention ------------------------------------------------------------------
+
+
+def test_kept_outcome_is_served_with_joined_true_without_running_or_on_join() -> None:
+    g = FlightGroup(retention=Retention(success=10.0))
+    clock = fake_clock(g)
+    runs: list[int] = []
+    joins: list[int] = []
+
+    def work() -> list[int]:
+        runs.append(1)
+        return [len(runs)]
+
+    first = g.run_sync("k", work)
+    second = g.run_sync("k", work, on_join=lambda: joins.append(1))
+    assert (first.joined, second.joined) == (False, True)
+    assert second.value is first.value and second.token == first.token
+    assert runs == [1] and joins == []
+    assert g.stats().kept == 1 and g.stats().joins == 1
+    clock.now += 10.5  # expired: the next call leads a new flight
+    third = g.run_sync("k", work)
+    assert (third.value, third.joined) == ([2], False) and third.token > first.token
+
+
+def test_kept_failure_raises_flight_failed_error_only_with_error_retention() -> None:
+    g = FlightGroup(retention=Retention(success=None, error=5.0))
+    fake_clock(g)
+    boom = RuntimeError("kept failure")
+    runs: list[int] = []
+
+    def fails() -> None:
+        runs.append(1)
+        raise boom
+
+    with pytest.raises(RuntimeError):
+        g.run_sync("k", fails)
+    with pytest.raises(FlightFailedError) as info:
+        g.run_sync("k", fails)
+    assert info.value.__cause__ is boom and runs == [1]
+    assert g.run_sync("ok", lambda: 1).joined is False
+    assert g.run_sync("ok", lambda: 2).value == 2  # success=None: values are not kept
+
+
+def test_retention_lru_by_items_and_a_hit_counts_as_a_use() -> None:
+    g = FlightGroup(retention=Retention(success=60.0, max_items=2))
+    fake_clock(g)
+    g.run_sync("a", lambda: "a1")
+    g.run_sync("b", lambda: "b1")
+    assert g.run_sync("a", lambda: "a2").value == "a1"  # a is now the most recent
+    g.run_sync("c", lambda: "c1")  # evicts b, the least recently used
+    assert g.run_sync("b", lambda: "b2").value == "b2"
+    assert g.stats().kept == 2
+
+
+def test_retention_max_bytes_evicts_by_encoded_size() -> None:
+    from flightgroup import JSON
+
+    g = FlightGroup(codec=JSON, retention=Retention(success=60.0, max_bytes=25))
+    fake_clock(g)
+    g.run_sync("a", lambda: "x" * 10)  # 12 bytes encoded
+    g.run_sync("b", lambda: "y" * 10)  # 12 more: 24 <= 25
+    assert g.stats().kept == 2
+    g.run_sync("c", lambda: "z" * 10)  # 36 > 25: a (the oldest) goes
+    assert g.run_sync("a", lambda: "new").value == "new"
+    g.run_sync("huge", lambda: "h" * 100)  # larger than max_bytes alone: never kept
+    assert g.run_sync("huge", lambda: "again").value == "again"
+
+
+def test_forget_drops_the_kept_outcome_and_fresh_never_takes_one() -> None:
+    g = FlightGroup(retention=Retention(success=60.0))
+    fake_clock(g)
+    g.run_sync("k", lambda: 1)
+    assert g.run_sync("k", lambda: 2).value == 1
+    fresh = g.run_sync("k", lambda: 3, fresh=True)
+    assert (fresh.value, fresh.joined) == (3, False)
+    assert g.run_sync("k", lambda: 4).value == 3  # the fresh flight's outcome is kept
+    g.forget("k")
+    assert g.run_sync("k", lambda: 5).value == 5
+
+
+def test_a_forgotten_flight_landing_late_does_not_become_the_kept_outcome() -> None:
+    g = FlightGroup(retention=Retention(success=60.0))
+    fake_clock(g)
+    release = threading.Event()
+
+    def old() -> str:
+        release.wait(5)
+        return "old"
+
+    with ThreadPoolExecutor(1) as pool:
+        leader = pool.submit(g.run_sync, "k", old)
+        wait_until(lambda: "k" in g._table.flights)
+        g.forget("k")
+        assert g.run_sync("k", lambda: "new").value == "new"
+        release.set()
+        assert leader.result(5).value == "old"
+    assert g.run_sync("k", lambda: "third").value == "new"
+
+
+# -- limits -----------------------------------------------------------------------
+
+
+def test_max_waiters_refuses_a_joiner_at_once_with_key_and_limit() -> None:
+    g = FlightGroup(limits=Limits(max_waiters=1))
+    release = threading.Event()
+    with ThreadPoolExecutor(2) as pool:
+        leader = pool.submit(g.run_sync, "k", lambda: release.wait(5) and "v")
+        wait_until(lambda: "k" in g._table.flights)
+        first = pool.submit(g.run_sync, "k", lambda: "never")
+        wait_until(lambda: g.stats().joins == 1)
+        with pytest.raises(TooManyWaitersError) as info:
+            g.run_sync("k", lambda: "never")
+        assert (info.value.key, info.value.limit) == ("k", 1)
+        release.set()
+        assert leader.result(5).value == "v" and first.result(5).value == "v"
+
+
+def test_max_flights_refuses_a_new_key_but_a_duplicate_still_joins() -> None:
+    g = FlightGroup(limits=Limits(max_flights=1))
+    release = threading.Event()
+    with ThreadPoolExecutor(2) as pool:
+        leader = pool.submit(g.run_sync, "a", lambda: release.wait(5) and "v")
+        wait_until(lambda: "a" in g._table.flights)
+        with pytest.raises(TooManyFlightsError) as info:
+            g.run_sync("b", lambda: "never")
+        assert (info.value.key, info.value.limit) == ("b", 1)
+        joiner = pool.submit(g.run_sync, "a", lambda: "never")
+        wait_until(lambda: g.stats().joins == 1)
+        release.set()
+        assert leader.result(5).value == "v" and joiner.result(5).joined
+    assert g.run_sync("b", lambda: "now").value == "now"
+
+
+# -- per operation ------------------------------------------------------------------
+
+
+def test_coalesce_takes_policies_per_operation() -> None:
+    g = FlightGroup()
+    runs: list[int] = []
+
+    @g.coalesce(key=lambda: "k", retry=FAST, retention=Retention(success=60.0))
+    def op() -> int:
+        runs.append(1)
+        if len(runs) < 3:
+            raise OSError("again")
+        return len(runs)
+
+    assert op() == 3 and op() == 3  # retried, then kept
+    assert runs == [1, 1, 1]
+    with pytest.raises(OSError):  # the group itself has no policy
+        g.run_sync("k", lambda: (_ for _ in ()).throw(OSError("once")))
+
+
+def test_the_first_caller_s_policy_is_the_flight_s_policy() -> None:
+    g = FlightGroup()
+    release = threading.Event()
+    runs: list[int] = []
+
+    @g.coalesce(key=lambda: "shared", name="op", retry=FAST)
+    def with_retry() -> str:
+        runs.append(1)
+        release.wait(5)
+        if len(runs) < 2:
+            raise OSError("first attempt fails")
+        return "ok"
+
+    @g.coalesce(key=lambda: "shared", name="op")
+    def without_retry() -> str:
+        runs.append(1)
+        raise AssertionError("a joiner's work never runs")
+
+    with ThreadPoolExecutor(2) as pool:
+        leader = pool.submit(with_retry)
+        wait_until(lambda: runs == [1])
+        joiner = pool.submit(without_retry)
+        wait_until(lambda: g.stats().joins == 1)
+        release.set()
+        assert leader.result(5) == "ok" and joiner.result(5) == "ok"
+    assert len(runs) == 2
