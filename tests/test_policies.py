@@ -427,3 +427,19 @@ def test_the_first_caller_s_policy_is_the_flight_s_policy() -> None:
         release.set()
         assert leader.result(5) == "ok" and joiner.result(5) == "ok"
     assert len(runs) == 2
+
+
+def test_a_sync_attempt_whose_thread_cannot_start_interrupts_the_flight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    g = FlightGroup(deadline=5.0)
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        g.run_sync("k", lambda: "never")
+    monkeypatch.undo()
+    assert not g._table.flights and g.stats().interrupted == 1
+    assert g.run_sync("k", lambda: "next").value == "next"

@@ -686,7 +686,12 @@ class FlightGroup:
             if policy.deadline is None:
                 outcome, value, error = _attempt_sync(attempt, work)
             else:
-                outcome, value, error = _attempt_sync_with_deadline(attempt, work, policy.deadline)
+                try:
+                    outcome, value, error = _attempt_sync_with_deadline(
+                        attempt, work, policy.deadline
+                    )
+                except BaseException as exc:  # KeyboardInterrupt while waiting, no thread
+                    outcome, value, error = Outcome.INTERRUPTED, None, exc
             if error is None or outcome is Outcome.INTERRUPTED:
                 break
             if not policy.retries(number, error, outcome is Outcome.TIMEOUT):
