@@ -641,11 +641,7 @@ class FlightGroup:
                     assert policy.deadline is not None
                     outcome, value = Outcome.TIMEOUT, None
                     error = FlightTimeoutError(flight.key, policy.deadline)
-            if error is None or outcome is Outcome.INTERRUPTED:
-                break
-            if not policy.retries(number, error, outcome is Outcome.TIMEOUT):
-                break
-            if not self._table.retry_pending(flight):
+            if not self._will_retry(flight, number, outcome, error):
                 break
             try:
                 await asyncio.sleep(policy.backoff(number, random.uniform))
@@ -692,11 +688,7 @@ class FlightGroup:
                     )
                 except BaseException as exc:  # KeyboardInterrupt while waiting, no thread
                     outcome, value, error = Outcome.INTERRUPTED, None, exc
-            if error is None or outcome is Outcome.INTERRUPTED:
-                break
-            if not policy.retries(number, error, outcome is Outcome.TIMEOUT):
-                break
-            if not self._table.retry_pending(flight):
+            if not self._will_retry(flight, number, outcome, error):
                 break
             try:
                 time.sleep(policy.backoff(number, random.uniform))
@@ -708,6 +700,17 @@ class FlightGroup:
                 break
             attempt, number = following, number + 1
         self._land(flight, outcome, value, error)
+
+    def _will_retry(
+        self, flight: Flight, number: int, outcome: Outcome, error: BaseException | None
+    ) -> bool:
+        """True if attempt ``number``, which just ended so, is followed by another; the
+        flight is then RETRY_PENDING until ``next_attempt``."""
+        if error is None or outcome is Outcome.INTERRUPTED:
+            return False
+        if not flight.policy.retries(number, error, outcome is Outcome.TIMEOUT):
+            return False
+        return self._table.retry_pending(flight)
 
     def _land(
         self, flight: Flight, outcome: Outcome, value: Any, error: BaseException | None
