@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from flightgroup import FlightGroup, Retention
 
 Work = Callable[[], Coroutine[Any, Any, Any]]
 AsyncCall = Callable[[str], Awaitable[Any]]
@@ -185,3 +189,80 @@ THREAD_LIBS: tuple[Lib[SyncWork, SyncCall], ...] = (
 NONE_SYNC: Lib[SyncWork, SyncCall] = Lib(
     NO_COALESCING, "threading", "each call runs `fn()`", lambda fn: lambda key: fn()
 )
+
+
+# -- (g) a kept outcome's yardstick ---------------------------------------------
+
+TTLCACHE = "cachetools TTLCache + Lock"
+TTLCACHE_HOW = (
+    "`cachetools.TTLCache(maxsize=10_000, ttl=3600)` read behind a `threading.Lock`: "
+    "`async def cached(key): with lock: return cache[key]`, awaited (the async twin), or the "
+    "same body in a plain `def` (the sync twin); a new cache per round"
+)
+
+
+def ttlcache_installed() -> bool:
+    return importlib.util.find_spec("cachetools") is not None
+
+
+def ttlcache(key: str, value: Any) -> tuple[AsyncCall, SyncCall]:
+    """A fresh ``TTLCache`` that holds ``value`` at ``key``, read behind a lock:
+    ``async def cached(key)`` (one coroutine call, as ``await g.run`` pays) and its
+    plain twin."""
+    import cachetools
+
+    cache: cachetools.TTLCache[str, Any] = cachetools.TTLCache(maxsize=10_000, ttl=3600)
+    cache[key] = value
+    lock = threading.Lock()
+
+    async def cached(key: str) -> Any:
+        with lock:
+            return cache[key]
+
+    def cached_sync(key: str) -> Any:
+        with lock:
+            return cache[key]
+
+    return cached, cached_sync
+
+
+# -- (h) the group's policies, configured ---------------------------------------
+
+POLICY_NONE = "`FlightGroup()`"
+POLICY_UNUSED = "every policy, nothing kept"
+POLICY_KEPT = "every policy, every outcome kept"
+POLICY_HOW = {
+    POLICY_NONE: "`FlightGroup()`: no policy",
+    POLICY_UNUSED: "`FlightGroup(deadline=60.0, retry=Retry(attempts=3), "
+    "retention=Retention(success=None, error=None), limits=Limits(max_waiters=10_000, "
+    "max_flights=1_000_000))`: every policy configured, none used by a miss that returns "
+    "at once (no timeout, no retry, nothing kept, no limit reached)",
+    POLICY_KEPT: "the same with `retention=Retention(success=60.0)` (the default max_items): "
+    "every outcome is kept, and, the store being full, each evicts the least recently used",
+}
+
+
+def kept_retention() -> Retention:
+    """(h)'s retention that keeps every outcome (its max_items is the default's)."""
+    from flightgroup import Retention
+
+    return Retention(success=60.0)
+
+
+def policy_groups() -> dict[str, FlightGroup]:
+    """One group per (h) variant, in the order of POLICY_HOW."""
+    from flightgroup import FlightGroup, Limits, Retention, Retry
+
+    def configured(retention: Retention) -> FlightGroup:
+        return FlightGroup(
+            deadline=60.0,
+            retry=Retry(attempts=3),
+            retention=retention,
+            limits=Limits(max_waiters=10_000, max_flights=1_000_000),
+        )
+
+    return {
+        POLICY_NONE: FlightGroup(),
+        POLICY_UNUSED: configured(Retention(success=None, error=None)),
+        POLICY_KEPT: configured(kept_retention()),
+    }

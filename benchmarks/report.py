@@ -12,10 +12,26 @@ from importlib import metadata
 from pathlib import Path
 from statistics import median
 
-from .peers import FLIGHTGROUP, NO_COALESCING
-from .scenarios import BARE, FLOOR, Report, Results, Series
+from .peers import (
+    FLIGHTGROUP,
+    NO_COALESCING,
+    POLICY_KEPT,
+    POLICY_NONE,
+    POLICY_UNUSED,
+    TTLCACHE,
+    kept_retention,
+)
+from .scenarios import BARE, FLOOR, HIT_WARM, Report, Results, Series
 
-PACKAGES = ("flightgroup", "oneflight", "singleflight", "coalescer", "async-lru", "cashews")
+PACKAGES = (
+    "flightgroup",
+    "oneflight",
+    "singleflight",
+    "coalescer",
+    "async-lru",
+    "cashews",
+    "cachetools",
+)
 
 
 @dataclass(frozen=True)
@@ -65,14 +81,16 @@ def _table(
     runs_header: str = "runs",
     extra: Callable[[str, Series], str] | None = None,
     extra_header: str = "",
+    versus: str | None = None,
 ) -> list[str]:
     """One row per library: runs, best, median and worst, and flightgroup ÷ this
-    (on the scenario's own statistic)."""
-    mine = results.get(FLIGHTGROUP)
+    (on the scenario's own statistic); with ``versus``, this ÷ that row instead."""
+    mine = results.get(FLIGHTGROUP if versus is None else versus)
     stat = next(iter(results.values())).stat
-    header = ["library", runs_header, f"{unit}: best", "median", "worst"]
+    header = ["library" if versus is None else "group", runs_header, f"{unit}: best"]
+    header += ["median", "worst"]
     header += [extra_header] if extra else []
-    header.append(f"flightgroup ÷ this ({stat})")
+    header.append(f"flightgroup ÷ this ({stat})" if versus is None else f"this ÷ {versus} ({stat})")
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for name, series in results.items():
         if not _usable(series):
@@ -84,25 +102,33 @@ def _table(
         cells = [name, _runs(series)]
         cells += [_number(v, digits) for v in (min(values), median(values), max(values))]
         cells += [extra(name, series)] if extra else []
-        ratio = (
-            f"{mine.value / series.value:.2f}×"
-            if mine is not None and _usable(mine) and series.value > 0
-            else "—"
-        )
+        if mine is None or not _usable(mine) or series.value <= 0 or mine.value <= 0:
+            ratio = "—"
+        elif versus is None:
+            ratio = f"{mine.value / series.value:.2f}×"
+        else:
+            ratio = f"{series.value / mine.value:.2f}×"
         lines.append("| " + " | ".join([*cells, ratio]) + " |")
     return lines
 
 
 def _compare(
-    what: str, results: Results, other: str | None, goal: float | None, strict: bool = False
+    what: str,
+    results: Results,
+    other: str | None,
+    goal: float | None,
+    strict: bool = False,
+    me: str = FLIGHTGROUP,
 ) -> Target:
-    """flightgroup's value ÷ ``other``'s, against ``goal`` (None: for information).
-    ``what`` may hold ``{other}``, replaced by the name of the one compared with."""
+    """``me``'s value (flightgroup's) ÷ ``other``'s, against ``goal`` (None: for
+    information). ``what`` may hold ``{other}``, replaced by the name of the one
+    compared with."""
     what = what.format(other=other or "none usable")
-    mine = results.get(FLIGHTGROUP)
-    if other is None or mine is None or not _usable(mine) or not _usable(results[other]):
+    mine = results.get(me)
+    theirs = None if other is None else results.get(other)
+    if mine is None or theirs is None or not _usable(mine) or not _usable(theirs):
         return Target(what, "—", "—", None)
-    ratio = mine.value / results[other].value
+    ratio = mine.value / theirs.value
     if goal is None:
         return Target(what, f"{ratio:.2f}×", "information", None)
     met = ratio < goal if strict else ratio <= goal
@@ -147,6 +173,47 @@ def targets(report: Report) -> list[Target]:
             _fastest(report.threads, thread_peers),
             0.7,
         ),
+        _compare(
+            "(g) kept hit: `await g.run(key, fn)` ÷ a TTLCache lookup behind a Lock in a "
+            "coroutine",
+            report.kept_hit,
+            TTLCACHE,
+            1.5,
+        ),
+        _compare(
+            "(g) kept hit, sync: `g.run_sync(key, fn)` ÷ a TTLCache lookup behind a Lock",
+            report.kept_hit_sync,
+            TTLCACHE,
+            None,
+        ),
+        _compare(
+            "(h) miss, every policy configured but unused ÷ `FlightGroup()`'s miss",
+            report.policy,
+            POLICY_NONE,
+            1.2,
+            me=POLICY_UNUSED,
+        ),
+        _compare(
+            "(h) miss, every policy configured, every outcome kept ÷ `FlightGroup()`'s miss",
+            report.policy,
+            POLICY_NONE,
+            None,
+            me=POLICY_KEPT,
+        ),
+        _compare(
+            "(h) miss, sync: every policy configured but unused ÷ `FlightGroup()`'s",
+            report.policy_sync,
+            POLICY_NONE,
+            None,
+            me=POLICY_UNUSED,
+        ),
+        _compare(
+            "(h) miss, sync: every policy configured, every outcome kept ÷ `FlightGroup()`'s",
+            report.policy_sync,
+            POLICY_NONE,
+            None,
+            me=POLICY_KEPT,
+        ),
     ]
     herd, storm = report.herd.get(FLIGHTGROUP), report.storm.get(FLIGHTGROUP)
     if herd is not None:
@@ -173,6 +240,35 @@ def targets(report: Report) -> list[Target]:
             True,
         )
     )
+    hits = [r[FLIGHTGROUP] for r in (report.kept_hit, report.kept_hit_sync) if FLIGHTGROUP in r]
+    if hits:
+        served = all(once(series) and series.ok for series in hits)
+        out.append(
+            Target(
+                "(g) kept hit: flightgroup's runs of fn per round, async and sync; every hit "
+                "served the value",
+                f"{'; '.join(_runs(series) for series in hits)}; {'yes' if served else 'no'}",
+                f"{'; '.join('1' for _ in hits)}; yes",
+                served,
+                True,
+            )
+        )
+    variants = [*report.policy.values(), *report.policy_sync.values()]
+    if variants:
+        misses = all(_usable(series) and series.ok for series in variants)
+        full = kept_retention().max_items
+        kept = report.policy_kept
+        nothing, every = kept.get(POLICY_UNUSED, -1), kept.get(POLICY_KEPT, -1)
+        out.append(
+            Target(
+                "(h) every timed call ran fn; kept outcomes after: nothing kept, every "
+                "outcome kept (= max_items)",
+                f"{'yes' if misses else 'no'}; {nothing:,}; {every:,}",
+                f"yes; 0; {full:,}",
+                misses and nothing == 0 and every == full,
+                True,
+            )
+        )
     return out
 
 
@@ -187,7 +283,13 @@ def flightgroup_ok(report: Report, found: list[Target]) -> bool:
             report.storm,
             report.memory,
             report.threads,
+            report.kept_hit,
+            report.kept_hit_sync,
         )
+    ) or any(
+        series.error is not None
+        for results in (report.policy, report.policy_sync)
+        for series in results.values()
     )
     return not crashed and all(t.met is not False for t in found if t.must)
 
@@ -319,6 +421,8 @@ def render(report: Report, found: list[Target], command: str, source: str) -> st
         "| --- | --- |",
         *(f"| {name} | {count:,} |" for name, count in report.sequential.items()),
         "",
+        *_kept_hit_section(report),
+        *_policy_section(report),
         "## How each library is driven",
         "",
         "Each round binds a fresh group (or cache) around that round's fn; `call(key)` is "
@@ -345,3 +449,62 @@ def _memory_table(results: Results) -> list[str]:
         )
         lines.append(f"| {name} | {_number(series.value, 0)} | {above} |")
     return lines
+
+
+def _kept_hit_section(report: Report) -> list[str]:
+    s = report.sizes
+    return [
+        f"## (g) Kept-outcome hit: one key, {s.hit_calls:,} sequential calls that all hit",
+        "",
+        "`FlightGroup(retention=Retention(success=3600))`, a new group per round: fn runs "
+        f"once to warm the key up, {HIT_WARM} untimed calls hit, then {s.hit_calls:,} timed "
+        "calls hit too (each served from the kept outcome); "
+        f"{s.hit_rounds} rounds, alternating with the yardstick, best round kept. The "
+        "yardstick is a `cachetools.TTLCache(maxsize=10_000, ttl=3600)` lookup behind a "
+        "`threading.Lock` inside an `async def` that is awaited, so both pay one coroutine "
+        "call; the sync twin times `g.run_sync(key, fn)` against the same lookup in a plain "
+        "function, outside any event loop. `runs` counts fn's runs per round, warm-up "
+        "included.",
+        "",
+        "Async, `await g.run(key, fn)`:",
+        "",
+        *_table(report.kept_hit, "µs per call", 3),
+        "",
+        "Sync, `g.run_sync(key, fn)`:",
+        "",
+        *_table(report.kept_hit_sync, "µs per call", 3),
+        "",
+    ]
+
+
+def _policy_section(report: Report) -> list[str]:
+    s = report.sizes
+    kept = report.policy_kept
+    return [
+        "## (h) Miss with every policy configured: distinct keys, fn returns at once",
+        "",
+        "As (a), on three groups: `FlightGroup()`; every policy configured but unused "
+        "(`deadline=60.0`, `Retry(attempts=3)`, `Retention(success=None, error=None)`, "
+        "`Limits(max_waiters=10_000, max_flights=1_000_000)`); and the same keeping every "
+        "outcome (`Retention(success=60.0)`). One group per variant for the whole scenario, "
+        "every key new; the last variant's store is filled to its max_items "
+        f"({kept_retention().max_items:,}) before the first timing, so every timed call "
+        f"keeps its outcome and evicts the least recently used one. {s.policy_rounds} rounds "
+        f"of {s.policy_calls:,} calls, the variants' order rotating, best round kept; before "
+        "each async timing the event loop turns once, so the cancelled deadline timers are "
+        "dropped as a serving loop would drop them. Ratios are each variant ÷ "
+        "`FlightGroup()`. Kept outcomes after the rounds: "
+        + ", ".join(f"{name}: {count:,}" for name, count in kept.items())
+        + ".",
+        "",
+        "Async, `await g.run(key, fn)`:",
+        "",
+        *_table(report.policy, "µs per call", 2, versus=POLICY_NONE),
+        "",
+        f"Sync, `g.run_sync(key, fn)`, {s.policy_sync_calls:,} calls per round (a sync work "
+        "with a deadline runs on a thread of its own, so the configured variants start a "
+        "thread per call):",
+        "",
+        *_table(report.policy_sync, "µs per call", 2, versus=POLICY_NONE),
+        "",
+    ]

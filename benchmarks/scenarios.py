@@ -16,8 +16,28 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from statistics import median
+from typing import TYPE_CHECKING
 
-from .peers import NO_COALESCING, AsyncCall, Lib, SyncCall, SyncWork, Work
+from .peers import (
+    FLIGHTGROUP,
+    NO_COALESCING,
+    POLICY_HOW,
+    POLICY_KEPT,
+    TTLCACHE,
+    TTLCACHE_HOW,
+    AsyncCall,
+    Lib,
+    SyncCall,
+    SyncWork,
+    Work,
+    kept_retention,
+    policy_groups,
+    ttlcache,
+    ttlcache_installed,
+)
+
+if TYPE_CHECKING:
+    from flightgroup import FlightGroup
 
 BARE = "bare `await fn()`"
 FLOOR = "floor (tasks awaiting one Future)"
@@ -43,6 +63,11 @@ class Sizes:
     thread_rounds: int
     memory_keys: int
     sequential_flights: int
+    hit_calls: int
+    hit_rounds: int
+    policy_calls: int
+    policy_sync_calls: int  # fewer: a configured sync miss starts a thread (the deadline)
+    policy_rounds: int
     herd_sleep: float = 0.050
     spread_sleep: float = 0.001
     storm_sleep: float = 0.001  # so that a wave's callers overlap the failing run
@@ -66,6 +91,11 @@ FULL = Sizes(
     thread_rounds=7,
     memory_keys=10_000,
     sequential_flights=1_000_000,
+    hit_calls=20_000,
+    hit_rounds=25,
+    policy_calls=1_000,
+    policy_sync_calls=200,
+    policy_rounds=25,
 )
 
 QUICK = Sizes(
@@ -85,6 +115,11 @@ QUICK = Sizes(
     thread_rounds=2,
     memory_keys=500,
     sequential_flights=10_000,
+    hit_calls=5_000,
+    hit_rounds=5,
+    policy_calls=500,
+    policy_sync_calls=50,
+    policy_rounds=5,
 )
 
 
@@ -124,6 +159,19 @@ def quiet() -> Iterator[None]:
         gc.enable()
 
 
+@contextmanager
+def frozen() -> Iterator[None]:
+    """The objects alive now (a full kept store, what earlier scenarios left) are
+    moved out of the collector's sight, so that ``quiet``'s collect before each
+    timing stays short; the timings themselves run with collection paused anyway."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def _rotations(names: Sequence[str], rounds: int) -> Iterator[str]:
     for r in range(rounds):
         k = r % len(names)
@@ -149,9 +197,12 @@ async def _each(
 
 
 def _each_sync(
-    names: Sequence[str], rounds: int, measure: Callable[[str, Series], None]
+    names: Sequence[str],
+    rounds: int,
+    measure: Callable[[str, Series], None],
+    stat: str = "median",
 ) -> Results:
-    results = {name: Series(stat="median") for name in names}
+    results = {name: Series(stat=stat) for name in names}
     for name in _rotations(names, rounds):
         series = results[name]
         if series.error is None:
@@ -411,6 +462,214 @@ async def sequential(sizes: Sizes) -> dict[str, int]:
     }
 
 
+HIT_KEY = "hit"
+HIT_WARM = 200  # untimed hits before each timing: the code paths are specialized
+
+
+def _hit_names() -> list[str]:
+    return [FLIGHTGROUP, *([TTLCACHE] if ttlcache_installed() else [])]
+
+
+async def kept_hit(sizes: Sizes) -> Results:
+    """(g) One key kept (``Retention(success=3600)``) after one warm-up call, then
+    sequential ``await g.run(key, fn)`` calls that all hit, side by side with a
+    TTLCache lookup behind a lock inside an awaited ``async def``: µs per call. A
+    fresh group (or cache) per round; ``runs`` counts fn's runs in the round,
+    warm-up included, so it must be 1."""
+    from flightgroup import FlightGroup, Retention
+
+    n = sizes.hit_calls
+
+    async def measure(name: str, series: Series) -> None:
+        runs = 0
+
+        async def fn() -> int:
+            nonlocal runs
+            runs += 1
+            return 1
+
+        key = HIT_KEY
+        if name == FLIGHTGROUP:
+            run = FlightGroup(retention=Retention(success=3600)).run
+            await run(key, fn)  # the warm-up: fn runs, its outcome is kept
+            for _ in range(HIT_WARM):
+                await run(key, fn)
+            with quiet():
+                start = time.perf_counter()
+                for _ in range(n):
+                    await run(key, fn)
+                elapsed = time.perf_counter() - start
+            result = await run(key, fn)
+            served = result.joined and result.value == 1
+        else:
+            cached = ttlcache(key, await fn())[0]
+            for _ in range(HIT_WARM):
+                await cached(key)
+            with quiet():
+                start = time.perf_counter()
+                for _ in range(n):
+                    await cached(key)
+                elapsed = time.perf_counter() - start
+            served = await cached(key) == 1
+        series.values.append(elapsed / n * 1e6)
+        series.runs.append(runs)
+        series.ok = series.ok and served
+
+    with frozen():
+        return await _each(_hit_names(), sizes.hit_rounds, measure)
+
+
+def kept_hit_sync(sizes: Sizes) -> Results:
+    """(g), the sync twin: ``g.run_sync(key, fn)`` hits against the same TTLCache
+    lookup in a plain function, outside any event loop."""
+    from flightgroup import FlightGroup, Retention
+
+    n = sizes.hit_calls
+
+    def measure(name: str, series: Series) -> None:
+        runs = 0
+
+        def fn() -> int:
+            nonlocal runs
+            runs += 1
+            return 1
+
+        key = HIT_KEY
+        if name == FLIGHTGROUP:
+            run_sync = FlightGroup(retention=Retention(success=3600)).run_sync
+            run_sync(key, fn)
+            for _ in range(HIT_WARM):
+                run_sync(key, fn)
+            with quiet():
+                start = time.perf_counter()
+                for _ in range(n):
+                    run_sync(key, fn)
+                elapsed = time.perf_counter() - start
+            result = run_sync(key, fn)
+            served = result.joined and result.value == 1
+        else:
+            cached = ttlcache(key, fn())[1]
+            for _ in range(HIT_WARM):
+                cached(key)
+            with quiet():
+                start = time.perf_counter()
+                for _ in range(n):
+                    cached(key)
+                elapsed = time.perf_counter() - start
+            served = cached(key) == 1
+        series.values.append(elapsed / n * 1e6)
+        series.runs.append(runs)
+        series.ok = series.ok and served
+
+    with frozen():
+        return _each_sync(_hit_names(), sizes.hit_rounds, measure, stat="best")
+
+
+Groups = dict[str, "FlightGroup"]
+
+
+async def fill_kept(groups: Groups) -> None:
+    """(h) Fill the kept variant's store to its max_items (untimed), so that every
+    timed call keeps its outcome and evicts one."""
+
+    async def fn() -> int:
+        return 1
+
+    run = groups[POLICY_KEPT].run
+    for i in range(kept_retention().max_items):
+        await run(f"fill:{i}", fn)
+
+
+# Distinct keys across (h)'s rounds, variants and both twins.
+_policy_keys = itertools.count()
+
+
+def _policy_plan(calls: int) -> tuple[list[str], list[str]]:
+    """A round's untimed warm-up keys and timed keys, never seen before."""
+    warm = [f"policy:{next(_policy_keys)}" for _ in range(calls // 10)]
+    return warm, [f"policy:{next(_policy_keys)}" for _ in range(calls)]
+
+
+async def policy_miss(groups: Groups, sizes: Sizes) -> Results:
+    """(h) Distinct keys, fn returns at once, on a group with every policy
+    configured (and on one that also keeps every outcome) and on ``FlightGroup()``:
+    µs per call, sequential awaits. One group per variant for the whole scenario."""
+
+    async def measure(name: str, series: Series) -> None:
+        runs = 0
+
+        async def fn() -> int:
+            nonlocal runs
+            runs += 1
+            return 1
+
+        run = groups[name].run
+        warm, keys = _policy_plan(sizes.policy_calls)
+        for key in warm:
+            await run(key, fn)
+        runs = 0
+        # One turn of the loop drops the cancelled deadline timers, as a serving loop
+        # would between requests (a miss that returns at once never yields to it).
+        await asyncio.sleep(0)
+        with quiet():
+            start = time.perf_counter()
+            for key in keys:
+                await run(key, fn)
+            elapsed = time.perf_counter() - start
+        series.values.append(elapsed / len(keys) * 1e6)
+        series.runs.append(runs)
+        series.ok = series.ok and runs == len(keys)  # every call was a real miss
+
+    return await _each(list(groups), sizes.policy_rounds, measure)
+
+
+def policy_miss_sync(groups: Groups, sizes: Sizes) -> Results:
+    """(h), the sync twin: ``run_sync`` on the same groups, outside any event loop."""
+
+    def measure(name: str, series: Series) -> None:
+        runs = 0
+
+        def fn() -> int:
+            nonlocal runs
+            runs += 1
+            return 1
+
+        run_sync = groups[name].run_sync
+        warm, keys = _policy_plan(sizes.policy_sync_calls)
+        for key in warm:
+            run_sync(key, fn)
+        runs = 0
+        with quiet():
+            start = time.perf_counter()
+            for key in keys:
+                run_sync(key, fn)
+            elapsed = time.perf_counter() - start
+        series.values.append(elapsed / len(keys) * 1e6)
+        series.runs.append(runs)
+        series.ok = series.ok and runs == len(keys)
+
+    return _each_sync(list(groups), sizes.policy_rounds, measure, stat="best")
+
+
+def policies(sizes: Sizes) -> tuple[Results, Results, dict[str, int]]:
+    """(h), both twins on the same groups (the async one in a loop of its own);
+    then the kept outcomes each group holds, and the groups are closed, so no
+    later scenario's garbage collection walks their 10,000 kept outcomes."""
+    groups = policy_groups()
+    try:
+        _progress("(h) miss with every policy configured")
+        asyncio.run(fill_kept(groups))
+        with frozen():
+            async_results = asyncio.run(policy_miss(groups, sizes))
+            _progress("(h) miss with every policy configured, sync")
+            sync_results = policy_miss_sync(groups, sizes)
+        kept = {name: group.stats().kept for name, group in groups.items()}
+    finally:
+        for group in groups.values():
+            group.close()
+    return async_results, sync_results, kept
+
+
 @dataclass
 class Report:
     sizes: Sizes
@@ -421,6 +680,11 @@ class Report:
     threads: Results
     memory: Results
     sequential: dict[str, int]
+    kept_hit: Results
+    kept_hit_sync: Results
+    policy: Results
+    policy_sync: Results
+    policy_kept: dict[str, int]  # (h) variant -> kept outcomes after its rounds
     how: dict[str, str]  # library -> how it was driven
 
 
@@ -439,7 +703,9 @@ async def _run_async(libs: Libs, none: Lib[Work, AsyncCall], sizes: Sizes) -> tu
     d = await storm(libs, sizes)
     _progress("(f) memory per in-flight key")
     f = await memory({**libs, NO_COALESCING: none}, sizes)
-    return a, b, c, d, f
+    _progress("(g) kept-outcome hit")
+    g = await kept_hit(sizes)
+    return a, b, c, d, f, g
 
 
 def run(
@@ -451,11 +717,17 @@ def run(
 ) -> Report:
     libs = {lib.name: lib for lib in async_libs if lib.installed}
     tlibs = {lib.name: lib for lib in thread_libs if lib.installed}
-    a, b, c, d, f = asyncio.run(_run_async(libs, none_async, sizes))
+    a, b, c, d, f, g = asyncio.run(_run_async(libs, none_async, sizes))
+    _progress("(g) kept-outcome hit, sync")
+    g_sync = kept_hit_sync(sizes)
+    h, h_sync, kept = policies(sizes)
     _progress(f"(f) {sizes.sequential_flights:,} sequential flights")
     seq = asyncio.run(sequential(sizes))
     _progress("(e) threads")
     e = threads({**tlibs, NO_COALESCING: none_sync}, sizes)
     how = {f"{lib.name} (async)": lib.how for lib in libs.values()}
     how |= {f"{lib.name} (threads)": lib.how for lib in tlibs.values()}
-    return Report(sizes, a, b, c, d, e, f, seq, how)
+    if ttlcache_installed():
+        how[f"{TTLCACHE} (g)"] = TTLCACHE_HOW
+    how |= {f"{name} (h)": text for name, text in POLICY_HOW.items()}
+    return Report(sizes, a, b, c, d, e, f, seq, g, g_sync, h, h_sync, kept, how)

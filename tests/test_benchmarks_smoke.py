@@ -27,3 +27,4 @@ def test_quick_benchmark_runs_and_its_must_checks_pass() -> None:
                   "raised | 1; yes | 1; yes | PASS"):
         assert check in out, out[:3000]
     assert "| table entries | 0 |" in out
+    assert "1; 1; yes | PASS" in out and "yes; 0; 10,000 | PASS" in out, out[:3000]
