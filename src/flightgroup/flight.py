@@ -42,7 +42,7 @@ from _thread import LockType, allocate_lock
 from asyncio import events
 from collections.abc import Hashable
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Generic, NamedTuple, TypeVar
 
 from .errors import GroupClosedError, TooManyFlightsError, TooManyWaitersError
 from .lease import Lease
@@ -63,6 +63,23 @@ __all__ = [
     "signal_of",
     "wake",
 ]
+
+
+T_co = TypeVar("T_co", covariant=True)
+
+
+class Result(NamedTuple, Generic[T_co]):
+    """What a call returns: the flight's ``value``, whether this caller ``joined``
+    (False for the leader), and the flight's fencing ``token``.
+
+    Immutable. A tuple underneath (ADR 0003): it is made on every call, and a tuple
+    is the cheapest immutable record Python has; ``value, joined, token = result``
+    works too.
+    """
+
+    value: T_co
+    joined: bool
+    token: int
 
 
 class State(Enum):
@@ -153,7 +170,7 @@ class Attempt:
     left running past its deadline still sees its own (lost) lease.
     """
 
-    __slots__ = ("flight", "lease", "lost", "timed_out", "token")
+    __slots__ = ("flight", "lease", "lost", "timed_out", "timer", "token")
 
     def __init__(self, flight: Flight, token: int) -> None:
         self.flight = flight
@@ -161,6 +178,7 @@ class Attempt:
         self.lease: Lease | None = None
         self.lost = False
         self.timed_out = False
+        self.timer: asyncio.TimerHandle | None = None  # an async attempt's deadline
 
     def get_lease(self) -> Lease:
         """The lease of this attempt (made on first use)."""
@@ -406,6 +424,23 @@ class FlightTable:
             stats.joins += 1
             return Role.JOIN, flight, waiter
 
+    def take_kept(self, tkey: Hashable) -> Flight | None:
+        """The kept outcome of ``tkey`` (a settled flight) if there is one and no
+        flight of the key runs: the hot path of Retention, before ``arrive``."""
+        with self.lock:
+            if self.closed:
+                raise GroupClosedError()
+            kept = self.kept
+            if kept is None or tkey in self.flights:
+                return None
+            entry = kept.get(tkey)
+            if entry is None:
+                return None
+            stats = self.stats
+            stats.calls += 1
+            stats.joins += 1
+            return entry.payload  # type: ignore[no-any-return]
+
     def _check_flights(self, key: str, policy: FlightPolicy) -> None:
         limits = policy.limits
         if (
@@ -596,6 +631,9 @@ class FlightTable:
         flight.parent = None  # a kept flight holds its outcome, nothing else
         flight.task = None
         flight.loop = None
+        if ok and flight.data is None and "joined_result" not in vars(flight):
+            # every call it serves gets this one Result (the joiners' own, ADR 0003)
+            vars(flight)["joined_result"] = Result(flight.value, True, flight.token)
         self.kept.put(flight.tkey, ok, flight, flight.token, ttl, size)
 
     # -- the group ------------------------------------------------------------

@@ -29,7 +29,7 @@ import weakref
 from asyncio import events
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from contextvars import copy_context
-from typing import Any, Generic, NamedTuple, ParamSpec, Protocol, Self, TypeVar, overload
+from typing import Any, ParamSpec, Protocol, Self, TypeVar, overload
 
 from .codec import Codec, check_codec, encode_bytes
 from .errors import (
@@ -47,6 +47,7 @@ from .flight import (
     Flight,
     FlightTable,
     Outcome,
+    Result,
     Role,
     ThreadWaiter,
     Waiter,
@@ -73,20 +74,6 @@ _EAGER = sys.version_info >= (3, 12)
 
 _WAIT_MAX = threading.TIMEOUT_MAX
 _SOCKET_PATH_LIMIT = 103  # bytes of UTF-8; macOS allows 104 with the NUL, Linux 108
-
-
-class Result(NamedTuple, Generic[T_co]):
-    """What a call returns: the flight's ``value``, whether this caller ``joined``
-    (False for the leader), and the flight's fencing ``token``.
-
-    Immutable. A tuple underneath (ADR 0003): it is made on every call, and a tuple
-    is the cheapest immutable record Python has; ``value, joined, token = result``
-    works too.
-    """
-
-    value: T_co
-    joined: bool
-    token: int
 
 
 def _check_key(key: object) -> str:
@@ -285,8 +272,14 @@ class FlightGroup:
         task = asyncio.current_task(loop)
         if task is not None and task.cancelling():
             raise asyncio.CancelledError()
+        table = self._table
+        if table.kept is not None and not fresh:
+            kept = table.take_kept(key)
+            if kept is not None:
+                result: Result[T] | None = vars(kept).get("joined_result")
+                return result if result is not None else self._deliver(kept, False)
         current = _CURRENT.get()
-        role, flight, waiter = self._table.arrive(
+        role, flight, waiter = table.arrive(
             key,
             key,
             fresh,
@@ -456,9 +449,15 @@ class FlightGroup:
             self._admit(key, work, on_join, timeout, fresh)
         elif not callable(work):
             _check_call(work, None, None, False)
+        table = self._table
+        if table.kept is not None and not fresh:
+            kept = table.take_kept(key)
+            if kept is not None:
+                result: Result[T] | None = vars(kept).get("joined_result")
+                return result if result is not None else self._deliver(kept, False)
         current = _CURRENT.get()
         parent = None if current is None else current.flight
-        role, flight, waiter = self._table.arrive(
+        role, flight, waiter = table.arrive(
             key, key, fresh, new_thread_waiter, parent, events._get_running_loop(), self._policy
         )
         if role is Role.KEPT:
@@ -590,7 +589,20 @@ class FlightGroup:
         flight.parent = _current_flight()
         coro = self._drive_async(flight, work)
         if _EAGER:
-            flight.task = asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
+            began = loop.time()
+            task = flight.task = asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
+            deadline = flight.policy.deadline
+            attempt = flight.attempt
+            # A work that finished eagerly cannot have run late: the first attempt's
+            # timer is armed only for a work that suspended.
+            if (
+                deadline is not None
+                and not task.done()
+                and attempt is not None
+                and attempt.timer is None
+                and flight.outcome is None
+            ):
+                attempt.timer = loop.call_at(began + deadline, _time_out, attempt, task)
         else:
             task = flight.task = loop.create_task(coro)
             # Cancelled before its first step (its loop shut down at once), the task
@@ -614,8 +626,8 @@ class FlightGroup:
         error: BaseException | None
         while True:
             timer = None
-            if policy.deadline is not None:
-                timer = events.get_running_loop().call_later(
+            if policy.deadline is not None and (number > 1 or not _EAGER):
+                timer = attempt.timer = events.get_running_loop().call_later(
                     policy.deadline, _time_out, attempt, asyncio.current_task()
                 )
             try:
@@ -632,6 +644,7 @@ class FlightGroup:
                 outcome, value, error = Outcome.INTERRUPTED, None, exc
             else:
                 outcome, error = Outcome.VALUE, None
+            timer = attempt.timer  # the first eager attempt's is set by _start_async
             if timer is not None:
                 timer.cancel()
                 if attempt.timed_out:  # the deadline cancelled it (or its result is late)
@@ -733,11 +746,14 @@ class FlightGroup:
             else:
                 value = None
         size = 0
-        if flight.policy.retention is not None:  # measured here: __sizeof__ is user code (I5)
-            if data is not None:
-                size = len(data)
-            else:
-                size = estimate_size(value if outcome is Outcome.VALUE else error)
+        retention = flight.policy.retention
+        if retention is not None and retention.max_bytes is not None:
+            # Measured here, outside the lock: __sizeof__ is user code (I5). Only when
+            # the outcome may be kept and a byte bound needs its size.
+            if outcome is Outcome.VALUE and retention.success:
+                size = len(data) if data is not None else estimate_size(value)
+            elif outcome is Outcome.ERROR and retention.error:
+                size = estimate_size(error)
         detached = self._table.settle(flight, outcome, value, error, data, size)
         if detached is not None:
             waiters, fresh = detached
