@@ -270,6 +270,17 @@ def signal_of(flight: Flight, fresh_of: Flight | None) -> Signal | Flight:
     return CLOSED if flight.closed else SETTLED
 
 
+def _kept_flight(payload: Flight | Result[Any]) -> Flight:
+    """A settled flight standing for a kept payload (arrive's KEPT role)."""
+    if isinstance(payload, Flight):
+        return payload
+    flight = Flight(None, "", payload.token, DONE)
+    flight.outcome = Outcome.VALUE
+    flight.value = payload.value
+    vars(flight)["joined_result"] = payload
+    return flight
+
+
 def _add_waiter(flight: Flight, waiter: Waiter) -> None:
     waiters = flight.waiters
     if not waiters and waiters is Flight.waiters:
@@ -379,7 +390,7 @@ class FlightTable:
                     if entry is not None:
                         stats.calls += 1
                         stats.joins += 1
-                        return Role.KEPT, entry.payload, None
+                        return Role.KEPT, _kept_flight(entry.payload), None
                 if policy is not NO_POLICY:
                     self._check_flights(key, policy)
                 stats.calls += 1
@@ -424,9 +435,10 @@ class FlightTable:
             stats.joins += 1
             return Role.JOIN, flight, waiter
 
-    def take_kept(self, tkey: Hashable) -> Flight | None:
-        """The kept outcome of ``tkey`` (a settled flight) if there is one and no
-        flight of the key runs: the hot path of Retention, before ``arrive``."""
+    def take_kept(self, tkey: Hashable) -> Flight | Result[Any] | None:
+        """The kept outcome of ``tkey`` if there is one and no flight of the key runs:
+        the Result to return, or the settled flight to deliver from. The hot path of
+        Retention, before ``arrive``."""
         with self.lock:
             if self.closed:
                 raise GroupClosedError()
@@ -631,10 +643,12 @@ class FlightTable:
         flight.parent = None  # a kept flight holds its outcome, nothing else
         flight.task = None
         flight.loop = None
-        if ok and flight.data is None and "joined_result" not in vars(flight):
-            # every call it serves gets this one Result (the joiners' own, ADR 0003)
-            vars(flight)["joined_result"] = Result(flight.value, True, flight.token)
-        self.kept.put(flight.tkey, ok, flight, flight.token, ttl, size)
+        # A kept value (without a codec) is kept as the one Result every call it serves
+        # returns (ADR 0003); a failure, or encoded data, as the settled flight itself.
+        payload: Flight | Result[Any] = flight
+        if ok and flight.data is None:
+            payload = Result(flight.value, True, flight.token)
+        self.kept.put(flight.tkey, ok, payload, flight.token, ttl, size)
 
     # -- the group ------------------------------------------------------------
 

@@ -192,7 +192,7 @@ class FlightGroup:
         elif namespace is not None:
             raise ValueError("namespace belongs to the fleet scope (redis=...)")
         check_seconds("reconnect_timeout", reconnect_timeout, allow_none=False)
-        self._deadline = check_seconds("deadline", deadline, allow_zero=False)
+        self._deadline = check_seconds("deadline", deadline, allow_zero=False, allow_inf=False)
         for name, given, kind in (
             ("retry", retry, Retry),
             ("retention", retention, Retention),
@@ -276,8 +276,7 @@ class FlightGroup:
         if table.kept is not None and not fresh:
             kept = table.take_kept(key)
             if kept is not None:
-                result: Result[T] | None = vars(kept).get("joined_result")
-                return result if result is not None else self._deliver(kept, False)
+                return self._deliver(kept, False) if isinstance(kept, Flight) else kept
         current = _CURRENT.get()
         role, flight, waiter = table.arrive(
             key,
@@ -453,8 +452,7 @@ class FlightGroup:
         if table.kept is not None and not fresh:
             kept = table.take_kept(key)
             if kept is not None:
-                result: Result[T] | None = vars(kept).get("joined_result")
-                return result if result is not None else self._deliver(kept, False)
+                return self._deliver(kept, False) if isinstance(kept, Flight) else kept
         current = _CURRENT.get()
         parent = None if current is None else current.flight
         role, flight, waiter = table.arrive(
@@ -826,7 +824,7 @@ class FlightGroup:
             raise TypeError("key must be a callable that returns the call's key")
         if name is not None and (not isinstance(name, str) or not name):
             raise ValueError("name must be a non-empty str")
-        check_seconds("deadline", deadline, allow_zero=False)
+        check_seconds("deadline", deadline, allow_zero=False, allow_inf=False)
         for field, given, kind in (
             ("retry", retry, Retry),
             ("retention", retention, Retention),

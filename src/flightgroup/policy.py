@@ -97,8 +97,8 @@ class Retention:
     max_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        check_seconds("Retention.success", self.success)
-        check_seconds("Retention.error", self.error)
+        check_seconds("Retention.success", self.success, allow_inf=False)
+        check_seconds("Retention.error", self.error, allow_inf=False)
         if self.max_items is None:
             raise TypeError("Retention.max_items must be an int, not None")
         _check_count("Retention.max_items", self.max_items, minimum=1)
