@@ -607,7 +607,7 @@ class FlightTable:
             flights = self.flights
             if flights.get(tkey) is flight:  # I1
                 del flights[tkey]
-                if flight.policy.retention is not None and not self.closed:
+                if flight.policy.keeps and not self.closed:
                     self._keep(flight, size)
             elif self.detached:
                 self.detached.discard(flight)  # a forgotten flight is never kept

@@ -652,7 +652,7 @@ class FlightGroup:
                     assert policy.deadline is not None
                     outcome, value = Outcome.TIMEOUT, None
                     error = FlightTimeoutError(flight.key, policy.deadline)
-            if not self._will_retry(flight, number, outcome, error):
+            if error is None or not self._will_retry(flight, number, outcome, error):
                 break
             try:
                 await asyncio.sleep(policy.backoff(number, random.uniform))
@@ -699,7 +699,7 @@ class FlightGroup:
                     )
                 except BaseException as exc:  # KeyboardInterrupt while waiting, no thread
                     outcome, value, error = Outcome.INTERRUPTED, None, exc
-            if not self._will_retry(flight, number, outcome, error):
+            if error is None or not self._will_retry(flight, number, outcome, error):
                 break
             try:
                 time.sleep(policy.backoff(number, random.uniform))
@@ -717,7 +717,7 @@ class FlightGroup:
     ) -> bool:
         """True if attempt ``number``, which just ended so, is followed by another; the
         flight is then RETRY_PENDING until ``next_attempt``."""
-        if error is None or outcome is Outcome.INTERRUPTED:
+        if error is None or outcome is Outcome.INTERRUPTED:  # (callers test None first)
             return False
         if not flight.policy.retries(number, error, outcome is Outcome.TIMEOUT):
             return False

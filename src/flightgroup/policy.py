@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["NO_POLICY", "FlightPolicy", "Limits", "Retention", "Retry", "check_seconds"]
 
@@ -127,6 +127,13 @@ class FlightPolicy:
     retry: Retry | None = None
     retention: Retention | None = None
     limits: Limits | None = None
+    keeps: bool = field(init=False, repr=False, compare=False)
+    """True if a settled outcome may be kept (read on every settle)."""
+
+    def __post_init__(self) -> None:
+        retention = self.retention
+        keeps = retention is not None and bool(retention.success or retention.error)
+        object.__setattr__(self, "keeps", keeps)
 
     def override(
         self,
