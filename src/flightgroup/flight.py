@@ -1,6 +1,7 @@
 """One key's flight, and the table of flights of one group.
 
-States and edges (every change goes through ``Flight._move``)::
+States and edges (every change goes through ``Flight._move``, except ``settle``'s
+move to DONE, which comes from RUNNING or RETRY_PENDING and is guarded by I2)::
 
     IDLE ──► RUNNING ──► DONE
      │          │  ▲
@@ -9,7 +10,9 @@ States and edges (every change goes through ``Flight._move``)::
      │          │
      └──────────┴────► DONE        (an unclaimed IDLE flight is abandoned;
                                     a retry that is given up settles)
-    RUNNING ──► SETTLING ──► DONE   (the outcome is being encoded outside the lock)
+    RUNNING ──► SETTLING ──► DONE   (reserved for the wide scopes: a landing handed to
+                                    the coordinator or Redis, not yet acknowledged; the
+                                    process scope settles in one step)
 
 An IDLE flight is in the table but has no leader yet: the flight that follows
 one that had ``fresh`` callers waiting for its end. Its ``claims`` counts the
