@@ -1,0 +1,427 @@
+"""The directory scope's files: where they are, the local-file-system check, durable
+writes, and the epoch that numbers the coordinator's terms.
+
+Layout of a group's directory (API.md, docs/directory-protocol.md)::
+
+    flight.lock              the election (exclusive flock, held for a whole term)
+    flight.epoch             the epoch of the last term, decimal text, written durably
+    flight.sock              the coordinator's Unix socket
+    execution-locks/<sha256> the key locks; each holds the last fencing token written to it
+    state/epoch              a second durable copy of the epoch (ADR 0009)
+
+Nothing here locks: ``next_epoch`` is called only by the winner of the election, which
+holds ``flight.lock`` for as long as it writes the epoch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import re
+import shlex
+import sys
+import uuid
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final
+
+from ..errors import NetworkDirectoryError
+
+__all__ = [
+    "EPOCH_NAME",
+    "KEY_LOCKS",
+    "LOCK_NAME",
+    "NETWORK_FILE_SYSTEMS",
+    "SOCKET_NAME",
+    "STATE",
+    "EpochError",
+    "check_local",
+    "durable_write",
+    "ensure_directory",
+    "file_system_of",
+    "key_lock_path",
+    "next_epoch",
+    "read_epoch",
+    "socket_path",
+]
+
+log = logging.getLogger("flightgroup")
+
+LOCK_NAME: Final = "flight.lock"
+EPOCH_NAME: Final = "flight.epoch"
+SOCKET_NAME: Final = "flight.sock"
+KEY_LOCKS: Final = "execution-locks"
+STATE: Final = "state"  # state/epoch is the second copy of the epoch
+
+# Tokens are ``epoch << 32 | sequence`` and must fit 63 bits, so an epoch stays below 2**31.
+_EPOCH_LIMIT: Final = 2**31
+_TOKEN_LIMIT: Final = 2**63
+# An epoch or a token is at most 19 digits; a file longer than this is not one (and reading
+# it whole is pointless). Also keeps int() far from its 4,300-digit conversion limit.
+_MAX_NUMBER_FILE: Final = 4096
+_DECIMAL = re.compile(rb"\s*([0-9]+)\s*")
+_DIRECTORY_MODE: Final = 0o700
+
+# Linux fstype names (the field after " - " in /proc/self/mountinfo) of the file systems
+# where flock and Unix sockets do not reach across hosts. FUSE as such is not in it: most
+# FUSE file systems are local, so only named network subtypes are.
+NETWORK_FILE_SYSTEMS: Mapping[str, str] = MappingProxyType(
+    {
+        "nfs": "NFS",
+        "nfs4": "NFSv4",
+        "cifs": "CIFS/SMB",
+        "smb3": "SMB3",
+        "smbfs": "SMB",
+        "ceph": "CephFS",
+        "fuse.ceph-fuse": "CephFS (ceph-fuse)",
+        "9p": "9P",
+        "lustre": "Lustre",
+        "glusterfs": "GlusterFS",
+        "fuse.glusterfs": "GlusterFS",
+        "afs": "AFS",
+        "ocfs2": "OCFS2",
+        "gfs2": "GFS2",
+        "ncpfs": "NetWare (NCP)",
+        "coda": "Coda",
+        "gpfs": "IBM Spectrum Scale (GPFS)",
+        "beegfs": "BeeGFS",
+        "orangefs": "OrangeFS",
+        "pvfs2": "OrangeFS (PVFS2)",
+        "davfs": "WebDAV (davfs2)",
+        "fuse.davfs": "WebDAV (davfs2)",
+        "fuse.sshfs": "SSHFS",
+        "fuse.s3fs": "s3fs (S3)",
+        "fuse.goofys": "goofys (S3)",
+        "fuse.gcsfuse": "gcsfuse (Google Cloud Storage)",
+        "fuse.rclone": "rclone",
+        "fuse.juicefs": "JuiceFS",
+        "fuse.mfs": "MooseFS",
+        "fuse.cvmfs2": "CernVM-FS",
+        "fuse.blobfuse": "blobfuse (Azure)",
+        "fuse.blobfuse2": "blobfuse2 (Azure)",
+    }
+)
+
+# realpath -> True for directories found local. Unknown answers are never cached, so a
+# later call (e.g. after /proc is mounted) can still find out.
+_local_cache: dict[str, bool] = {}
+
+_OCTAL_ESCAPE = re.compile(rb"\\([0-7]{3})")
+
+
+class EpochError(RuntimeError):
+    """The epoch of a directory cannot be told, or cannot grow any further."""
+
+
+# --- the file system check --------------------------------------------------------------
+
+
+def _unescape(field: bytes) -> bytes:
+    # The kernel writes space, tab, newline and backslash in mount points as \040 \011 \012 \134.
+    return _OCTAL_ESCAPE.sub(lambda m: bytes([int(m.group(1), 8) & 0xFF]), field)
+
+
+def _mounts(mountinfo: bytes) -> list[tuple[str, str]]:
+    """(mount point, fstype) of each well-formed line, in the file's order."""
+    mounts: list[tuple[str, str]] = []
+    for line in mountinfo.splitlines():
+        fields = line.split(b" ")
+        # id parent major:minor root mount-point options [optional...] - fstype source super
+        try:
+            separator = fields.index(b"-", 6)
+        except ValueError:
+            continue
+        if separator + 1 >= len(fields):
+            continue
+        point = os.fsdecode(_unescape(fields[4]))
+        fstype = os.fsdecode(_unescape(fields[separator + 1]))
+        if point.startswith("/") and fstype:
+            mounts.append((point, fstype))
+    return mounts
+
+
+def _within(path: str, point: str) -> bool:
+    # On component boundaries: "/mnt/a" holds "/mnt/a/x" but not "/mnt/ab".
+    return point == "/" or path == point or path.startswith(point.rstrip("/") + "/")
+
+
+def file_system_of(path: str, mountinfo: str | None = None) -> str | None:
+    """The fstype of the mount that holds ``path``, as /proc/self/mountinfo names it.
+
+    A path that does not exist is judged by where it would be created (``os.path.realpath``
+    resolves its existing part). ``mountinfo`` replaces the contents of
+    /proc/self/mountinfo (for tests). Returns None when it cannot be told: not Linux, no
+    /proc, or no mount holds the path.
+    """
+    if mountinfo is None:
+        if not sys.platform.startswith("linux"):
+            return None
+        try:
+            with open("/proc/self/mountinfo", "rb") as f:
+                raw = f.read()
+        except OSError:
+            return None
+    else:
+        raw = os.fsencode(mountinfo)
+    target = os.path.realpath(path)
+    best: tuple[int, str] | None = None
+    for point, fstype in _mounts(raw):
+        # ">=": a later line with the same mount point is mounted over the earlier one.
+        if _within(target, point) and (best is None or len(point) >= best[0]):
+            best = (len(point), fstype)
+    return None if best is None else best[1]
+
+
+def check_local(path: str, mountinfo: str | None = None) -> None:
+    """Raise NetworkDirectoryError(path, name) when ``path`` is on a network file system.
+
+    Kernel locks and Unix sockets do not work across hosts there. A file system that
+    cannot be told counts as local. A local answer is cached per real path for the life
+    of the process, but only for the real /proc/self/mountinfo (``mountinfo`` None).
+    """
+    real = os.path.realpath(path)
+    if mountinfo is None and _local_cache.get(real):
+        return
+    fstype = file_system_of(real, mountinfo)
+    if fstype is None:
+        return
+    name = NETWORK_FILE_SYSTEMS.get(fstype)
+    if name is not None:
+        raise NetworkDirectoryError(path, name)
+    if mountinfo is None:
+        _local_cache[real] = True
+
+
+# --- directories and durable files ------------------------------------------------------
+
+
+def _make_directory(path: str) -> None:
+    """mkdir one directory with mode 0700; an existing directory is fine."""
+    try:
+        os.mkdir(path, _DIRECTORY_MODE)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
+        return  # made by someone else (maybe a concurrent call): its mode is theirs
+    # The umask may have removed bits, even the owner's; this one is ours, so set it exactly.
+    os.chmod(path, _DIRECTORY_MODE)
+
+
+def ensure_directory(path: str) -> None:
+    """Create ``path`` (and each missing parent) with mode 0700, and its ``execution-locks``
+    and ``state`` subfolders. The mode of a directory that exists is left alone.
+
+    Idempotent and safe when several threads or processes do it at once.
+    """
+    missing: list[str] = []
+    current = os.path.abspath(path)
+    while not os.path.isdir(current):
+        missing.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    # Top down, one at a time: os.makedirs gives its mode to the leaf only.
+    for directory in reversed(missing):
+        _make_directory(directory)
+    _make_directory(os.path.join(path, KEY_LOCKS))
+    _make_directory(os.path.join(path, STATE))
+
+
+def _fsync_directory(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        # Some file systems cannot fsync a directory; the rename is as durable as they allow.
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def durable_write(path: str, text: str) -> None:
+    """Replace the contents of ``path`` with ``text`` (UTF-8) so that a crash leaves either
+    the old contents or the new, never a mix, and the new ones survive a power loss once
+    this returns: a temp file beside it, fsync, rename over it, fsync of the directory.
+
+    On an error the temp file is removed and the error raised; ``path`` is unchanged.
+    """
+    data = text.encode("utf-8")
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        _fsync_directory(os.path.dirname(path) or ".")
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):  # gone if it was renamed over path
+            os.unlink(tmp)
+        raise
+
+
+# --- the epoch ---------------------------------------------------------------------------
+
+
+class _Number:
+    """What one file says: ``value`` when it holds a decimal number, else ``found`` says
+    what is wrong with it, as a predicate ("is empty"); ``missing`` when there is no file."""
+
+    __slots__ = ("found", "missing", "path", "value")
+
+    def __init__(
+        self, path: str, value: int | None, found: str = "", missing: bool = False
+    ) -> None:
+        self.path = path
+        self.value = value
+        self.found = found
+        self.missing = missing
+
+
+def _read_number(path: str) -> _Number:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(_MAX_NUMBER_FILE + 1)
+    except FileNotFoundError:
+        return _Number(path, None, "is missing", missing=True)
+    except OSError as e:
+        return _Number(path, None, f"cannot be read ({e.strerror or e})")
+    if not raw.strip():
+        return _Number(path, None, "is empty")
+    match = _DECIMAL.fullmatch(raw) if len(raw) <= _MAX_NUMBER_FILE else None
+    if match is None:
+        shown = raw[:40].decode("utf-8", "backslashreplace")
+        more = "..." if len(raw) > 40 else ""
+        return _Number(path, None, f"holds {shown!r}{more}, which is not a decimal number")
+    return _Number(path, int(match.group(1)))
+
+
+def _key_lock_epochs(directory: str) -> list[int]:
+    """The epochs of the tokens recorded in the key-lock files; unreadable, empty and
+    corrupt files are skipped (a leader may be between taking a lock and writing to it)."""
+    epochs: list[int] = []
+    try:
+        entries = os.scandir(os.path.join(directory, KEY_LOCKS))
+    except OSError:
+        return epochs
+    with entries:
+        for entry in entries:
+            try:
+                if not entry.is_file(follow_symlinks=False):
+                    continue
+            except OSError:
+                continue
+            token = _read_number(entry.path).value
+            if token is not None and token < _TOKEN_LIMIT:
+                epochs.append(token >> 32)
+    return epochs
+
+
+def _epoch_paths(directory: str) -> tuple[str, str]:
+    return os.path.join(directory, EPOCH_NAME), os.path.join(directory, STATE, "epoch")
+
+
+def _describe(copies: tuple[_Number, ...]) -> str:
+    return "; ".join(f"{c.path!r} {c.found}" for c in copies)
+
+
+def next_epoch(directory: str) -> int:
+    """Start a new term: the epoch after the last one, written durably to flight.epoch
+    and then to state/epoch. Only the winner of the election calls it.
+
+    The last epoch is the highest valid copy; when neither copy is valid, the highest
+    epoch among the fencing tokens in the key-lock files; a fresh directory starts at 1.
+    Raises EpochError when the epoch cannot be told, or when it would reach 2**31. The
+    rules, and why, are in docs/adr/0009-epoch-recovery.md.
+    """
+    first_path, second_path = _epoch_paths(directory)
+    first, second = _read_number(first_path), _read_number(second_path)
+    valid = [c.value for c in (first, second) if c.value is not None]
+    if valid:
+        last = max(valid)
+        if len(valid) == 1:
+            bad = second if first.value is not None else first
+            log.warning(
+                "the epoch copy %s %s; went on from the other copy (epoch %d) and rewrote it.",
+                bad.path,
+                bad.found,
+                last,
+            )
+        elif second.value is not None and first.value is not None and second.value > first.value:
+            # flight.epoch is written first, so it is never behind unless something
+            # restored or edited it: the higher copy wins, since the epoch never goes down.
+            log.warning(
+                "%s holds epoch %d, behind %s (%d); went on from %d.",
+                first_path,
+                first.value,
+                second_path,
+                second.value,
+                last,
+            )
+    else:
+        epochs = _key_lock_epochs(directory)
+        if epochs:
+            last = max(epochs)
+            log.warning(
+                "no valid epoch copy in %s (%s); recovered epoch %d from the "
+                "fencing tokens of %d key-lock file(s).",
+                directory,
+                _describe((first, second)),
+                last,
+                len(epochs),
+            )
+        elif first.missing and second.missing:
+            last = 0  # a fresh directory: its first term is 1
+        else:
+            locks = os.path.join(directory, KEY_LOCKS)
+            raise EpochError(
+                f"Cannot tell the epoch of the flight directory {directory!r}: "
+                f"{_describe((first, second))}, and no key-lock file in {locks!r} holds a "
+                "fencing token to recover it from. Starting over at 1 could reuse fencing "
+                "tokens, so nothing was changed. To fix it, write the highest epoch known "
+                "(the high 32 bits of the highest fencing token your storage has seen) "
+                f"as decimal text to {first_path!r}, e.g. `echo 42 > {shlex.quote(first_path)}`."
+            )
+    if last >= _EPOCH_LIMIT - 1:
+        raise EpochError(
+            f"The epoch of the flight directory {directory!r} is {last}, the highest there "
+            "is (fencing tokens are epoch << 32 | sequence and must fit 63 bits), so no "
+            "new term can start. If that number was written by mistake, write the right "
+            f"epoch to {first_path!r} and {second_path!r}; otherwise move the group to a new "
+            "directory, and reset the fencing tokens your storage remembers."
+        )
+    epoch = last + 1
+    durable_write(first_path, f"{epoch}\n")
+    # state/ may have been removed by hand; the second copy is worth recreating it for.
+    _make_directory(os.path.dirname(second_path))
+    durable_write(second_path, f"{epoch}\n")
+    return epoch
+
+
+def read_epoch(directory: str) -> int | None:
+    """The epoch in flight.epoch as it is now; None when the file is missing or corrupt."""
+    return _read_number(_epoch_paths(directory)[0]).value
+
+
+# --- paths -------------------------------------------------------------------------------
+
+
+def key_lock_path(directory: str, key: str) -> str:
+    """The key-lock file of ``key``: execution-locks/<hex sha256 of the key's UTF-8>.
+    A lone surrogate is encoded as is (surrogatepass), so every str key has a file."""
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+    return os.path.join(directory, KEY_LOCKS, digest)
+
+
+def socket_path(directory: str) -> str:
+    """The absolute path of the coordinator's socket, flight.sock in ``directory``."""
+    return os.path.join(os.path.abspath(directory), SOCKET_NAME)
