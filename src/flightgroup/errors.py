@@ -206,3 +206,16 @@ class GroupClosedError(FlightError):
 class UnavailableError(FlightError):
     """The group's shared store (Redis) cannot be reached; ``__cause__`` is the
     client's own error."""
+
+
+def renewed(error: BaseException) -> BaseException:
+    """A new instance of a flightgroup ``error`` for one caller (raising one shared
+    instance from many callers would grow its traceback); other errors as they are."""
+    if not isinstance(error, FlightError):
+        return error
+    try:
+        made = type(error)(*error._init_args())
+    except Exception:
+        return error
+    made.__cause__ = error.__cause__
+    return made

@@ -122,6 +122,7 @@ class Outcome(Enum):
     ERROR = "error"  # the work (or encode) raised an Exception: ``error``
     TIMEOUT = "timeout"  # its last attempt ran past the deadline: ``error``
     INTERRUPTED = "interrupted"  # a BaseException stopped it: ``error`` for the leader
+    LOST = "lost"  # (wide scopes) the leader lost its lease: ``error`` is its LeaseLostError
     ABANDONED = "abandoned"  # an IDLE flight nobody claimed; no caller waits on it
 
 
@@ -131,11 +132,13 @@ class Signal(Enum):
     SETTLED = "settled"  # read the flight's outcome
     CLOSED = "closed"  # the group closed
     EXPIRED = "expired"  # this caller's own timeout passed (set by its timer)
+    JOINED = "joined"  # (wide scopes) the leading caller's flight joined one led elsewhere
 
 
 SETTLED: Final = Signal.SETTLED
 CLOSED: Final = Signal.CLOSED
 EXPIRED: Final = Signal.EXPIRED
+JOINED: Final = Signal.JOINED
 
 
 class Role(Enum):
@@ -173,13 +176,14 @@ class Attempt:
     left running past its deadline still sees its own (lost) lease.
     """
 
-    __slots__ = ("flight", "lease", "lost", "timed_out", "timer", "token")
+    __slots__ = ("flight", "lease", "lost", "revoked", "timed_out", "timer", "token")
 
     def __init__(self, flight: Flight, token: int) -> None:
         self.flight = flight
         self.token = token
         self.lease: Lease | None = None
         self.lost = False
+        self.revoked = False  # (wide scopes) lost to the scope, not to a deadline or close
         self.timed_out = False
         self.timer: asyncio.TimerHandle | None = None  # an async attempt's deadline
 
@@ -233,6 +237,14 @@ class Flight:
     loop: asyncio.AbstractEventLoop | None = None  # where an async work runs
     task: asyncio.Task[None] | None = None  # the work's own task: the group owns it
     started = 0  # perf_counter_ns() when the work started
+    # The wide scopes: ``wide`` is the scope's call while this process leads there;
+    # ``remote``: the outcome came from elsewhere (every caller here is a joiner and
+    # raises a copy of ``error``); ``joined_remote``: told it joined a flight led
+    # elsewhere (the leading caller's on_join is due).
+    wide: Any = None
+    fresh_lead = False  # its leader came with fresh=True (the wide scope must know)
+    remote = False
+    joined_remote = False
 
     def __init__(self, tkey: Hashable, key: str, token: int, state: State) -> None:
         self.tkey = tkey
@@ -342,9 +354,21 @@ class FlightTable:
     caller must do after releasing it (decide under the lock, act after).
     """
 
-    __slots__ = ("_clock", "_next_token", "closed", "detached", "flights", "kept", "lock", "stats")
+    __slots__ = (
+        "_clock",
+        "_next_token",
+        "closed",
+        "detached",
+        "flights",
+        "kept",
+        "lock",
+        "stats",
+        "wide",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, wide: bool = False) -> None:
+        # A wide scope keeps outcomes where every process reaches them, not here.
+        self.wide = wide
         self.lock = threading.Lock()
         self.flights: dict[Hashable, Flight] = {}
         # flights that left the table by forget() but still run
@@ -402,6 +426,8 @@ class FlightTable:
                 self._next_token += 1
                 token = self._next_token
                 flight = Flight(tkey, key, token, RUNNING)
+                if fresh:
+                    flight.fresh_lead = True
                 flight.attempt = Attempt(flight, token)
                 flight.started = time.perf_counter_ns()
                 if policy is not NO_POLICY:
@@ -500,6 +526,7 @@ class FlightTable:
 
     def _lead(self, flight: Flight, policy: FlightPolicy) -> None:
         flight._move(IDLE, RUNNING)
+        flight.fresh_lead = True  # an IDLE flight is led by a fresh caller
         self._next_token += 1
         flight.token = self._next_token
         flight.attempt = Attempt(flight, flight.token)
@@ -533,6 +560,24 @@ class FlightTable:
             _add_waiter(flight, waiter)
             flight.leader_waiter = waiter
             return True
+
+    def ran_elsewhere(self, flight: Flight) -> None:
+        """(Wide scopes) ``flight``'s work did not run here: its leading caller counts
+        as a join, not a flight."""
+        with self.lock:
+            self.stats.flights -= 1
+            self.stats.joins += 1
+
+    def joined_remote(self, flight: Flight) -> Waiter | None:
+        """(Wide scopes) ``flight`` joined a flight led elsewhere: mark it, and detach
+        the leading caller's waiter if it waits, to wake it with JOINED."""
+        with self.lock:
+            flight.joined_remote = True
+            waiter = flight.leader_waiter
+            if waiter is not None and flight.waiters.pop(waiter, False) is None:
+                flight.leader_waiter = None
+                return waiter
+            return None
 
     def withdraw(self, flight: Flight, waiter: Waiter) -> bool:
         """Remove a caller's waiter (timeout, cancel, on_join raised).
@@ -610,13 +655,13 @@ class FlightTable:
             flights = self.flights
             if flights.get(tkey) is flight:  # I1
                 del flights[tkey]
-                if flight.policy.keeps and not self.closed:
+                if flight.policy.keeps and not self.closed and not self.wide:
                     self._keep(flight, size)
             elif self.detached:
                 self.detached.discard(flight)  # a forgotten flight is never kept
             self.stats.settled(
                 outcome is Outcome.ERROR or outcome is Outcome.TIMEOUT,
-                outcome is Outcome.INTERRUPTED,
+                outcome is Outcome.INTERRUPTED or outcome is Outcome.LOST,
                 flight.joiners,
                 (ended - flight.started) // 1000,
             )
@@ -704,4 +749,4 @@ class FlightTable:
             return self.stats.snapshot()
 
 
-__all__ += ["CLOSED", "EXPIRED", "SETTLED", "Outcome", "Role", "Signal", "_expire"]
+__all__ += ["CLOSED", "EXPIRED", "JOINED", "SETTLED", "Outcome", "Role", "Signal", "_expire"]

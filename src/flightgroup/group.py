@@ -29,19 +29,23 @@ import weakref
 from asyncio import events
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from contextvars import copy_context
-from typing import Any, ParamSpec, Protocol, Self, TypeVar, overload
+from typing import Any, ParamSpec, Protocol, Self, TypeVar, cast, overload
 
 from .codec import Codec, check_codec, encode_bytes
+from .directory.client import Call, DirectoryArbiter, Event, from_wire, to_wire
 from .errors import (
     FlightFailedError,
     FlightInterruptedError,
     FlightTimeoutError,
     GroupClosedError,
+    LeaseLostError,
     ValueTooLargeError,
+    renewed,
 )
 from .flight import (
     CLOSED,
     EXPIRED,
+    JOINED,
     SETTLED,
     Attempt,
     Flight,
@@ -74,6 +78,7 @@ _EAGER = sys.version_info >= (3, 12)
 
 _WAIT_MAX = threading.TIMEOUT_MAX
 _SOCKET_PATH_LIMIT = 103  # bytes of UTF-8; macOS allows 104 with the NUL, Linux 108
+_DIRECTORY_MAX_VALUE = 64 * 1024 * 1024
 
 
 def _check_key(key: object) -> str:
@@ -135,6 +140,7 @@ class FlightGroup:
 
     __slots__ = (
         "__weakref__",
+        "_arbiter",
         "_closed",
         "_codec",
         "_deadline",
@@ -208,15 +214,22 @@ class FlightGroup:
             raise ValueError("max_value_bytes must be a positive int")
         if isinstance(max_frame_bytes, bool) or not isinstance(max_frame_bytes, int):
             raise TypeError("max_frame_bytes must be an int")
-        if directory is not None:
-            raise NotImplementedError("the directory scope is not built yet (issue 4)")
+        if max_frame_bytes < 1024:
+            raise ValueError("max_frame_bytes must be at least 1024")
         if redis is not None:
             raise NotImplementedError("the fleet scope is not built yet (issue 5)")
         policy = FlightPolicy(self._deadline, retry, retention, limits)
         self._policy = NO_POLICY if policy == NO_POLICY else policy
         self._codec = codec
+        self._arbiter: DirectoryArbiter | None = None
+        if directory is not None:
+            self._arbiter = DirectoryArbiter(
+                path, max_frame=max_frame_bytes, reconnect_timeout=reconnect_timeout
+            )
+            if max_value_bytes is None:
+                max_value_bytes = _DIRECTORY_MAX_VALUE
         self._max_value_bytes = max_value_bytes
-        self._table = FlightTable()
+        self._table = FlightTable(wide=self._arbiter is not None)
         self._closed = False
 
     # -- calls ------------------------------------------------------------------
@@ -373,7 +386,16 @@ class FlightGroup:
                     self._start_async(flight, work, loop)
                 waiter = loop.create_future()
                 if not table.wait_as_leader(flight, waiter):
+                    if flight.joined_remote and on_join is not None:
+                        on_join()  # (wide scopes) it joined elsewhere, and the outcome came
                     return self._deliver(flight, True)
+                if flight.joined_remote and on_join is not None:
+                    call_on_join, on_join = on_join, None
+                    try:
+                        call_on_join()
+                    except BaseException:
+                        self._abandon(flight, waiter, None)
+                        raise
             elif role is Role.TAKE:  # joined a flight that already ended
                 if on_join is not None:
                     on_join()
@@ -399,6 +421,12 @@ class FlightGroup:
             finally:
                 if timer is not None:
                     timer.cancel()
+            if signal is JOINED:  # (wide scopes) this leading caller became a joiner
+                if on_join is not None:
+                    call_on_join, on_join = on_join, None
+                    call_on_join()  # its waiter was detached: nothing to withdraw
+                role = Role.LEADING
+                continue
             if signal is EXPIRED:
                 if table.withdraw(flight, fut):
                     raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
@@ -460,7 +488,7 @@ class FlightGroup:
         )
         if role is Role.KEPT:
             return self._deliver(flight, False)
-        if timeout is None:
+        if timeout is None and self._arbiter is None:
             if role is Role.LEAD:
                 self._drive_sync(flight, work, parent)  # the common case: no waiting at all
                 return self._deliver(flight, True)
@@ -486,7 +514,7 @@ class FlightGroup:
         )
         if role is Role.KEPT:
             return self._deliver(flight, False)
-        if role is Role.LEAD:
+        if role is Role.LEAD and self._arbiter is None:
             self._drive_sync(flight, work, parent)
             return self._deliver(flight, True)
         return self._follow_sync(role, flight, waiter, work, None, None, policy)
@@ -511,23 +539,43 @@ class FlightGroup:
         while True:
             if role is Role.LEAD:
                 leader = True
+                wide = self._arbiter is not None
                 if at is None:
-                    self._drive_sync(flight, work, _current_flight())
+                    if wide:
+                        failed = self._drive_wide_sync(flight, work, _current_flight(), on_join)
+                        if failed is not None:  # on_join raised while the flight ran
+                            raise failed
+                    else:
+                        self._drive_sync(flight, work, _current_flight())
                     return self._deliver(flight, True)
                 waiter = new_thread_waiter()
                 context = copy_context()
+                drive: Callable[..., Any] = self._drive_wide_sync if wide else self._drive_sync
                 try:
                     threading.Thread(
                         target=context.run,
-                        args=(self._drive_sync, flight, work, _current_flight()),
+                        args=(drive, flight, work, _current_flight()),
                         name=f"flightgroup-work-{flight.token}",
                         daemon=True,
                     ).start()
                 except BaseException as exc:  # "can't start new thread": nothing ran
                     self._land(flight, Outcome.INTERRUPTED, None, exc)
                     raise
+                role = Role.LEADING
+            if role is Role.LEADING:  # (sync: a wide leading caller told it joined)
+                leader = True
+                waiter = new_thread_waiter()
                 if not table.wait_as_leader(flight, waiter):
+                    if flight.joined_remote and on_join is not None:
+                        on_join()
                     return self._deliver(flight, True)
+                if flight.joined_remote and on_join is not None:
+                    call_on_join, on_join = on_join, None
+                    try:
+                        call_on_join()
+                    except BaseException:
+                        self._abandon(flight, waiter, None)
+                        raise
             elif role is Role.TAKE:  # joined a flight that already ended
                 if on_join is not None:
                     on_join()
@@ -553,6 +601,15 @@ class FlightGroup:
                 raise
             if not taken and table.withdraw(flight, waiter):
                 raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
+            if leader and flight.outcome is None and not flight.closed:
+                # (wide scopes) woken with JOINED: this leading caller became a joiner.
+                if not taken:
+                    raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
+                if on_join is not None:
+                    call_on_join, on_join = on_join, None
+                    call_on_join()
+                role = Role.LEADING
+                continue
             # Taken, or detached as we gave up: either way the signal is on the flight.
             signal = signal_of(flight, fresh_of)
             if not taken and isinstance(signal, Flight):  # out of time: hand the claim back
@@ -581,10 +638,18 @@ class FlightGroup:
     # -- the leader's side -----------------------------------------------------
 
     def _start_async(
-        self, flight: Flight, work: Callable[[], Awaitable[Any]], loop: asyncio.AbstractEventLoop
+        self,
+        flight: Flight,
+        work: Callable[[], Awaitable[Any]],
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         flight.loop = loop
         flight.parent = _current_flight()
+        if self._arbiter is not None:
+            # The wide scope decides first (it always suspends): no eager deadline.
+            wide = self._drive_wide_async(flight, work)
+            flight.task = loop.create_task(wide)
+            return
         coro = self._drive_async(flight, work)
         if _EAGER:
             began = loop.time()
@@ -613,9 +678,12 @@ class FlightGroup:
         if flight is not None and flight.outcome is None and task.cancelled():
             self._land(flight, Outcome.INTERRUPTED, None, asyncio.CancelledError())
 
-    async def _drive_async(self, flight: Flight, work: Callable[[], Awaitable[Any]]) -> None:
+    async def _drive_async(
+        self, flight: Flight, work: Callable[[], Awaitable[Any]], call: Call | None = None
+    ) -> None:
         """The body of the work's own task: run each attempt, contain every ending,
-        retry as the flight's policy says, land the outcome."""
+        retry as the flight's policy says, land the outcome. ``call``: the wide
+        scope's lead this work runs under."""
         attempt = flight.attempt
         assert attempt is not None
         _CURRENT.set(attempt)  # in this task's own context
@@ -624,7 +692,7 @@ class FlightGroup:
         error: BaseException | None
         while True:
             timer = None
-            if policy.deadline is not None and (number > 1 or not _EAGER):
+            if policy.deadline is not None and (number > 1 or not _EAGER or call is not None):
                 timer = attempt.timer = events.get_running_loop().call_later(
                     policy.deadline, _time_out, attempt, asyncio.current_task()
                 )
@@ -662,6 +730,16 @@ class FlightGroup:
             following = self._table.next_attempt(flight)
             if following is None:
                 break
+            if call is not None:  # each attempt has its own token from the scope
+                assert self._arbiter is not None
+                self._arbiter.retry(call)
+                event, args = await call.inbox.get()
+                if event is not Event.LEAD:  # the lease was lost meanwhile
+                    following.revoked = True
+                    following.lose()
+                    break
+                following.token = flight.token = args[0]
+                self._arbiter.bind(call, following)
             attempt, number = following, number + 1
             _CURRENT.set(attempt)
         stop = self._land(flight, outcome, value, error)
@@ -679,10 +757,16 @@ class FlightGroup:
                     task.add_done_callback(_retrieve)
             raise stop
 
-    def _drive_sync(self, flight: Flight, work: Callable[[], Any], parent: Flight | None) -> None:
+    def _drive_sync(
+        self,
+        flight: Flight,
+        work: Callable[[], Any],
+        parent: Flight | None,
+        call: Call | None = None,
+    ) -> None:
         """Run a sync work's attempts in this thread, retry as the policy says, land
         the outcome. A BaseException reaches the leader through _deliver, in its own
-        thread."""
+        thread. ``call``: the wide scope's lead this work runs under."""
         flight.parent = parent
         attempt = flight.attempt
         assert attempt is not None
@@ -709,8 +793,173 @@ class FlightGroup:
             following = self._table.next_attempt(flight)
             if following is None:
                 break
+            if call is not None:  # each attempt has its own token from the scope
+                assert self._arbiter is not None
+                self._arbiter.retry(call)
+                event, args = call.inbox.get_sync()
+                if event is not Event.LEAD:  # the lease was lost meanwhile
+                    following.revoked = True
+                    following.lose()
+                    break
+                following.token = flight.token = args[0]
+                self._arbiter.bind(call, following)
             attempt, number = following, number + 1
         self._land(flight, outcome, value, error)
+
+    # -- the wide scopes ----------------------------------------------------------
+    #
+    # The first local caller of a key asks the scope (one request per key per
+    # process): it leads there (the work runs here, as above, under the scope's
+    # token and lease), or the local flight joins a flight led elsewhere and every
+    # local caller of it is a joiner of that flight.
+
+    async def _drive_wide_async(self, flight: Flight, work: Callable[[], Awaitable[Any]]) -> None:
+        """The work task of a wide group's flight: ask the scope, then lead or follow."""
+        arbiter = self._arbiter
+        assert arbiter is not None
+        try:
+            call = arbiter.submit(_wire_key(flight), flight.fresh_lead)
+        except Exception as exc:  # a network directory, a refused version, closed
+            self._settle_remote(flight, Outcome.INTERRUPTED, exc)
+            return
+        try:
+            while True:
+                event, args = await call.inbox.get()
+                if event is not Event.JOINED:
+                    break
+                self._joined_remote(flight, args[0])
+        except BaseException:  # its loop shuts down: give the call back
+            arbiter.withdraw(call)
+            self._settle_remote(
+                flight, Outcome.INTERRUPTED, FlightInterruptedError(flight.key, "its loop stopped")
+            )
+            raise
+        if event is Event.LEAD:
+            self._lead_wide(flight, call, args[0])
+            await self._drive_async(flight, work, call)
+        else:
+            self._end_remote(flight, event, args)
+
+    def _drive_wide_sync(
+        self,
+        flight: Flight,
+        work: Callable[[], Any],
+        parent: Flight | None,
+        on_join: Callable[[], object] | None = None,
+    ) -> BaseException | None:
+        """The sync twin of _drive_wide_async, in the leading caller's thread (which
+        then calls ``on_join`` itself when the flight joins one led elsewhere).
+        Returns what on_join raised, for that caller to raise once the flight ended."""
+        arbiter = self._arbiter
+        assert arbiter is not None
+        flight.parent = parent
+        try:
+            call = arbiter.submit(_wire_key(flight), flight.fresh_lead)
+        except Exception as exc:
+            self._settle_remote(flight, Outcome.INTERRUPTED, exc)
+            return None
+        failed: BaseException | None = None
+        try:
+            while True:
+                event, args = call.inbox.get_sync()
+                if event is not Event.JOINED:
+                    break
+                self._joined_remote(flight, args[0])
+                if on_join is not None:
+                    call_on_join, on_join = on_join, None
+                    try:
+                        call_on_join()
+                    except Exception as exc:  # the others here still wait for the flight
+                        failed = exc
+        except BaseException as exc:  # KeyboardInterrupt while waiting
+            arbiter.withdraw(call)
+            self._settle_remote(
+                flight,
+                Outcome.INTERRUPTED,
+                FlightInterruptedError(flight.key, f"its leading caller got {type(exc).__name__}"),
+            )
+            raise
+        if event is Event.LEAD:
+            self._lead_wide(flight, call, args[0])
+            self._drive_sync(flight, work, parent, call)
+        else:
+            self._end_remote(flight, event, args)
+        return failed
+
+    def _lead_wide(self, flight: Flight, call: Call, token: int) -> None:
+        """This process leads the flight in the scope: its work runs under ``token``."""
+        assert self._arbiter is not None
+        flight.token = token
+        attempt = flight.attempt = Attempt(flight, token)
+        flight.wide = call
+        self._arbiter.bind(call, attempt)
+
+    def _joined_remote(self, flight: Flight, token: int) -> None:
+        flight.token = token
+        waiter = self._table.joined_remote(flight)
+        if waiter is not None:
+            wake((waiter,), JOINED)
+
+    def _end_remote(self, flight: Flight, event: Event, args: tuple[Any, ...]) -> None:
+        """Settle a flight whose outcome came from the scope (or that cannot go on)."""
+        if event is Event.LANDED:
+            token, landed, _kept = args
+            outcome, error, data = from_wire(flight.key, landed)
+            self._settle_remote(flight, outcome, error, data, token)
+        elif event is Event.FAILED:
+            self._settle_remote(flight, Outcome.INTERRUPTED, args[0])
+        else:  # INTERRUPTED (or LOST before leading: cannot happen, same answer)
+            reason = str(args[0]) if args else "its leader stopped"
+            self._settle_remote(
+                flight, Outcome.INTERRUPTED, FlightInterruptedError(flight.key, reason)
+            )
+
+    def _settle_remote(
+        self,
+        flight: Flight,
+        outcome: Outcome,
+        error: BaseException | None,
+        data: bytes | None = None,
+        token: int | None = None,
+    ) -> None:
+        """Settle ``flight`` with an outcome that every caller here gets as a joiner:
+        the value (decoded by each), or a copy of ``error``."""
+        flight.remote = True
+        if token is not None:
+            flight.token = token
+        self._table.ran_elsewhere(flight)
+        detached = self._table.settle(flight, outcome, None, error, data)
+        if detached is not None:
+            waiters, fresh = detached
+            if waiters:
+                wake(waiters, SETTLED)
+            if fresh:
+                following = flight.next
+                wake(fresh, following if following is not None else CLOSED)
+
+    def _land_wide(
+        self,
+        flight: Flight,
+        call: Call,
+        outcome: Outcome,
+        data: bytes | None,
+        error: BaseException | None,
+    ) -> tuple[Outcome, BaseException | None]:
+        """Hand the outcome to the scope, unless the lease was lost: then the leader
+        gets LeaseLostError (the work's own error as its cause) and nothing lands."""
+        arbiter = self._arbiter
+        assert arbiter is not None
+        lead = call.lead
+        attempt = flight.attempt
+        if (lead is not None and lead.lost) or (attempt is not None and attempt.revoked):
+            if not isinstance(error, LeaseLostError):
+                lost = LeaseLostError(flight.key)
+                lost.__cause__ = error
+                error = lost
+            arbiter.land(call, None)
+            return Outcome.LOST, error
+        arbiter.land(call, to_wire(flight.key, outcome, data, error, flight.policy))
+        return outcome, error
 
     def _will_retry(
         self, flight: Flight, number: int, outcome: Outcome, error: BaseException | None
@@ -743,6 +992,10 @@ class FlightGroup:
                 outcome, value, error, data = Outcome.INTERRUPTED, None, exc, None
             else:
                 value = None
+        if flight.wide is not None:
+            outcome, error = self._land_wide(flight, flight.wide, outcome, data, error)
+            if outcome is Outcome.LOST:
+                data = None
         size = 0
         retention = flight.policy.retention
         if retention is not None and retention.max_bytes is not None:
@@ -771,7 +1024,7 @@ class FlightGroup:
             data = flight.data
             if data is not None:
                 assert self._codec is not None
-                return Result(self._codec.decode(data), not leader, flight.token)
+                return Result(self._codec.decode(data), not leader or flight.remote, flight.token)
             if leader:
                 return Result(flight.value, False, flight.token)
             # One Result for every joiner (ADR 0003); setdefault is atomic, so two
@@ -785,8 +1038,12 @@ class FlightGroup:
             return result
         error = flight.error
         assert error is not None
+        if flight.remote:  # from the wide scope: every caller here is a joiner
+            raise renewed(error)
         if leader:
             raise error
+        if outcome is Outcome.LOST:
+            raise FlightInterruptedError(flight.key, "its leader lost its lease") from None
         if outcome is Outcome.TIMEOUT:
             assert isinstance(error, FlightTimeoutError)
             raise FlightTimeoutError(flight.key, error.deadline) from None
@@ -846,9 +1103,14 @@ class FlightGroup:
         """
         _check_key(key)
         self._table.forget(key)
+        if self._arbiter is not None:
+            self._arbiter.forget(key)
 
     def _forget_op(self, tkey: Hashable) -> None:
         self._table.forget(tkey)
+        if self._arbiter is not None:
+            namespace, op = cast("tuple[str, str]", tkey)
+            self._arbiter.forget(f"{namespace}\x00{op}")
 
     def stats(self) -> Stats:
         """A snapshot of this group's counters in this process."""
@@ -863,17 +1125,32 @@ class FlightGroup:
         """Close the group: waiting calls raise GroupClosedError, later calls too.
 
         Work that is running is not stopped; its lease is marked lost (its outcome
-        will not be delivered), and it runs to its end. Returns at once.
+        will not be delivered), and it runs to its end. The process scope returns
+        at once. A directory group first hands over the landings already made
+        (waiting at most ``reconnect_timeout`` for a coordinator), then disconnects;
+        the flights it leads are interrupted for their joiners elsewhere, and their
+        works keep their key locks until they end. If it coordinates, another
+        process takes over.
         """
         self._closed = True
         for flight, waiters in self._table.close():
             if waiters:
                 wake(waiters, CLOSED)
             flight.lose()
+        if self._arbiter is not None:
+            self._arbiter.close()
 
     async def aclose(self) -> None:
-        """Close the group (see :meth:`close`)."""
-        self.close()
+        """Close the group (see :meth:`close`), without blocking the event loop."""
+        if self._arbiter is None:
+            self.close()
+            return
+        self._closed = True
+        for flight, waiters in self._table.close():
+            if waiters:
+                wake(waiters, CLOSED)
+            flight.lose()
+        await asyncio.to_thread(self._arbiter.close)
 
     def __enter__(self) -> Self:
         return self
@@ -889,7 +1166,20 @@ class FlightGroup:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
-        return f"<FlightGroup process scope, {state}, {len(self._table.flights)} flights>"
+        scope = "process scope"
+        if self._arbiter is not None:
+            scope = f"directory {self._arbiter.directory!r}"
+        return f"<FlightGroup {scope}, {state}, {len(self._table.flights)} flights>"
+
+
+def _wire_key(flight: Flight) -> str:
+    """The key a flight has in a wide scope: a decorated function's keys carry its
+    namespace (NUL-separated), so two functions never share a flight there either."""
+    tkey = flight.tkey
+    if type(tkey) is str:
+        return tkey
+    namespace, op = cast("tuple[str, str]", tkey)  # a decorated function's
+    return f"{namespace}\x00{op}"
 
 
 def _time_out(attempt: Attempt, task: asyncio.Task[None] | None) -> None:

@@ -1,0 +1,786 @@
+"""The directory arbiter: how one group takes part in its directory.
+
+One background thread per group runs an event loop with the connection to the
+coordinator (and the coordinator itself while this group holds the election).
+A second thread campaigns: it blocks in ``flock`` on ``flight.lock`` until the
+kernel hands the lock over (the previous coordinator closed or died), then
+starts serving. Nothing polls the election; reconnecting polls the socket with
+a short backoff while a new coordinator starts.
+
+A local flight asks the arbiter once (``submit``): it leads (and holds the key
+lock while its work runs), joins a flight led elsewhere, or is served a kept
+outcome. Answers reach the flight's driver through an ``Inbox``, on its own
+loop or thread.
+
+Field ownership: ``Call`` and ``Lead`` objects and the arbiter's dicts are
+touched only on the background loop, except ``Lead.fd``/``Lead.attempt``,
+guarded by ``Lead.lock`` (a work ends on its own thread, possibly after close).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+import time
+from _thread import LockType, allocate_lock
+from collections.abc import Callable
+from concurrent.futures import Future
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from ..errors import (
+    FlightFailedError,
+    FlightInterruptedError,
+    FlightTimeoutError,
+    GroupClosedError,
+    ProtocolVersionError,
+    UnavailableError,
+    renewed,
+)
+from ..flight import Outcome
+from . import fs, wire
+from .coordinator import Coordinator
+
+if TYPE_CHECKING:
+    from ..flight import Attempt
+    from ..policy import FlightPolicy
+
+__all__ = ["Call", "DirectoryArbiter", "Event", "Inbox", "from_wire", "to_wire"]
+
+log = logging.getLogger("flightgroup")
+
+
+class Event(Enum):
+    """What a call hears from its directory."""
+
+    LEAD = "lead"  # (token): lead; the key lock is held
+    JOINED = "joined"  # (token, pid, age): joined a flight led elsewhere
+    LANDED = "landed"  # (token, outcome, kept): the flight's outcome
+    INTERRUPTED = "interrupted"  # (reason): the flight ended without an outcome
+    LOST = "lost"  # (reason): the lead's lease is lost
+    FAILED = "failed"  # (exception): the call cannot go on (version, closed, ...)
+
+
+class Inbox:
+    """A queue of events from the background thread to one driver, which waits on
+    it from an event loop (``get``) or a thread (``get_sync``)."""
+
+    __slots__ = ("_items", "_lock", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: collections.deque[tuple[Event, tuple[Any, ...]]] = collections.deque()
+        self._lock = threading.Lock()
+        self._waiter: asyncio.Future[None] | LockType | None = None
+
+    def put(self, event: Event, *args: Any) -> None:
+        with self._lock:
+            self._items.append((event, args))
+            waiter, self._waiter = self._waiter, None
+        if waiter is None:
+            return
+        if type(waiter) is LockType:
+            waiter.release()
+        else:
+            fut: asyncio.Future[None] = waiter
+            with contextlib.suppress(RuntimeError):  # its loop closed: nobody waits
+                fut.get_loop().call_soon_threadsafe(_resolve, fut)
+
+    async def get(self) -> tuple[Event, tuple[Any, ...]]:
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._lock:
+                if self._items:
+                    return self._items.popleft()
+                fut = loop.create_future()
+                self._waiter = fut
+            try:
+                await fut
+            finally:
+                with self._lock:
+                    if self._waiter is fut:
+                        self._waiter = None
+
+    def get_sync(self) -> tuple[Event, tuple[Any, ...]]:
+        while True:
+            with self._lock:
+                if self._items:
+                    return self._items.popleft()
+                lock = allocate_lock()
+                lock.acquire()
+                self._waiter = lock
+            try:
+                lock.acquire()
+            finally:
+                with self._lock:
+                    if self._waiter is lock:
+                        self._waiter = None
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class Call:
+    """One local flight's request to the directory (its id is reused for the lead)."""
+
+    __slots__ = ("fresh", "id", "inbox", "joined", "key", "lead", "sent", "token")
+
+    def __init__(self, id: int, key: str, fresh: bool, inbox: Inbox) -> None:
+        self.id = id
+        self.key = key
+        self.fresh = fresh
+        self.inbox = inbox
+        self.sent = False  # went out on the current connection
+        self.joined = False  # heard `joined`: after a reconnect it rejoins by token
+        self.token = 0
+        self.lead: Lead | None = None
+
+
+class Lead:
+    """A flight this process leads: its key lock and its landing until acked."""
+
+    __slots__ = (
+        "acked",
+        "attempt",
+        "call",
+        "fd",
+        "landing",
+        "lock",
+        "lost",
+        "retrying",
+        "token",
+        "work_done",
+    )
+
+    def __init__(self, call: Call, token: int, fd: int) -> None:
+        self.call = call
+        self.token = token
+        self.fd = fd  # the key lock; -1 once released
+        self.lock = threading.Lock()
+        self.attempt: Attempt | None = None
+        self.landing: bytes | None = None  # the land frame, kept until acked
+        self.work_done = False
+        self.acked = False
+        self.lost = False
+        self.retrying = False  # an `attempt` request is out
+
+    def release(self) -> None:
+        """Free the key lock (once)."""
+        with self.lock:
+            fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def lose(self) -> None:
+        """The lease is lost: the running attempt's work is told."""
+        with self.lock:
+            self.lost = True
+            attempt = self.attempt
+        if attempt is not None:
+            attempt.revoked = True
+            attempt.lose()
+
+
+class DirectoryArbiter:
+    """Lead or join for the wider scope of a directory group (see the module)."""
+
+    def __init__(
+        self,
+        directory: str,
+        *,
+        max_frame: int = wire.DEFAULT_MAX_FRAME,
+        reconnect_timeout: float = 5.0,
+        rejoin_window: float = 5.0,
+    ) -> None:
+        self.directory = os.path.abspath(directory)
+        self._max_frame = max_frame
+        self._reconnect_timeout = reconnect_timeout
+        self._rejoin_window = rejoin_window
+        self._start_lock = threading.Lock()
+        self._campaign_lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._fatal: BaseException | None = None  # every call raises it (bad directory)
+        self._refusal: BaseException | None = None  # new calls raise it (another version)
+        self._next_id = 0
+        self._calls: dict[int, Call] = {}
+        self._leads: dict[int, Lead] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._kick: asyncio.Event | None = None
+        self._coordinator: Coordinator | None = None
+        self._closing = False
+        self._given_up = False
+        self._status_waiters: dict[int, Future[list[dict[str, Any]]]] = {}
+        self._closed_future: Future[None] = Future()
+        self._close_by = 0.0  # closing waits for acks until then
+        self._finishing = False
+
+    # -- starting ---------------------------------------------------------------
+
+    def _ensure_started(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is not None and self._fatal is None:
+            return loop
+        with self._start_lock:
+            if self._fatal is not None:
+                raise renewed(self._fatal)
+            if self._closing:
+                raise GroupClosedError()
+            if self._loop is not None:
+                return self._loop
+            try:
+                fs.check_local(self.directory)
+                fs.ensure_directory(self.directory)
+            except BaseException as exc:
+                self._fatal = exc
+                raise
+            loop = asyncio.new_event_loop()
+            ready = threading.Event()
+            self._thread = threading.Thread(
+                target=self._run_loop, args=(loop, ready), name="flightgroup-directory",
+                daemon=True,
+            )
+            self._thread.start()
+            ready.wait()
+            self._loop = loop
+            threading.Thread(
+                target=self._campaign, name="flightgroup-election", daemon=True
+            ).start()
+            return loop
+
+    def _run_loop(self, loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
+        asyncio.set_event_loop(loop)
+        self._kick = asyncio.Event()
+        loop.create_task(self._maintain())
+        loop.call_soon(ready.set)
+        try:
+            loop.run_forever()
+            # Closing: let the connection tasks see their sockets close, then stop.
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        finally:
+            loop.close()
+
+    def _post(self, fn: Callable[..., object], *args: Any) -> bool:
+        loop = self._loop
+        if loop is None:
+            return False
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop closed
+            return False
+        return True
+
+    # -- the election -----------------------------------------------------------
+
+    def _campaign(self) -> None:
+        """Block on the election lock; on a win, serve (on the background loop)."""
+        path = os.path.join(self.directory, fs.LOCK_NAME)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            log.warning("cannot open %s: %s", path, exc)
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # no polling: the kernel wakes us
+            # close() takes this lock too: it never lets the process end mid-write.
+            with self._campaign_lock:
+                if self._closing:
+                    raise _Resign()
+                epoch = fs.next_epoch(self.directory)
+        except _Resign:
+            os.close(fd)
+            return
+        except Exception as exc:
+            os.close(fd)
+            log.error("cannot coordinate %s: %s", self.directory, exc)
+            self._fatal = exc
+            self._post(self._fail_all, exc)
+            return
+        if not self._post(self._serve, epoch, fd):
+            os.close(fd)
+
+    def _serve(self, epoch: int, fd: int) -> None:
+        if self._closing:
+            os.close(fd)
+            return
+        coordinator = Coordinator(
+            self.directory, epoch, fd, max_frame=self._max_frame,
+            rejoin_window=self._rejoin_window,
+        )
+
+        async def start() -> None:
+            try:
+                await coordinator.start()
+            except Exception as exc:
+                log.error("cannot serve on %s: %s", self.directory, exc)
+                await coordinator.close()
+                self._fatal = exc
+                self._fail_all(exc)
+                return
+            self._coordinator = coordinator
+            if self._closing:
+                await coordinator.close()
+                return
+            assert self._kick is not None
+            self._kick.set()
+
+        asyncio.get_running_loop().create_task(start())
+
+    # -- the connection ---------------------------------------------------------
+
+    async def _maintain(self) -> None:
+        """Keep a connection to the coordinator of the moment, for ever."""
+        assert self._kick is not None
+        backoff = 0.0005
+        down_since = time.monotonic()
+        while not self._closing:
+            try:
+                reader, writer = await self._connect()
+            except ProtocolVersionError as exc:
+                self._refused(exc)
+            except (TimeoutError, OSError, EOFError, wire.WireError):
+                pass
+            else:
+                backoff = 0.0005
+                self._connected(writer)
+                await self._read(reader)
+                self._disconnected()
+                down_since = time.monotonic()
+                continue
+            if time.monotonic() - down_since > self._reconnect_timeout:
+                self._give_up()
+            self._kick.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), backoff)
+            backoff = min(backoff * 2, 0.02)
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        reader, writer = await asyncio.open_unix_connection(fs.socket_path(self.directory))
+        try:
+            writer.write(wire.HELLO)
+            line = await asyncio.wait_for(wire.read_line(reader), wire.HANDSHAKE_TIMEOUT)
+            kind, detail = wire.parse_answer(line or b"")
+            if kind == "ok":
+                return reader, writer
+            if kind == "version":
+                assert isinstance(detail, int)
+                raise ProtocolVersionError(wire.VERSION, detail)
+            if kind == "refused":
+                log.warning("the coordinator of %s refused us: %s", self.directory, detail)
+            raise EOFError("the coordinator closed the handshake")
+        except BaseException:
+            writer.close()
+            raise
+
+    def _connected(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+        self._refusal = None
+        self._given_up = False
+        # Leaders first: a reassert (and its landing) before any rejoin of the key.
+        for lead in list(self._leads.values()):
+            if lead.lost or lead.acked:
+                continue
+            writer.write(wire.reassert_frame(lead.call.id, lead.call.key, lead.token))
+            if lead.landing is not None:
+                writer.write(lead.landing)
+            elif lead.retrying:  # the new token it asked for never came
+                writer.write(wire.attempt_frame(lead.call.id))
+        for call in list(self._calls.values()):
+            if call.lead is None:
+                self._send_run(call)
+
+    def _disconnected(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+        for call in self._calls.values():
+            call.sent = False
+        for id, waiter in list(self._status_waiters.items()):
+            del self._status_waiters[id]
+            if not waiter.done():
+                waiter.set_exception(UnavailableError("the coordinator went away"))
+
+    def _refused(self, exc: ProtocolVersionError) -> None:
+        """A coordinator of another version holds the election: new calls fail."""
+        self._refusal = exc
+        for call in list(self._calls.values()):
+            if call.lead is None and not call.joined:
+                del self._calls[call.id]
+                call.inbox.put(Event.FAILED, renewed(exc))
+
+    def _give_up(self) -> None:
+        """No coordinator of our version for ``reconnect_timeout``: every lease of
+        this process is lost, and its joined calls are interrupted."""
+        if self._given_up:
+            return
+        self._given_up = True
+        for lead in list(self._leads.values()):
+            self._lose(lead, "no coordinator could be reached")
+        for call in list(self._calls.values()):
+            if call.lead is None:
+                del self._calls[call.id]
+                if call.joined:
+                    call.inbox.put(Event.INTERRUPTED, "no coordinator could be reached")
+                else:
+                    error = self._refusal or UnavailableError(
+                        f"no coordinator of {self.directory!r} answered for "
+                        f"{self._reconnect_timeout:g} s"
+                    )
+                    call.inbox.put(Event.FAILED, renewed(error))
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for call in list(self._calls.values()):
+            if call.lead is None:
+                del self._calls[call.id]
+                call.inbox.put(Event.FAILED, renewed(exc))
+
+    def _send_run(self, call: Call) -> None:
+        writer = self._writer
+        if writer is None or call.sent:
+            return
+        call.sent = True
+        if call.joined:
+            writer.write(wire.run_frame(call.id, call.key, flight=call.token))
+        else:
+            writer.write(wire.run_frame(call.id, call.key, fresh=call.fresh))
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                frame = await wire.read_frame(reader, self._max_frame)
+                if frame is None:
+                    return
+                answer = wire.parse_answer_frame(*frame)
+            except (wire.WireError, OSError) as exc:
+                log.info("lost the coordinator of %s: %s", self.directory, exc)
+                return
+            self._answer(answer)
+
+    def _answer(self, answer: wire.Answer) -> None:
+        if isinstance(answer, wire.Lead):
+            self._on_lead(answer.id, answer.token)
+        elif isinstance(answer, wire.Joined):
+            call = self._calls.get(answer.id)
+            if call is not None and call.lead is None:
+                first = not call.joined
+                call.joined, call.token = True, answer.token
+                if first:
+                    call.inbox.put(Event.JOINED, answer.token, answer.pid, answer.age)
+        elif isinstance(answer, wire.Landed):
+            call = self._calls.pop(answer.id, None)
+            if call is not None:
+                call.inbox.put(Event.LANDED, answer.token, answer.outcome, answer.kept)
+        elif isinstance(answer, wire.InterruptedAnswer):
+            call = self._calls.pop(answer.id, None)
+            if call is not None:
+                call.inbox.put(Event.INTERRUPTED, answer.reason)
+        elif isinstance(answer, wire.Ack):
+            lead = self._leads.get(answer.id)
+            if lead is not None and lead.landing is not None:
+                lead.acked = True
+                self._end_lead(lead)
+        elif isinstance(answer, wire.Rejected):
+            lead = self._leads.get(answer.id)
+            if lead is not None:
+                self._lose(lead, answer.reason)
+        elif isinstance(answer, wire.StatusAnswer):
+            waiter = self._status_waiters.pop(answer.id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(answer.flights)
+        elif isinstance(answer, wire.ErrorAnswer):
+            log.warning("the coordinator of %s did not understand: %s", self.directory,
+                        answer.message)
+            call = self._calls.pop(answer.id, None) if answer.id is not None else None
+            if call is not None:
+                if call.lead is not None:
+                    self._lose(call.lead, answer.message)
+                else:
+                    call.inbox.put(
+                        Event.FAILED,
+                        FlightInterruptedError(call.key, f"the coordinator said: {answer.message}"),
+                    )
+
+    def _on_lead(self, id: int, token: int) -> None:
+        call = self._calls.get(id)
+        if call is None:  # withdrawn meanwhile: give the flight back
+            if self._writer is not None:
+                self._writer.write(wire.cancel_frame(id))
+            return
+        lead = call.lead
+        if lead is not None:  # a new token for a retry
+            if lead.retrying:
+                lead.retrying = False
+                lead.token = token
+                call.inbox.put(Event.LEAD, token)
+            return
+        path = fs.key_lock_path(self.directory, call.key)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            self._calls.pop(id, None)
+            if self._writer is not None:
+                self._writer.write(wire.cancel_frame(id))
+            call.inbox.put(Event.FAILED, exc)
+            return
+        lead = call.lead = Lead(call, token, fd)
+        self._leads[id] = lead
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # Held for a moment by the coordinator's probe, or by the leader before us
+            # until its ack arrives: wait for it off this loop.
+            loop = asyncio.get_running_loop()
+            loop.run_in_executor(None, fcntl.flock, fd, fcntl.LOCK_EX).add_done_callback(
+                lambda _: self._locked(lead)
+            )
+            return
+        self._locked(lead)
+
+    def _locked(self, lead: Lead) -> None:
+        # Evidence for the epoch (ADR 0009). Fixed width, so no truncate (which costs
+        # a journal commit on ext4): a token has at most 19 digits.
+        with contextlib.suppress(OSError):
+            os.pwrite(lead.fd, b"%-20d\n" % lead.token, 0)
+        lead.call.inbox.put(Event.LEAD, lead.token)
+
+    def _lose(self, lead: Lead, reason: str) -> None:
+        if lead.lost or lead.acked:
+            return
+        log.warning("lost the lease of a flight (token %d): %s", lead.token, reason)
+        lead.lose()
+        if lead.retrying:
+            lead.retrying = False
+            lead.call.inbox.put(Event.LOST, reason)
+        self._end_lead(lead)
+
+    def _end_lead(self, lead: Lead) -> None:
+        """Free the key lock once the work ended and the flight needs nothing more."""
+        if lead.work_done and (lead.acked or lead.lost or self._closing):
+            self._leads.pop(lead.call.id, None)
+            self._calls.pop(lead.call.id, None)
+            lead.release()
+
+    # -- what drivers call (any thread) -----------------------------------------
+
+    def submit(self, key: str, fresh: bool) -> Call:
+        """Ask the directory to lead or join ``key``; events go to the call's inbox."""
+        if self._fatal is not None:
+            raise renewed(self._fatal)
+        self._ensure_started()
+        if self._refusal is not None:
+            raise renewed(self._refusal)
+        with self._start_lock:
+            self._next_id += 1
+            id = self._next_id
+        call = Call(id, key, fresh, Inbox())
+        if not self._post(self._submit, call):
+            raise GroupClosedError()
+        return call
+
+    def _submit(self, call: Call) -> None:
+        if self._closing:
+            call.inbox.put(Event.FAILED, GroupClosedError())
+            return
+        if self._fatal is not None:
+            call.inbox.put(Event.FAILED, renewed(self._fatal))
+            return
+        self._calls[call.id] = call
+        self._send_run(call)
+
+    def bind(self, call: Call, attempt: Attempt) -> None:
+        """The attempt whose work runs under ``call``'s lead (it hears a loss)."""
+        lead = call.lead
+        assert lead is not None
+        with lead.lock:
+            lead.attempt = attempt
+            lost = lead.lost
+        if lost:
+            attempt.revoked = True
+            attempt.lose()
+
+    def retry(self, call: Call) -> None:
+        """Ask a new token for the next attempt; the inbox hears LEAD or LOST."""
+        self._post(self._retry, call)
+
+    def _retry(self, call: Call) -> None:
+        lead = call.lead
+        assert lead is not None
+        if lead.lost or self._closing:
+            call.inbox.put(Event.LOST, "the group closed" if self._closing else "lost")
+            return
+        lead.retrying = True
+        if self._writer is not None:
+            self._writer.write(wire.attempt_frame(call.id))
+        # Disconnected: the reassert on the next connection keeps the lead; the
+        # retry asks again then (see _connected), or the lease is lost.
+
+    def land(self, call: Call, outcome: wire.Outcome | None) -> None:
+        """The work ended: hand ``outcome`` over (None: nothing to land, the lease
+        was lost). The key lock is freed once the coordinator acknowledged."""
+        lead = call.lead
+        assert lead is not None
+        if not self._post(self._land, lead, outcome):
+            lead.release()  # the group's loop is gone: nobody to hand it to
+
+    def _land(self, lead: Lead, outcome: wire.Outcome | None) -> None:
+        lead.work_done = True
+        if outcome is not None and not lead.lost:
+            lead.landing = wire.land_frame(lead.call.id, lead.token, outcome)
+            if self._writer is not None:
+                self._writer.write(lead.landing)
+        self._end_lead(lead)
+        if self._closing:
+            self._check_closed()
+
+    def withdraw(self, call: Call) -> None:
+        """The flight's driver stopped before the call ended: give it back."""
+        self._post(self._withdraw, call)
+
+    def _withdraw(self, call: Call) -> None:
+        if self._calls.pop(call.id, None) is None:
+            return
+        lead = call.lead
+        if lead is not None:
+            self._leads.pop(call.id, None)
+            lead.release()
+        if call.sent and self._writer is not None:
+            self._writer.write(wire.cancel_frame(call.id))
+
+    def forget(self, key: str) -> None:
+        """Tell the coordinator: the next call of ``key`` leads a new flight."""
+        if self._loop is None:
+            return
+        self._post(self._forget, key)
+
+    def _forget(self, key: str) -> None:
+        if self._writer is not None:
+            self._writer.write(wire.forget_frame(key))
+
+    def status(self, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """The flights in progress in the directory (a read-only request)."""
+        self._ensure_started()
+        waiter: Future[list[dict[str, Any]]] = Future()
+
+        def ask() -> None:
+            with self._start_lock:
+                self._next_id += 1
+                id = self._next_id
+            if self._writer is None:
+                waiter.set_exception(UnavailableError("no coordinator is connected"))
+                return
+            self._status_waiters[id] = waiter
+            self._writer.write(wire.status_frame(id))
+
+        self._post(ask)
+        return waiter.result(timeout)
+
+    # -- closing ----------------------------------------------------------------
+
+    def close(self) -> None:
+        """Wait (at most ``reconnect_timeout``) until every landing made here was
+        acknowledged, then disconnect; stop coordinating if this group does. Works
+        still running keep their key locks until they end."""
+        with self._start_lock:
+            if self._closing:
+                return
+            self._closing = True
+        with self._campaign_lock:  # a won election finishes its epoch write first
+            pass
+        loop = self._loop
+        if loop is None:
+            return
+        if not self._post(self._begin_close):
+            return
+        with contextlib.suppress(Exception):
+            self._closed_future.result(self._reconnect_timeout + 5)
+        self._post(loop.stop)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(5)
+
+    def _begin_close(self) -> None:
+        for call in list(self._calls.values()):
+            if call.lead is None:
+                del self._calls[call.id]
+                call.inbox.put(Event.FAILED, GroupClosedError())
+        for lead in list(self._leads.values()):
+            if not lead.work_done:
+                lead.lose()  # the group closed: its outcome will not be delivered
+        self._close_by = time.monotonic() + self._reconnect_timeout
+        self._check_closed()
+
+    def _check_closed(self) -> None:
+        """Finish closing once no landing waits for an ack (or time is up)."""
+        waiting = [lead for lead in self._leads.values() if lead.landing and not lead.acked]
+        if waiting and time.monotonic() < self._close_by and not self._given_up:
+            assert self._loop is not None
+            self._loop.call_later(0.01, self._check_closed)
+            return
+        if self._finishing:
+            return
+        self._finishing = True
+        for lead in list(self._leads.values()):
+            if lead.work_done:
+                self._leads.pop(lead.call.id, None)
+                lead.release()
+            # a running work keeps its key lock until it ends (land() frees it)
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+        if self._kick is not None:
+            self._kick.set()
+
+        async def finish() -> None:
+            if self._coordinator is not None:
+                await self._coordinator.close()
+            self._closed_future.set_result(None)
+
+        asyncio.get_running_loop().create_task(finish())
+
+
+class _Resign(Exception):
+    pass
+
+
+def to_wire(
+    key: str, outcome: Outcome, data: bytes | None, error: BaseException | None,
+    policy: FlightPolicy,
+) -> wire.Outcome:
+    """The outcome a leader lands, as the wire carries it (with its Retention time)."""
+    retention = policy.retention
+    if outcome is Outcome.VALUE:
+        keep = retention.success if retention is not None else None
+        return wire.Value(data if data is not None else b"", keep or None)
+    assert error is not None
+    if outcome is Outcome.ERROR:
+        kind, module, message, _ = FlightFailedError.describe(key, error)
+        keep = retention.error if retention is not None else None
+        return wire.Failure(kind, module, message, keep or None)
+    if outcome is Outcome.TIMEOUT and isinstance(error, FlightTimeoutError):
+        return wire.Timeout(error.deadline)
+    return wire.Interrupted(f"its work was stopped by {type(error).__qualname__}")
+
+
+def from_wire(
+    key: str, outcome: wire.Outcome
+) -> tuple[Outcome, BaseException | None, bytes | None]:
+    """A landed outcome as a joiner's flight settles with it: (outcome, the error
+    every caller raises a copy of, the encoded value)."""
+    if isinstance(outcome, wire.Value):
+        return Outcome.VALUE, None, outcome.data
+    if isinstance(outcome, wire.Failure):
+        return Outcome.ERROR, FlightFailedError(
+            key, outcome.type, outcome.message, outcome.module
+        ), None
+    if isinstance(outcome, wire.Timeout):
+        return Outcome.TIMEOUT, FlightTimeoutError(key, outcome.deadline), None
+    return Outcome.INTERRUPTED, FlightInterruptedError(key, outcome.reason), None

@@ -1,0 +1,593 @@
+"""The coordinator: the server of one term of a directory group.
+
+The process whose group won the election (an exclusive ``flock`` on
+``flight.lock``) runs one Coordinator on its group's background event loop. It
+decides lead or join for every key of the directory in one step, hands the
+leader's outcome to every joiner, then acknowledges the landing to the leader.
+It never runs user work and never decodes a value: outcomes pass through as the
+leader's codec made them.
+
+Key locks (``execution-locks/<sha256>``) are the kernel's word on who runs a key.
+A new call of a key the coordinator knows no flight of is led at once when the
+key's lock is free; when another process holds it (a leader of an earlier term
+that has not reasserted yet, a leader whose group closed while its work runs, a
+frozen one), the call waits: a reassert of the key makes it a joiner, the lock
+freeing first makes it the leader. A watcher thread blocks on the lock for such
+keys (no polling).
+
+Everything here runs on one event loop thread; watcher threads only post back.
+
+The rejoin window: the outcome of a flight reasserted in this term (born in an
+earlier one) is kept ``rejoin_window`` seconds after it ends, so a joiner that
+reconnects after its leader landed still gets it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from . import fs, wire
+
+__all__ = ["Coordinator"]
+
+log = logging.getLogger("flightgroup")
+
+_PEERCRED = struct.Struct("3i")
+_KEPT_MAX_ITEMS = 10_000
+_KEPT_MAX_BYTES = 256 * 1024 * 1024
+_RELEASING_MAX = 10_000
+
+
+@dataclass(eq=False)
+class _Flight:
+    """A flight the coordinator knows: its leader (session and request id) and
+    its joiners. ``reasserted``: born in an earlier term."""
+
+    key: str
+    token: int
+    leader: _Session | None
+    lead_id: int
+    started: float
+    reasserted: bool = False
+    # (session, request id) -> None, in join order
+    joiners: dict[tuple[_Session, int], None] = field(default_factory=dict)
+    # fresh runs waiting for this flight's end: (session, request id)
+    fresh: list[tuple[_Session, int]] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Waiting:
+    """A run or rejoin waiting for a key whose lock another process holds."""
+
+    session: _Session
+    id: int
+    rejoin: int | None  # the token of the flight a rejoin wants, else None
+    fresh: bool
+
+
+@dataclass
+class _Ending:
+    key: str
+    outcome: wire.Outcome
+    until: float
+
+
+class _Session:
+    """One connection from one group of one process."""
+
+    def __init__(self, writer: asyncio.StreamWriter, pid: int) -> None:
+        self.writer = writer
+        self.pid = pid
+        self.closed = False
+        # request id -> what it is part of: a flight it joined or waits the end of,
+        # a key whose lock it waits on (str), or the flight it leads (in ``leads``)
+        self.parties: dict[int, _Flight | str] = {}
+        self.leads: dict[int, _Flight] = {}
+
+    def send(self, frame: bytes) -> None:
+        if not self.closed:
+            self.writer.write(frame)
+
+
+class Coordinator:
+    """One term of the directory's coordinator. ``start`` serves; ``close`` stops
+    and resigns (releases the election lock) after the socket is gone."""
+
+    def __init__(
+        self,
+        directory: str,
+        epoch: int,
+        lock_fd: int,
+        *,
+        max_frame: int = wire.DEFAULT_MAX_FRAME,
+        rejoin_window: float = 5.0,
+        handshake_timeout: float = wire.HANDSHAKE_TIMEOUT,
+    ) -> None:
+        self.directory = directory
+        self.epoch = epoch
+        self._lock_fd = lock_fd
+        self._max_frame = max_frame
+        self._rejoin_window = rejoin_window
+        self._handshake_timeout = handshake_timeout
+        self._sequence = 0
+        self._flights: dict[str, _Flight] = {}
+        self._waiting: dict[str, list[_Waiting]] = {}
+        self._endings: dict[int, _Ending] = {}
+        self._releasing: dict[str, int] = {}  # key -> token of a landed flight not yet acked
+        self._kept: OrderedDict[str, tuple[int, wire.Outcome, float, int]] = OrderedDict()
+        self._kept_bytes = 0
+        self._sessions: set[_Session] = set()
+        self._server: asyncio.base_events.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._uid = os.getuid()
+        self._pid = os.getpid()
+        self.closed = False
+
+    # -- serving ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind ``flight.sock`` (0600) and serve. Only the holder of the election
+        lock gets here, so the stale socket of a dead coordinator may be removed."""
+        self._loop = asyncio.get_running_loop()
+        path = fs.socket_path(self.directory)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(path)
+            os.chmod(path, 0o600)  # before listen: nobody can connect to it yet
+            sock.listen(512)
+            sock.setblocking(False)
+            self._server = await asyncio.start_unix_server(self._serve, sock=sock)
+        except BaseException:
+            sock.close()
+            raise
+        log.info("coordinating %s, epoch %d", self.directory, self.epoch)
+
+    async def close(self) -> None:
+        """Stop serving, flush and close every connection, remove the socket, then
+        resign. Removing the socket before resigning keeps this close from removing
+        a successor's socket."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._server is not None:
+            self._server.close()
+        for session in list(self._sessions):
+            session.closed = True
+            with contextlib.suppress(Exception):
+                session.writer.close()  # flushes what was written, then closes
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(fs.socket_path(self.directory))
+        os.close(self._lock_fd)  # resign: another process's campaign wins now
+        log.info("resigned %s, epoch %d", self.directory, self.epoch)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            session = await self._greet(reader, writer)
+        except (TimeoutError, OSError):
+            session = None
+        if session is None:
+            with contextlib.suppress(Exception):
+                writer.close()
+            return
+        self._sessions.add(session)
+        try:
+            while not self.closed:
+                try:
+                    frame = await wire.read_frame(reader, self._max_frame)
+                except wire.WireError as exc:
+                    log.info("dropped a connection from pid %d: %s", session.pid, exc)
+                    break
+                except OSError:
+                    break
+                if frame is None:
+                    break
+                header, payload = frame
+                try:
+                    request = wire.parse_request(header, payload)
+                except wire.BadRequest as exc:
+                    session.send(wire.error_frame(exc.id, exc.message))
+                    continue
+                self._dispatch(session, request)
+        finally:
+            self._sessions.discard(session)
+            self._session_closed(session)
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    async def _greet(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> _Session | None:
+        """The handshake: our user only, our protocol version only."""
+        sock = writer.get_extra_info("socket")
+        pid, uid, _gid = _PEERCRED.unpack(
+            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+        )
+        if uid != self._uid:
+            log.warning("refused a peer of uid %d (pid %d): not this coordinator's user", uid, pid)
+            writer.write(wire.error_line(f"refused: uid {uid} is not the coordinator's user"))
+            await _drain(writer)
+            return None
+        line = await asyncio.wait_for(wire.read_line(reader), self._handshake_timeout)
+        if line is None:
+            return None
+        version = wire.parse_hello(line)
+        if version is None:
+            log.info("refused pid %d: its first line is not a flightgroup hello", pid)
+            writer.write(wire.error_line("refused: the first line is not a flightgroup hello"))
+            await _drain(writer)
+            return None
+        if version != wire.VERSION:
+            log.info("refused pid %d: it speaks protocol version %d", pid, version)
+            writer.write(wire.refusal_line())
+            await _drain(writer)
+            return None
+        writer.write(wire.WELCOME)
+        return _Session(writer, pid)
+
+    # -- requests ---------------------------------------------------------------
+
+    def _dispatch(self, session: _Session, request: wire.Request) -> None:
+        if isinstance(request, wire.Run):
+            if request.id in session.parties or request.id in session.leads:
+                session.send(wire.error_frame(request.id, "this id is already in use"))
+            elif request.flight is not None:
+                self._rejoin(session, request.id, request.key, request.flight)
+            else:
+                self._run(session, request.id, request.key, request.fresh)
+        elif isinstance(request, wire.Land):
+            self._land(session, request)
+        elif isinstance(request, wire.Attempt):
+            self._attempt(session, request.id)
+        elif isinstance(request, wire.Cancel):
+            self._cancel(session, request.id)
+        elif isinstance(request, wire.Reassert):
+            self._reassert(session, request)
+        elif isinstance(request, wire.Forget):
+            self._forget(request.key)
+        elif isinstance(request, wire.Status):
+            session.send(wire.status_answer_frame(request.id, self.status()))
+
+    def _next_token(self) -> int:
+        self._sequence += 1
+        if self._sequence >= 1 << 32:
+            raise RuntimeError(f"epoch {self.epoch} has no tokens left")
+        return self.epoch << 32 | self._sequence
+
+    def _run(self, session: _Session, id: int, key: str, fresh: bool) -> None:
+        flight = self._flights.get(key)
+        if flight is not None:
+            if fresh:
+                flight.fresh.append((session, id))
+                session.parties[id] = flight
+            else:
+                self._join(flight, session, id)
+            return
+        if not fresh:
+            kept = self._kept_of(key)
+            if kept is not None:
+                token, outcome = kept
+                session.send(wire.landed_frame(id, token, outcome, kept=True))
+                return
+        waiting = self._waiting.get(key)
+        if waiting is not None:  # others already wait for this key's lock
+            waiting.append(_Waiting(session, id, None, fresh))
+            session.parties[id] = key
+            return
+        if key in self._releasing or not self._key_held(key, create=True):
+            self._lead(session, id, key)
+            return
+        self._wait_for_key(key, _Waiting(session, id, None, fresh))
+
+    def _rejoin(self, session: _Session, id: int, key: str, token: int) -> None:
+        flight = self._flights.get(key)
+        if flight is not None and flight.token == token:
+            self._join(flight, session, id)
+            return
+        ending = self._ending(token)
+        if ending is not None:
+            self._send_ending(session, id, token, ending.outcome)
+            return
+        if flight is None:
+            waiting = self._waiting.get(key)
+            if waiting is not None:
+                waiting.append(_Waiting(session, id, token, False))
+                session.parties[id] = key
+                return
+            if self._key_held(key, create=False):
+                self._wait_for_key(key, _Waiting(session, id, token, False))
+                return
+        session.send(wire.interrupted_frame(id, "its flight ended while this call reconnected"))
+
+    def _join(self, flight: _Flight, session: _Session, id: int) -> None:
+        flight.joiners[(session, id)] = None
+        session.parties[id] = flight
+        pid = flight.leader.pid if flight.leader is not None else 0
+        age = time.monotonic() - flight.started
+        session.send(wire.joined_frame(id, flight.token, pid, round(age, 6)))
+
+    def _lead(self, session: _Session, id: int, key: str) -> _Flight:
+        self._releasing.pop(key, None)
+        flight = _Flight(key, self._next_token(), session, id, time.monotonic())
+        self._flights[key] = flight
+        session.leads[id] = flight
+        session.send(wire.lead_frame(id, flight.token))
+        return flight
+
+    def _attempt(self, session: _Session, id: int) -> None:
+        """A retry of the lead ``id``: its flight goes on under a new token."""
+        flight = session.leads.get(id)
+        if flight is None:
+            session.send(wire.rejected_frame(id, "this process leads no flight with this id"))
+            return
+        flight.token = self._next_token()
+        session.send(wire.lead_frame(id, flight.token))
+
+    def _land(self, session: _Session, land: wire.Land) -> None:
+        flight = session.leads.get(land.id)
+        if flight is None or flight.token != land.token:
+            session.send(wire.rejected_frame(land.id, "the flight is no longer this leader's"))
+            return
+        del session.leads[land.id]
+        key = flight.key
+        if self._flights.get(key) is flight:
+            del self._flights[key]
+        outcome = land.outcome
+        self._deliver(flight, outcome)
+        keep = getattr(outcome, "keep", None)
+        if keep:
+            self._keep(key, flight.token, outcome, keep)
+        if len(self._releasing) >= _RELEASING_MAX:
+            self._releasing.clear()  # only an optimisation: the probe takes over
+        self._releasing[key] = flight.token
+        session.send(wire.ack_frame(land.id))
+        self._after(flight)
+
+    def _deliver(self, flight: _Flight, outcome: wire.Outcome) -> None:
+        """Hand ``outcome`` to every joiner of ``flight`` (which left the table)."""
+        for session, id in flight.joiners:
+            session.parties.pop(id, None)
+            self._send_ending(session, id, flight.token, outcome)
+        flight.joiners.clear()
+        if flight.reasserted and self._rejoin_window > 0:
+            now = time.monotonic()
+            self._endings[flight.token] = _Ending(flight.key, outcome, now + self._rejoin_window)
+            self._purge_endings(now)
+
+    def _send_ending(self, session: _Session, id: int, token: int, outcome: wire.Outcome) -> None:
+        if isinstance(outcome, wire.Interrupted):
+            session.send(wire.interrupted_frame(id, outcome.reason))
+        else:
+            session.send(wire.landed_frame(id, token, outcome))
+
+    def _after(self, flight: _Flight) -> None:
+        """The fresh runs that waited for ``flight``'s end share the next flight."""
+        fresh, flight.fresh = flight.fresh, []
+        for session, id in fresh:
+            if session.parties.get(id) is flight:
+                del session.parties[id]
+                if not session.closed:
+                    self._run(session, id, flight.key, False)
+
+    def _interrupt(self, flight: _Flight, reason: str) -> None:
+        if self._flights.get(flight.key) is flight:
+            del self._flights[flight.key]
+        self._deliver(flight, wire.Interrupted(reason))
+        self._after(flight)
+
+    def _cancel(self, session: _Session, id: int) -> None:
+        lead = session.leads.pop(id, None)
+        if lead is not None:
+            self._interrupt(lead, "its leader withdrew")
+            return
+        part = session.parties.pop(id, None)
+        if isinstance(part, _Flight):
+            part.joiners.pop((session, id), None)
+            with contextlib.suppress(ValueError):
+                part.fresh.remove((session, id))
+        elif isinstance(part, str):
+            waiting = self._waiting.get(part)
+            if waiting is not None:
+                waiting[:] = [w for w in waiting if not (w.session is session and w.id == id)]
+
+    def _reassert(self, session: _Session, request: wire.Reassert) -> None:
+        key, token = request.key, request.token
+        flight = self._flights.get(key)
+        if flight is not None:
+            if flight.token == token:  # the same flight, its leader back on a new connection
+                if flight.leader is not None and flight.leader is not session:
+                    flight.leader.leads.pop(flight.lead_id, None)
+                flight.leader, flight.lead_id = session, request.id
+                session.leads[request.id] = flight
+                return
+            if flight.token > token:
+                session.send(wire.rejected_frame(request.id, "a newer flight of the key runs"))
+                return
+            # An older flight holds the key (it cannot hold its lock too): the newer wins.
+            if flight.leader is not None:
+                flight.leader.leads.pop(flight.lead_id, None)
+                flight.leader.send(wire.rejected_frame(flight.lead_id, "a newer flight reasserted"))
+            self._interrupt(flight, "a newer flight of the key took over")
+        # Reasserts are rare (after a failover): a scan of the endings is fine.
+        newer = max((t for t, e in self._endings.items() if e.key == key), default=0)
+        if newer > token:
+            session.send(wire.rejected_frame(request.id, "a newer flight of the key ended"))
+            return
+        started = time.monotonic()
+        flight = _Flight(key, token, session, request.id, started, reasserted=True)
+        self._flights[key] = flight
+        session.leads[request.id] = flight
+        self._releasing.pop(key, None)
+        for waiting in self._waiting.pop(key, ()):
+            self._resume(waiting, key)
+
+    def _forget(self, key: str) -> None:
+        """The next call of ``key`` leads a new flight; a kept outcome is dropped.
+        The running flight goes on for its callers (its key lock still makes a new
+        leader wait for its work's end)."""
+        self._drop_kept(key)
+        flight = self._flights.pop(key, None)
+        if flight is not None:
+            self._releasing.pop(key, None)
+
+    # -- key locks --------------------------------------------------------------
+
+    def _key_held(self, key: str, *, create: bool) -> bool:
+        """True if another open file holds ``key``'s lock (probed without blocking)."""
+        path = fs.key_lock_path(self.directory, key)
+        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # also unlocks
+        return False
+
+    def _wait_for_key(self, key: str, waiting: _Waiting) -> None:
+        self._waiting[key] = [waiting]
+        waiting.session.parties[waiting.id] = key
+        loop = self._loop
+        assert loop is not None
+        path = fs.key_lock_path(self.directory, key)
+
+        def watch() -> None:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except OSError:
+                fd = -1
+            else:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)  # blocks until the holder lets go
+                finally:
+                    os.close(fd)
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                loop.call_soon_threadsafe(self._key_freed, key)
+
+        threading.Thread(target=watch, name=f"flightgroup-keylock-{key[:32]}", daemon=True).start()
+
+    def _key_freed(self, key: str) -> None:
+        if self.closed:
+            return
+        waiting = self._waiting.pop(key, None)
+        if not waiting:
+            return
+        for each in waiting:
+            self._resume(each, key)
+
+    def _resume(self, waiting: _Waiting, key: str) -> None:
+        """A waiting run or rejoin goes on: its key was reasserted or its lock freed."""
+        session, id = waiting.session, waiting.id
+        if session.closed or session.parties.get(id) != key:
+            return  # cancelled, or its connection closed
+        del session.parties[id]
+        flight = self._flights.get(key)
+        if waiting.rejoin is not None:
+            if flight is not None and flight.token == waiting.rejoin:
+                self._join(flight, session, id)
+            else:
+                ending = self._ending(waiting.rejoin)
+                if ending is not None:
+                    self._send_ending(session, id, waiting.rejoin, ending.outcome)
+                else:
+                    session.send(wire.interrupted_frame(id, "its leader stopped before it landed"))
+        elif flight is not None:
+            if waiting.fresh and flight.reasserted:
+                flight.fresh.append((session, id))  # it started before this call
+                session.parties[id] = flight
+            else:
+                self._join(flight, session, id)
+        else:
+            self._lead(session, id, key)
+
+    # -- endings and kept outcomes ---------------------------------------------
+
+    def _ending(self, token: int) -> _Ending | None:
+        ending = self._endings.get(token)
+        if ending is not None and ending.until < time.monotonic():
+            del self._endings[token]
+            return None
+        return ending
+
+    def _purge_endings(self, now: float) -> None:
+        for token in [t for t, e in self._endings.items() if e.until < now]:
+            del self._endings[token]
+
+    def _keep(self, key: str, token: int, outcome: wire.Outcome, seconds: float) -> None:
+        size = len(outcome.data) if isinstance(outcome, wire.Value) else 0
+        self._drop_kept(key)
+        self._kept[key] = (token, outcome, time.monotonic() + seconds, size)
+        self._kept_bytes += size
+        while self._kept and (
+            len(self._kept) > _KEPT_MAX_ITEMS or self._kept_bytes > _KEPT_MAX_BYTES
+        ):
+            _, (_, _, _, dropped) = self._kept.popitem(last=False)
+            self._kept_bytes -= dropped
+
+    def _kept_of(self, key: str) -> tuple[int, wire.Outcome] | None:
+        entry = self._kept.get(key)
+        if entry is None:
+            return None
+        token, outcome, until, _ = entry
+        if until < time.monotonic():
+            self._drop_kept(key)
+            return None
+        self._kept.move_to_end(key)  # a hit counts as a use (LRU)
+        return token, outcome
+
+    def _drop_kept(self, key: str) -> None:
+        entry = self._kept.pop(key, None)
+        if entry is not None:
+            self._kept_bytes -= entry[3]
+
+    # -- connections ------------------------------------------------------------
+
+    def _session_closed(self, session: _Session) -> None:
+        """A connection ended: its flights are interrupted, its calls withdrawn."""
+        session.closed = True
+        for flight in list(session.leads.values()):
+            if flight.leader is session:
+                flight.leader = None
+                self._interrupt(flight, "its leader's process closed its connection")
+        session.leads.clear()
+        for id, part in list(session.parties.items()):
+            if isinstance(part, _Flight):
+                part.joiners.pop((session, id), None)
+                with contextlib.suppress(ValueError):
+                    part.fresh.remove((session, id))
+        session.parties.clear()
+        # waiting entries of this session are skipped by _resume (session.closed)
+
+    def status(self) -> list[dict[str, object]]:
+        """The flights in progress, for ``flightgroup status``."""
+        now = time.monotonic()
+        return [
+            {
+                "key": flight.key,
+                "token": flight.token,
+                "leader_pid": flight.leader.pid if flight.leader is not None else None,
+                "joiners": len(flight.joiners),
+                "age_s": round(now - flight.started, 3),
+            }
+            for flight in self._flights.values()
+        ]
+
+
+async def _drain(writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(writer.drain(), 1.0)
