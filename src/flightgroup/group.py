@@ -648,7 +648,10 @@ class FlightGroup:
         if self._arbiter is not None:
             # The wide scope decides first (it always suspends): no eager deadline.
             wide = self._drive_wide_async(flight, work)
-            flight.task = loop.create_task(wide)
+            if _EAGER:  # the request goes out now, from this call
+                flight.task = asyncio.Task(wide, loop=loop, eager_start=True)  # type: ignore[call-arg]
+            else:
+                flight.task = loop.create_task(wide)
             return
         coro = self._drive_async(flight, work)
         if _EAGER:

@@ -25,6 +25,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import socket
 import threading
 import time
 from _thread import LockType, allocate_lock
@@ -129,9 +130,13 @@ def _resolve(fut: asyncio.Future[None]) -> None:
 class Call:
     """One local flight's request to the directory (its id is reused for the lead)."""
 
-    __slots__ = ("fresh", "id", "inbox", "joined", "key", "lead", "sent", "token")
+    __slots__ = ("fd", "fresh", "id", "inbox", "joined", "key", "lead", "lock", "sent", "token")
 
     def __init__(self, id: int, key: str, fresh: bool, inbox: Inbox) -> None:
+        self.lock = threading.Lock()
+        # The key lock file, opened ahead by the caller: None until then, -1 once the
+        # lead took it or the call ended without leading.
+        self.fd: int | None = None
         self.id = id
         self.key = key
         self.fresh = fresh
@@ -187,6 +192,135 @@ class Lead:
             attempt.lose()
 
 
+class Channel:
+    """The connection to the coordinator, after the handshake.
+
+    Reading runs on the background loop (``add_reader``: a frame is dispatched in
+    the loop's own callback). Writing is done by whichever thread has something to
+    say, under ``lock``: a caller's request goes out from the caller's own thread,
+    with no hop through the background loop. What the socket does not take at once
+    is buffered and flushed by the loop (``add_writer``), in order.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        loop: asyncio.AbstractEventLoop,
+        max_frame: int,
+        on_frames: Callable[[list[tuple[dict[str, Any], bytes | None]]], None],
+        on_lost: Callable[[Channel, str], None],
+    ) -> None:
+        self.sock = sock
+        self.lock = threading.Lock()
+        self._loop = loop
+        self._out = bytearray()  # what the socket has not taken yet
+        self._flushing = False  # a writer callback is (being) registered
+        self._splitter = wire.FrameSplitter(max_frame)
+        self._on_frames = on_frames
+        self._on_lost = on_lost
+        self.closed = False
+        loop.add_reader(sock.fileno(), self._readable)
+
+    def send(self, frame: bytes) -> None:
+        """Write ``frame`` (any thread; never blocks)."""
+        with self.lock:
+            if self.closed:
+                return
+            if not self._out:
+                try:
+                    sent = self.sock.send(frame)
+                except BlockingIOError:
+                    sent = 0
+                except OSError as exc:
+                    self._post_lost(f"cannot write: {exc}")
+                    return
+                if sent == len(frame):
+                    return
+                frame = frame[sent:]
+            self._out += frame
+            if self._flushing:
+                return
+            self._flushing = True
+        with contextlib.suppress(RuntimeError):  # the loop closed
+            self._loop.call_soon_threadsafe(self._start_flush)
+
+    def _start_flush(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+        self._loop.add_writer(self.sock.fileno(), self._writable)
+
+    def _writable(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            try:
+                sent = self.sock.send(self._out)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self._post_lost(f"cannot write: {exc}")
+                return
+            del self._out[:sent]
+            if self._out:
+                return
+            self._flushing = False
+        self._loop.remove_writer(self.sock.fileno())
+
+    def _readable(self) -> None:
+        try:
+            data = self.sock.recv(262144)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._lost(f"cannot read: {exc}")
+            return
+        if not data:
+            self._lost("the coordinator closed the connection")
+            return
+        try:
+            frames = self._splitter.feed(data)
+        except wire.WireError as exc:
+            self._lost(str(exc))
+            return
+        if frames:
+            self._on_frames(frames)
+
+    def _post_lost(self, reason: str) -> None:
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._lost, reason)
+
+    def _lost(self, reason: str) -> None:
+        if self.close():
+            self._on_lost(self, reason)
+
+    def close(self) -> bool:
+        """Stop reading and writing and close the socket (on the loop). True the
+        first time."""
+        with self.lock:
+            if self.closed:
+                return False
+            self.closed = True
+        fd = self.sock.fileno()
+        self._loop.remove_reader(fd)
+        self._loop.remove_writer(fd)
+        self.sock.close()
+        return True
+
+    def flush_and_close(self) -> None:
+        """Write what is buffered (bounded wait), then close: a landing made just
+        before closing still goes out."""
+        with self.lock:
+            pending = bytes(self._out)
+            self._out.clear()
+        if pending:
+            with contextlib.suppress(OSError):
+                self.sock.setblocking(True)
+                self.sock.settimeout(1.0)
+                self.sock.sendall(pending)
+        self.close()
+
+
 class DirectoryArbiter:
     """Lead or join for the wider scope of a directory group (see the module)."""
 
@@ -211,7 +345,10 @@ class DirectoryArbiter:
         self._next_id = 0
         self._calls: dict[int, Call] = {}
         self._leads: dict[int, Lead] = {}
-        self._writer: asyncio.StreamWriter | None = None
+        self._channel: Channel | None = None
+        # Guards the channel, call registration and ``Call.sent`` (callers send their
+        # own run requests from their threads; the loop resends after a reconnect).
+        self._send_lock = threading.Lock()
         self._kick: asyncio.Event | None = None
         self._coordinator: Coordinator | None = None
         self._closing = False
@@ -345,33 +482,37 @@ class DirectoryArbiter:
         down_since = time.monotonic()
         while not self._closing:
             try:
-                reader, writer = await self._connect()
+                sock = await self._connect()
             except ProtocolVersionError as exc:
                 self._refused(exc)
-            except (TimeoutError, OSError, EOFError, wire.WireError):
+            except (OSError, EOFError, TimeoutError, wire.WireError):
                 pass
             else:
                 backoff = 0.0005
-                self._connected(writer)
-                await self._read(reader)
-                self._disconnected()
+                lost = asyncio.get_running_loop().create_future()
+                self._connected(sock, lost)
+                await lost
                 down_since = time.monotonic()
                 continue
             if time.monotonic() - down_since > self._reconnect_timeout:
                 self._give_up()
             self._kick.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), backoff)
             backoff = min(backoff * 2, 0.02)
 
-    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        reader, writer = await asyncio.open_unix_connection(fs.socket_path(self.directory))
+    async def _connect(self) -> socket.socket:
+        """Connect and shake hands; the socket is non-blocking, for the Channel."""
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
         try:
-            writer.write(wire.HELLO)
-            line = await asyncio.wait_for(wire.read_line(reader), wire.HANDSHAKE_TIMEOUT)
-            kind, detail = wire.parse_answer(line or b"")
+            await loop.sock_connect(sock, fs.socket_path(self.directory))
+            await loop.sock_sendall(sock, wire.HELLO)
+            line = await asyncio.wait_for(_read_line(loop, sock), wire.HANDSHAKE_TIMEOUT)
+            kind, detail = wire.parse_answer(line)
             if kind == "ok":
-                return reader, writer
+                return sock
             if kind == "version":
                 assert isinstance(detail, int)
                 raise ProtocolVersionError(wire.VERSION, detail)
@@ -379,36 +520,51 @@ class DirectoryArbiter:
                 log.warning("the coordinator of %s refused us: %s", self.directory, detail)
             raise EOFError("the coordinator closed the handshake")
         except BaseException:
-            writer.close()
+            sock.close()
             raise
 
-    def _connected(self, writer: asyncio.StreamWriter) -> None:
-        self._writer = writer
+    def _connected(self, sock: socket.socket, lost: asyncio.Future[None]) -> None:
+        def on_lost(channel: Channel, reason: str) -> None:
+            log.info("lost the coordinator of %s: %s", self.directory, reason)
+            self._disconnected(channel)
+            if not lost.done():
+                lost.set_result(None)
+
+        channel = Channel(
+            sock, asyncio.get_running_loop(), self._max_frame, self._on_frames, on_lost
+        )
         self._refusal = None
         self._given_up = False
-        # Leaders first: a reassert (and its landing) before any rejoin of the key.
-        for lead in list(self._leads.values()):
-            if lead.lost or lead.acked:
-                continue
-            writer.write(wire.reassert_frame(lead.call.id, lead.call.key, lead.token))
-            if lead.landing is not None:
-                writer.write(lead.landing)
-            elif lead.retrying:  # the new token it asked for never came
-                writer.write(wire.attempt_frame(lead.call.id))
-        for call in list(self._calls.values()):
-            if call.lead is None:
-                self._send_run(call)
+        with self._send_lock:
+            self._channel = channel
+            # Leaders first: a reassert (and its landing) before any rejoin of the key.
+            for lead in list(self._leads.values()):
+                if lead.lost or lead.acked:
+                    continue
+                channel.send(wire.reassert_frame(lead.call.id, lead.call.key, lead.token))
+                if lead.landing is not None:
+                    channel.send(lead.landing)
+                elif lead.retrying:  # the new token it asked for never came
+                    channel.send(wire.attempt_frame(lead.call.id))
+            for call in list(self._calls.values()):
+                if call.lead is None and not call.sent:
+                    self._send_run(call, channel)
 
-    def _disconnected(self) -> None:
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.close()
-        for call in self._calls.values():
-            call.sent = False
+    def _disconnected(self, channel: Channel) -> None:
+        with self._send_lock:
+            if self._channel is channel:
+                self._channel = None
+            for call in self._calls.values():
+                call.sent = False
         for id, waiter in list(self._status_waiters.items()):
             del self._status_waiters[id]
             if not waiter.done():
                 waiter.set_exception(UnavailableError("the coordinator went away"))
+
+    def _send(self, frame: bytes) -> None:
+        channel = self._channel
+        if channel is not None:
+            channel.send(frame)
 
     def _refused(self, exc: ProtocolVersionError) -> None:
         """A coordinator of another version holds the election: new calls fail."""
@@ -416,7 +572,7 @@ class DirectoryArbiter:
         for call in list(self._calls.values()):
             if call.lead is None and not call.joined:
                 del self._calls[call.id]
-                call.inbox.put(Event.FAILED, renewed(exc))
+                _finish(call, Event.FAILED, renewed(exc))
 
     def _give_up(self) -> None:
         """No coordinator of our version for ``reconnect_timeout``: every lease of
@@ -430,39 +586,37 @@ class DirectoryArbiter:
             if call.lead is None:
                 del self._calls[call.id]
                 if call.joined:
-                    call.inbox.put(Event.INTERRUPTED, "no coordinator could be reached")
+                    _finish(call, Event.INTERRUPTED, "no coordinator could be reached")
                 else:
                     error = self._refusal or UnavailableError(
                         f"no coordinator of {self.directory!r} answered for "
                         f"{self._reconnect_timeout:g} s"
                     )
-                    call.inbox.put(Event.FAILED, renewed(error))
+                    _finish(call, Event.FAILED, renewed(error))
 
     def _fail_all(self, exc: BaseException) -> None:
         for call in list(self._calls.values()):
             if call.lead is None:
                 del self._calls[call.id]
-                call.inbox.put(Event.FAILED, renewed(exc))
+                _finish(call, Event.FAILED, renewed(exc))
 
-    def _send_run(self, call: Call) -> None:
-        writer = self._writer
-        if writer is None or call.sent:
-            return
+    @staticmethod
+    def _send_run(call: Call, channel: Channel) -> None:
+        """(Under the send lock.)"""
         call.sent = True
         if call.joined:
-            writer.write(wire.run_frame(call.id, call.key, flight=call.token))
+            channel.send(wire.run_frame(call.id, call.key, flight=call.token))
         else:
-            writer.write(wire.run_frame(call.id, call.key, fresh=call.fresh))
+            channel.send(wire.run_frame(call.id, call.key, fresh=call.fresh))
 
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        while True:
+    def _on_frames(self, frames: list[tuple[dict[str, Any], bytes | None]]) -> None:
+        for header, payload in frames:
             try:
-                frame = await wire.read_frame(reader, self._max_frame)
-                if frame is None:
-                    return
-                answer = wire.parse_answer_frame(*frame)
-            except (wire.WireError, OSError) as exc:
-                log.info("lost the coordinator of %s: %s", self.directory, exc)
+                answer = wire.parse_answer_frame(header, payload)
+            except wire.WireError as exc:
+                channel = self._channel
+                if channel is not None:
+                    channel._lost(f"a bad answer: {exc}")
                 return
             self._answer(answer)
 
@@ -472,6 +626,7 @@ class DirectoryArbiter:
         elif isinstance(answer, wire.Joined):
             call = self._calls.get(answer.id)
             if call is not None and call.lead is None:
+                _drop_fd(call)
                 first = not call.joined
                 call.joined, call.token = True, answer.token
                 if first:
@@ -479,11 +634,12 @@ class DirectoryArbiter:
         elif isinstance(answer, wire.Landed):
             call = self._calls.pop(answer.id, None)
             if call is not None:
+                _drop_fd(call)
                 call.inbox.put(Event.LANDED, answer.token, answer.outcome, answer.kept)
         elif isinstance(answer, wire.InterruptedAnswer):
             call = self._calls.pop(answer.id, None)
             if call is not None:
-                call.inbox.put(Event.INTERRUPTED, answer.reason)
+                _finish(call, Event.INTERRUPTED, answer.reason)
         elif isinstance(answer, wire.Ack):
             lead = self._leads.get(answer.id)
             if lead is not None and lead.landing is not None:
@@ -513,8 +669,7 @@ class DirectoryArbiter:
     def _on_lead(self, id: int, token: int) -> None:
         call = self._calls.get(id)
         if call is None:  # withdrawn meanwhile: give the flight back
-            if self._writer is not None:
-                self._writer.write(wire.cancel_frame(id))
+            self._send(wire.cancel_frame(id))
             return
         lead = call.lead
         if lead is not None:  # a new token for a retry
@@ -523,15 +678,17 @@ class DirectoryArbiter:
                 lead.token = token
                 call.inbox.put(Event.LEAD, token)
             return
-        path = fs.key_lock_path(self.directory, call.key)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            self._calls.pop(id, None)
-            if self._writer is not None:
-                self._writer.write(wire.cancel_frame(id))
-            call.inbox.put(Event.FAILED, exc)
-            return
+        with call.lock:
+            fd, call.fd = call.fd, -1
+        if fd is None or fd < 0:
+            path = fs.key_lock_path(self.directory, call.key)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except OSError as exc:
+                self._calls.pop(id, None)
+                self._send(wire.cancel_frame(id))
+                _finish(call, Event.FAILED, exc)
+                return
         lead = call.lead = Lead(call, token, fd)
         self._leads[id] = lead
         try:
@@ -573,29 +730,44 @@ class DirectoryArbiter:
     # -- what drivers call (any thread) -----------------------------------------
 
     def submit(self, key: str, fresh: bool) -> Call:
-        """Ask the directory to lead or join ``key``; events go to the call's inbox."""
+        """Ask the directory to lead or join ``key``; events go to the call's inbox.
+
+        The request goes out from this thread when connected. While it travels, this
+        thread opens the key's lock file (creating it costs a journal write), so a
+        lead finds it open."""
         if self._fatal is not None:
             raise renewed(self._fatal)
         self._ensure_started()
-        if self._refusal is not None:
-            raise renewed(self._refusal)
-        with self._start_lock:
+        with self._send_lock:
+            if self._closing:
+                raise GroupClosedError()
             self._next_id += 1
-            id = self._next_id
-        call = Call(id, key, fresh, Inbox())
-        if not self._post(self._submit, call):
-            raise GroupClosedError()
+            call = Call(self._next_id, key, fresh, Inbox())
+            self._calls[call.id] = call
+            channel = self._channel
+            if channel is not None:
+                self._send_run(call, channel)
+        if channel is None:
+            # Disconnected (maybe refused by another version): try again now; the
+            # answer decides this call (ProtocolVersionError while refused).
+            self._post(self._kick_now)
+        try:
+            fd = os.open(
+                fs.key_lock_path(self.directory, key), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                0o600,
+            )
+        except OSError:
+            return call  # the lead opens it (and reports the error) if it comes
+        with call.lock:
+            if call.fd is None:
+                call.fd = fd
+                return call
+        os.close(fd)  # answered meanwhile
         return call
 
-    def _submit(self, call: Call) -> None:
-        if self._closing:
-            call.inbox.put(Event.FAILED, GroupClosedError())
-            return
-        if self._fatal is not None:
-            call.inbox.put(Event.FAILED, renewed(self._fatal))
-            return
-        self._calls[call.id] = call
-        self._send_run(call)
+    def _kick_now(self) -> None:
+        if self._kick is not None:
+            self._kick.set()
 
     def bind(self, call: Call, attempt: Attempt) -> None:
         """The attempt whose work runs under ``call``'s lead (it hears a loss)."""
@@ -619,8 +791,7 @@ class DirectoryArbiter:
             call.inbox.put(Event.LOST, "the group closed" if self._closing else "lost")
             return
         lead.retrying = True
-        if self._writer is not None:
-            self._writer.write(wire.attempt_frame(call.id))
+        self._send(wire.attempt_frame(call.id))
         # Disconnected: the reassert on the next connection keeps the lead; the
         # retry asks again then (see _connected), or the lease is lost.
 
@@ -636,8 +807,7 @@ class DirectoryArbiter:
         lead.work_done = True
         if outcome is not None and not lead.lost:
             lead.landing = wire.land_frame(lead.call.id, lead.token, outcome)
-            if self._writer is not None:
-                self._writer.write(lead.landing)
+            self._send(lead.landing)
         self._end_lead(lead)
         if self._closing:
             self._check_closed()
@@ -653,8 +823,8 @@ class DirectoryArbiter:
         if lead is not None:
             self._leads.pop(call.id, None)
             lead.release()
-        if call.sent and self._writer is not None:
-            self._writer.write(wire.cancel_frame(call.id))
+        if call.sent:
+            self._send(wire.cancel_frame(call.id))
 
     def forget(self, key: str) -> None:
         """Tell the coordinator: the next call of ``key`` leads a new flight."""
@@ -663,8 +833,7 @@ class DirectoryArbiter:
         self._post(self._forget, key)
 
     def _forget(self, key: str) -> None:
-        if self._writer is not None:
-            self._writer.write(wire.forget_frame(key))
+        self._send(wire.forget_frame(key))
 
     def status(self, timeout: float = 5.0) -> list[dict[str, Any]]:
         """The flights in progress in the directory (a read-only request)."""
@@ -672,14 +841,14 @@ class DirectoryArbiter:
         waiter: Future[list[dict[str, Any]]] = Future()
 
         def ask() -> None:
-            with self._start_lock:
+            with self._send_lock:
                 self._next_id += 1
                 id = self._next_id
-            if self._writer is None:
+            if self._channel is None:
                 waiter.set_exception(UnavailableError("no coordinator is connected"))
                 return
             self._status_waiters[id] = waiter
-            self._writer.write(wire.status_frame(id))
+            self._send(wire.status_frame(id))
 
         self._post(ask)
         return waiter.result(timeout)
@@ -690,7 +859,7 @@ class DirectoryArbiter:
         """Wait (at most ``reconnect_timeout``) until every landing made here was
         acknowledged, then disconnect; stop coordinating if this group does. Works
         still running keep their key locks until they end."""
-        with self._start_lock:
+        with self._start_lock, self._send_lock:  # submit() checks it under the send lock
             if self._closing:
                 return
             self._closing = True
@@ -711,7 +880,7 @@ class DirectoryArbiter:
         for call in list(self._calls.values()):
             if call.lead is None:
                 del self._calls[call.id]
-                call.inbox.put(Event.FAILED, GroupClosedError())
+                _finish(call, Event.FAILED, GroupClosedError())
         for lead in list(self._leads.values()):
             if not lead.work_done:
                 lead.lose()  # the group closed: its outcome will not be delivered
@@ -733,9 +902,10 @@ class DirectoryArbiter:
                 self._leads.pop(lead.call.id, None)
                 lead.release()
             # a running work keeps its key lock until it ends (land() frees it)
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.close()
+        with self._send_lock:
+            channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.flush_and_close()
         if self._kick is not None:
             self._kick.set()
 
@@ -749,6 +919,34 @@ class DirectoryArbiter:
 
 class _Resign(Exception):
     pass
+
+
+def _finish(call: Call, event: Event, *args: Any) -> None:
+    """The call ends without leading: tell its driver."""
+    _drop_fd(call)
+    call.inbox.put(event, *args)
+
+
+def _drop_fd(call: Call) -> None:
+    """The call will not lead: close the key lock file it opened ahead."""
+    with call.lock:
+        fd, call.fd = call.fd, -1
+    if fd is not None and fd >= 0:
+        os.close(fd)
+
+
+async def _read_line(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> bytes | None:
+    """The handshake's answer line, read byte-exact (nothing after it is taken: the
+    Channel reads the frames)."""
+    line = bytearray()
+    while len(line) <= wire.FIRST_LINE_LIMIT:
+        chunk = await loop.sock_recv(sock, 1)
+        if not chunk:
+            return None
+        line += chunk
+        if chunk == b"\n":
+            return bytes(line)
+    return None
 
 
 def to_wire(

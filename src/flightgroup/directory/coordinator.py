@@ -35,6 +35,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import fs, wire
 
@@ -85,8 +86,8 @@ class _Ending:
 class _Session:
     """One connection from one group of one process."""
 
-    def __init__(self, writer: asyncio.StreamWriter, pid: int) -> None:
-        self.writer = writer
+    def __init__(self, transport: asyncio.WriteTransport, pid: int) -> None:
+        self.transport = transport
         self.pid = pid
         self.closed = False
         # request id -> what it is part of: a flight it joined or waits the end of,
@@ -96,7 +97,7 @@ class _Session:
 
     def send(self, frame: bytes) -> None:
         if not self.closed:
-            self.writer.write(frame)
+            self.transport.write(frame)
 
 
 class Coordinator:
@@ -148,7 +149,8 @@ class Coordinator:
             os.chmod(path, 0o600)  # before listen: nobody can connect to it yet
             sock.listen(512)
             sock.setblocking(False)
-            self._server = await asyncio.start_unix_server(self._serve, sock=sock)
+            loop = self._loop
+            self._server = await loop.create_unix_server(lambda: _Connection(self), sock=sock)
         except BaseException:
             sock.close()
             raise
@@ -165,76 +167,20 @@ class Coordinator:
             self._server.close()
         for session in list(self._sessions):
             session.closed = True
-            with contextlib.suppress(Exception):
-                session.writer.close()  # flushes what was written, then closes
+            session.transport.close()  # flushes what was written, then closes
         with contextlib.suppress(FileNotFoundError):
             os.unlink(fs.socket_path(self.directory))
         os.close(self._lock_fd)  # resign: another process's campaign wins now
         log.info("resigned %s, epoch %d", self.directory, self.epoch)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            session = await self._greet(reader, writer)
-        except (TimeoutError, OSError):
-            session = None
-        if session is None:
-            with contextlib.suppress(Exception):
-                writer.close()
-            return
-        self._sessions.add(session)
-        try:
-            while not self.closed:
-                try:
-                    frame = await wire.read_frame(reader, self._max_frame)
-                except wire.WireError as exc:
-                    log.info("dropped a connection from pid %d: %s", session.pid, exc)
-                    break
-                except OSError:
-                    break
-                if frame is None:
-                    break
-                header, payload = frame
-                try:
-                    request = wire.parse_request(header, payload)
-                except wire.BadRequest as exc:
-                    session.send(wire.error_frame(exc.id, exc.message))
-                    continue
-                self._dispatch(session, request)
-        finally:
-            self._sessions.discard(session)
-            self._session_closed(session)
-            with contextlib.suppress(Exception):
-                writer.close()
-
-    async def _greet(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> _Session | None:
-        """The handshake: our user only, our protocol version only."""
-        sock = writer.get_extra_info("socket")
-        pid, uid, _gid = _PEERCRED.unpack(
-            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-        )
-        if uid != self._uid:
-            log.warning("refused a peer of uid %d (pid %d): not this coordinator's user", uid, pid)
-            writer.write(wire.error_line(f"refused: uid {uid} is not the coordinator's user"))
-            await _drain(writer)
-            return None
-        line = await asyncio.wait_for(wire.read_line(reader), self._handshake_timeout)
-        if line is None:
-            return None
-        version = wire.parse_hello(line)
-        if version is None:
-            log.info("refused pid %d: its first line is not a flightgroup hello", pid)
-            writer.write(wire.error_line("refused: the first line is not a flightgroup hello"))
-            await _drain(writer)
-            return None
-        if version != wire.VERSION:
-            log.info("refused pid %d: it speaks protocol version %d", pid, version)
-            writer.write(wire.refusal_line())
-            await _drain(writer)
-            return None
-        writer.write(wire.WELCOME)
-        return _Session(writer, pid)
+    def _handle(self, frames: list[tuple[dict[str, Any], bytes | None]], session: _Session) -> None:
+        for header, payload in frames:
+            try:
+                request = wire.parse_request(header, payload)
+            except wire.BadRequest as exc:
+                session.send(wire.error_frame(exc.id, exc.message))
+                continue
+            self._dispatch(session, request)
 
     # -- requests ---------------------------------------------------------------
 
@@ -588,6 +534,102 @@ class Coordinator:
         ]
 
 
-async def _drain(writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(writer.drain(), 1.0)
+class _Connection(asyncio.Protocol):
+    """One accepted socket: the handshake, then frames handed to the coordinator as
+    they arrive (no task per connection: the frame is dispatched in the loop's own
+    callback, which is what keeps a round trip short)."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self._coordinator = coordinator
+        self._transport: asyncio.Transport | None = None
+        self._session: _Session | None = None
+        self._line = bytearray()
+        self._splitter = wire.FrameSplitter(coordinator._max_frame)
+        self._timer: asyncio.TimerHandle | None = None
+        self._pid = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        coordinator = self._coordinator
+        sock = transport.get_extra_info("socket")
+        pid, uid, _gid = _PEERCRED.unpack(
+            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+        )
+        self._pid = pid
+        if uid != coordinator._uid:
+            log.warning("refused a peer of uid %d (pid %d): not this coordinator's user", uid, pid)
+            self._refuse(wire.error_line(f"refused: uid {uid} is not the coordinator's user"))
+            return
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(coordinator._handshake_timeout, self._silent)
+
+    def _silent(self) -> None:
+        log.info("dropped pid %d: no hello within the handshake timeout", self._pid)
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _refuse(self, line: bytes) -> None:
+        assert self._transport is not None
+        self._transport.write(line)
+        self._transport.close()  # after the line is written
+
+    def data_received(self, data: bytes) -> None:
+        session = self._session
+        if session is None:
+            data = self._greet(data)
+            session = self._session
+            if session is None or not data:
+                return
+        try:
+            frames = self._splitter.feed(data)
+        except wire.WireError as exc:
+            log.info("dropped a connection from pid %d: %s", session.pid, exc)
+            assert self._transport is not None
+            self._transport.abort()
+            return
+        if frames:
+            self._coordinator._handle(frames, session)
+
+    def _greet(self, data: bytes) -> bytes:
+        """Collect the hello line; answer it. Returns the bytes after it."""
+        transport = self._transport
+        assert transport is not None
+        if transport.is_closing():
+            return b""
+        line = self._line
+        line += data
+        newline = line.find(b"\n", 0, wire.FIRST_LINE_LIMIT + 1)
+        if newline < 0:
+            if len(line) > wire.FIRST_LINE_LIMIT:
+                self._refuse(wire.error_line("refused: the first line is too long"))
+            return b""
+        hello, rest = bytes(line[: newline + 1]), bytes(line[newline + 1 :])
+        line.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+        version = wire.parse_hello(hello)
+        if version is None:
+            log.info("refused pid %d: its first line is not a flightgroup hello", self._pid)
+            self._refuse(wire.error_line("refused: the first line is not a flightgroup hello"))
+            return b""
+        if version != wire.VERSION:
+            log.info("refused pid %d: it speaks protocol version %d", self._pid, version)
+            self._refuse(wire.refusal_line())
+            return b""
+        coordinator = self._coordinator
+        if coordinator.closed:
+            transport.abort()
+            return b""
+        transport.write(wire.WELCOME)
+        session = self._session = _Session(transport, self._pid)
+        coordinator._sessions.add(session)
+        return rest
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        session = self._session
+        if session is not None:
+            self._coordinator._sessions.discard(session)
+            self._coordinator._session_closed(session)

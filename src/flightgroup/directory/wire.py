@@ -308,6 +308,49 @@ async def read_frame(
     return decode_body(body)
 
 
+class FrameSplitter:
+    """Cuts a byte stream into frames as it arrives (for a protocol's ``data_received``):
+    the push twin of :func:`read_frame`, with the same checks. A length over the limit
+    raises :class:`WireError` at once, before its body arrives."""
+
+    __slots__ = ("_buffer", "_max_frame")
+
+    def __init__(self, max_frame: int) -> None:
+        self._buffer = bytearray()
+        self._max_frame = max_frame
+
+    def feed(self, data: bytes) -> list[tuple[dict[str, Any], bytes | None]]:
+        """The frames that ``data`` completes, in order. Raises WireError at the first bad
+        one (the frames before it are lost with the connection, which the caller closes)."""
+        buffer = self._buffer
+        if not buffer and len(data) >= 4:
+            # The common case: whole frames in one read, nothing buffered.
+            (size,) = _LENGTH.unpack_from(data)
+            if len(data) == size + 4 and size <= self._max_frame:
+                return [decode_body(data[4:])]
+        buffer += data
+        frames: list[tuple[dict[str, Any], bytes | None]] = []
+        start = 0
+        end = len(buffer)
+        while end - start >= 4:
+            (size,) = _LENGTH.unpack_from(buffer, start)
+            if size > self._max_frame:
+                raise WireError(f"a frame of {size} bytes is over the limit of {self._max_frame}")
+            if end - start - 4 < size:
+                break
+            frames.append(decode_body(bytes(buffer[start + 4 : start + 4 + size])))
+            start += 4 + size
+        if start:
+            del buffer[:start]
+        return frames
+
+    @property
+    def pending(self) -> int:
+        """Bytes received that do not make a whole frame yet (a stream that ends here
+        ended inside a frame)."""
+        return len(self._buffer)
+
+
 # ---------------------------------------------------------------------------------------------
 # Messages
 
