@@ -353,7 +353,8 @@ class DirectoryArbiter:
         self._coordinator: Coordinator | None = None
         self._closing = False
         self._given_up = False
-        self._status_waiters: dict[int, Future[list[dict[str, Any]]]] = {}
+        # Requests answered to a thread that waits (status, forget): id -> its future.
+        self._waiters: dict[int, Future[Any]] = {}
         self._closed_future: Future[None] = Future()
         self._close_by = 0.0  # closing waits for acks until then
         self._finishing = False
@@ -556,8 +557,8 @@ class DirectoryArbiter:
                 self._channel = None
             for call in self._calls.values():
                 call.sent = False
-        for id, waiter in list(self._status_waiters.items()):
-            del self._status_waiters[id]
+        for id, waiter in list(self._waiters.items()):
+            del self._waiters[id]
             if not waiter.done():
                 waiter.set_exception(UnavailableError("the coordinator went away"))
 
@@ -640,6 +641,8 @@ class DirectoryArbiter:
             call = self._calls.pop(answer.id, None)
             if call is not None:
                 _finish(call, Event.INTERRUPTED, answer.reason)
+        elif isinstance(answer, wire.Ack) and answer.id in self._waiters:
+            self._waiters.pop(answer.id).set_result(None)  # a forget was done
         elif isinstance(answer, wire.Ack):
             lead = self._leads.get(answer.id)
             if lead is not None and lead.landing is not None:
@@ -650,7 +653,7 @@ class DirectoryArbiter:
             if lead is not None:
                 self._lose(lead, answer.reason)
         elif isinstance(answer, wire.StatusAnswer):
-            waiter = self._status_waiters.pop(answer.id, None)
+            waiter = self._waiters.pop(answer.id, None)
             if waiter is not None and not waiter.done():
                 waiter.set_result(answer.flights)
         elif isinstance(answer, wire.ErrorAnswer):
@@ -826,19 +829,28 @@ class DirectoryArbiter:
         if call.sent:
             self._send(wire.cancel_frame(call.id))
 
-    def forget(self, key: str) -> None:
-        """Tell the coordinator: the next call of ``key`` leads a new flight."""
+    def forget(self, key: str, timeout: float = 5.0) -> None:
+        """Tell the coordinator: the next call of ``key`` leads a new flight. Returns
+        once it confirmed (so a later call anywhere sees it), or at once when no
+        coordinator is connected (a new one keeps nothing anyway)."""
         if self._loop is None:
             return
-        self._post(self._forget, key)
-
-    def _forget(self, key: str) -> None:
-        self._send(wire.forget_frame(key))
+        waiter: Future[Any] = Future()
+        with self._send_lock:
+            channel = self._channel
+            if channel is None:
+                return
+            self._next_id += 1
+            id = self._next_id
+            self._waiters[id] = waiter
+            channel.send(wire.forget_frame(key, id))
+        with contextlib.suppress(Exception):  # a lost connection: the next one keeps nothing
+            waiter.result(timeout)
 
     def status(self, timeout: float = 5.0) -> list[dict[str, Any]]:
         """The flights in progress in the directory (a read-only request)."""
         self._ensure_started()
-        waiter: Future[list[dict[str, Any]]] = Future()
+        waiter: Future[Any] = Future()
 
         def ask() -> None:
             with self._send_lock:
@@ -847,11 +859,12 @@ class DirectoryArbiter:
             if self._channel is None:
                 waiter.set_exception(UnavailableError("no coordinator is connected"))
                 return
-            self._status_waiters[id] = waiter
+            self._waiters[id] = waiter
             self._send(wire.status_frame(id))
 
         self._post(ask)
-        return waiter.result(timeout)
+        flights: list[dict[str, Any]] = waiter.result(timeout)
+        return flights
 
     # -- closing ----------------------------------------------------------------
 

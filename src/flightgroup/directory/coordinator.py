@@ -202,6 +202,8 @@ class Coordinator:
             self._reassert(session, request)
         elif isinstance(request, wire.Forget):
             self._forget(request.key)
+            if request.id is not None:
+                session.send(wire.ack_frame(request.id))
         elif isinstance(request, wire.Status):
             session.send(wire.status_answer_frame(request.id, self.status()))
 

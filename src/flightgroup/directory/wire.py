@@ -434,9 +434,11 @@ class Reassert:
 
 @dataclass(frozen=True, slots=True)
 class Forget:
-    """``forget``: drop the kept outcome of ``key`` and let the next call lead."""
+    """``forget``: drop the kept outcome of ``key`` and let the next call lead; with an
+    ``id``, answered ``ack`` once done (the caller waits for it: read your writes)."""
 
     key: str
+    id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -686,7 +688,8 @@ def _reassert(header: Mapping[str, Any], payload: bytes | None) -> Reassert:
 
 
 def _forget(header: Mapping[str, Any], payload: bytes | None) -> Forget:
-    return Forget(_key_field(header))
+    id = None if header.get("id") is None else _id_field(header, "id")
+    return Forget(_key_field(header), id)
 
 
 def _status(header: Mapping[str, Any], payload: bytes | None) -> Status:
@@ -864,9 +867,11 @@ def reassert_frame(id: int, key: str, token: int) -> bytes:
     return encode_frame({"op": "reassert", "id": id, "key": key, "token": token})
 
 
-def forget_frame(key: str) -> bytes:
-    """``forget``: drop what the coordinator keeps of ``key``."""
-    return encode_frame({"op": "forget", "key": key})
+def forget_frame(key: str, id: int | None = None) -> bytes:
+    """``forget``: drop what the coordinator keeps of ``key`` (``id``: answer ``ack``)."""
+    if id is None:
+        return encode_frame({"op": "forget", "key": key})
+    return encode_frame({"op": "forget", "key": key, "id": id})
 
 
 def status_frame(id: int) -> bytes:
