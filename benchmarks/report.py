@@ -6,7 +6,7 @@ import hashlib
 import os
 import platform
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -31,6 +31,8 @@ PACKAGES = (
     "async-lru",
     "cashews",
     "cachetools",
+    "dogpile.cache",
+    "filelock",
 )
 
 
@@ -330,17 +332,58 @@ def engine() -> str:
     return f"{head} with uncommitted changes to {', '.join(line[3:] for line in changed)}"
 
 
-def render(report: Report, found: list[Target], command: str, source: str) -> str:
+def _environment(source: str) -> list[str]:
+    return [
+        f"- Python: {platform.python_implementation()} {platform.python_version()} "
+        f"({platform.system()} {platform.machine()}), {os.cpu_count()} cores",
+        f"- Libraries: {_versions()}",
+        f"- flightgroup source: {source}",
+    ]
+
+
+def _targets_table(found: Sequence[Target]) -> list[str]:
+    return [
+        "| target | measured | goal | result |",
+        "| --- | --- | --- | --- |",
+        *(f"| {t.what} | {t.measured} | {t.goal} | {t.verdict} |" for t in found),
+    ]
+
+
+def render_only(title: str, section: list[str], found: list[Target], command: str,
+                source: str) -> str:
+    """A report of one section alone (``--only``): its environment, targets, tables."""
+    lines = [
+        f"# Benchmarks: {title}",
+        "",
+        f"Reproduce with `{command}` from the repository root.",
+        "",
+        *_environment(source),
+        "",
+        "## Targets",
+        "",
+        *_targets_table(found),
+        "",
+        *section,
+    ]
+    return "\n".join(lines)
+
+
+def render(
+    report: Report,
+    found: list[Target],
+    command: str,
+    source: str,
+    sections: Sequence[str] = (),
+) -> str:
+    """The whole report; ``sections`` (Markdown lines, e.g. the directory scope's)
+    come after the process scope's tables."""
     s = report.sizes
     lines = [
         "# Benchmarks",
         "",
         f"Reproduce with `{command}` from the repository root.",
         "",
-        f"- Python: {platform.python_implementation()} {platform.python_version()} "
-        f"({platform.system()} {platform.machine()}), {os.cpu_count()} cores",
-        f"- Libraries: {_versions()}",
-        f"- flightgroup source: {source}",
+        *_environment(source),
         "- Method: every library runs in the same process, in rounds; the order of the "
         "libraries rotates each round; garbage collection is paused inside each timing. "
         "Ratios are flightgroup's ÷ the other's, below 1 means flightgroup is faster, taken "
@@ -350,9 +393,7 @@ def render(report: Report, found: list[Target], command: str, source: str) -> st
         "",
         "## Targets",
         "",
-        "| target | measured | goal | result |",
-        "| --- | --- | --- | --- |",
-        *(f"| {t.what} | {t.measured} | {t.goal} | {t.verdict} |" for t in found),
+        *_targets_table(found),
         "",
         "Why (a) and (e) miss their goals, and what bounds them: "
         "[performance.md](performance.md).",
@@ -423,6 +464,7 @@ def render(report: Report, found: list[Target], command: str, source: str) -> st
         "",
         *_kept_hit_section(report),
         *_policy_section(report),
+        *sections,
         "## How each library is driven",
         "",
         "Each round binds a fresh group (or cache) around that round's fn; `call(key)` is "

@@ -1,0 +1,1265 @@
+"""The directory scope (issue 4): processes of one host share flights.
+
+``python -m benchmarks`` runs this section with the rest of the suite (a "Directory
+scope" section and its targets in the report); ``python -m benchmarks --only directory
+[--quick] [--write PATH]`` (or ``scripts/dev bench --only directory``) runs and prints
+just this section, with its own targets table.
+
+Every measurement uses real processes: workers from multiprocessing's "forkserver"
+context ("spawn" where there is none), driven over pipes. Each worker opens its own
+``FlightGroup(directory=d, codec=JSON)`` on a short temporary directory under /tmp
+(``tempfile.mkdtemp(prefix="fgb", dir="/tmp")``: the socket path limit is 103 bytes);
+its first call connects it, and the first worker to call in a fresh directory is its
+coordinator (checked against the flock holder of ``flight.lock`` in /proc/locks).
+Starts are synchronised with a multiprocessing Barrier, never with sleeps. Times that
+span processes are read from CLOCK_MONOTONIC, which every process of a host shares.
+
+1. Lead-or-join latency: ``await g.run(fresh_key, work)``, work returns at once, timed
+   per call in one process while 3 others are connected; the coordinator is another
+   process, then the measuring process itself, then the process scope for reference.
+   Floors (the parts any cross-process lead pays here) are timed in the same process.
+2. Herd: 8 processes × 1,000 asyncio tasks on one key; the work appends a line to a
+   journal file and sleeps 50 ms: one run, every caller gets the value, and the time
+   above the work.
+3. Throughput: 4 processes calling distinct keys: flights per second in total.
+4. Failover: the measuring process SIGKILLs the coordinator (a fresh child per try that
+   made the first call in a fresh directory) and times ``run(new_key)`` until it returns.
+5. Against what users do today: the same cross-process herd with threads (8 processes ×
+   100 threads) for flightgroup's ``run_sync``, dogpile.cache's ``dogpile.cache.dbm``
+   backend (``region.get_or_create``) and a plain ``filelock.FileLock`` + a file cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dbm
+import importlib.util
+import math
+import multiprocessing
+import os
+import select
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.context import BaseContext
+from multiprocessing.synchronize import Barrier
+from statistics import median
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .scenarios import quiet
+
+if TYPE_CHECKING:
+    from .report import Target
+
+FLIGHTGROUP = "flightgroup"
+DOGPILE = "dogpile.cache (dbm)"
+FILELOCK = "filelock + file cache"
+PEERS = (FLIGHTGROUP, DOGPILE, FILELOCK)
+PEER_MODULES = {DOGPILE: "dogpile.cache", FILELOCK: "filelock"}
+
+OTHER = "directory, another process coordinates"
+SELF = "directory, the measuring process coordinates"
+PROCESS = "process scope `FlightGroup()`, for reference"
+FLOOR_SOCKET = "floor: Unix-socket round trip to another process (asyncio at both ends)"
+FLOOR_BLOCKING = (
+    "for comparison: the same round trip with blocking sockets (a thread at each end, no "
+    "event loop)"
+)
+FLOOR_HOP = "floor: thread hop there and back (caller's loop → another loop → caller's)"
+FLOOR_LOCKFILE = "floor: key-lock file (open O_CREAT a new name, flock, pwrite, close)"
+FLOOR_SUM = "floors summed (p50s)"
+HERD_FLOOR = "floor (tasks awaiting one Future)"
+TASKS_SEQUENTIAL = 1
+TASKS_CONCURRENT = 16
+
+T = TypeVar("T")
+
+LATENCY_GOAL_US = 150.0
+WAIT = 120.0  # seconds a command may take before the run gives up on a worker
+
+
+@dataclass(frozen=True)
+class DirSizes:
+    """How big each measurement is: FULL is the issue's numbers, QUICK a smoke run."""
+
+    latency_calls: int  # timed calls per round per variant
+    latency_rounds: int
+    latency_warm: int
+    floor_calls: int
+    herd_tasks: int  # per process
+    herd_rounds: int
+    throughput_calls: int  # per process
+    throughput_rounds: int
+    failover_tries: int
+    peer_threads: int  # per process
+    peer_rounds: int
+    processes: int = 8  # the herds' processes
+    connected: int = 3  # the other processes connected while one measures latency
+    throughput_processes: int = 4
+    herd_sleep: float = 0.050
+
+
+FULL = DirSizes(
+    latency_calls=2_000,
+    latency_rounds=5,
+    latency_warm=200,
+    floor_calls=5_000,
+    herd_tasks=1_000,
+    herd_rounds=5,
+    throughput_calls=4_000,
+    throughput_rounds=3,
+    failover_tries=20,
+    peer_threads=100,
+    peer_rounds=3,
+)
+
+QUICK = DirSizes(
+    latency_calls=300,
+    latency_rounds=2,
+    latency_warm=50,
+    floor_calls=500,
+    herd_tasks=1_000,
+    herd_rounds=1,
+    throughput_calls=400,
+    throughput_rounds=1,
+    failover_tries=4,
+    peer_threads=20,
+    peer_rounds=1,
+)
+
+
+def _clock() -> int:
+    """Nanoseconds on CLOCK_MONOTONIC: one clock for every process of the host."""
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def _progress(message: str) -> None:
+    print(f"benchmarks: directory: {message}", flush=True, file=sys.stderr)
+
+
+# -----------------------------------------------------------------------------
+# the worker (a child process): obeys commands from the parent, one at a time
+# -----------------------------------------------------------------------------
+
+
+async def _one() -> int:
+    return 1
+
+
+def _one_sync() -> int:
+    return 1
+
+
+def _append(journal: str, line: str) -> None:
+    fd = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, f"{os.getpid()} {line}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def _herd_floor(pause: float) -> Callable[[], Any]:
+    """Tasks that await one bare Future, resolved ``pause`` seconds after the first
+    of them arrives (as the suite's herd floor)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[int] = loop.create_future()
+    armed = False
+
+    async def wait() -> int:
+        nonlocal armed
+        if not armed:
+            armed = True
+            loop.call_later(pause, future.set_result, 1)
+        return await future
+
+    return wait
+
+
+class _Worker:
+    """One child's state: its directory group, a process-scope group, the peers."""
+
+    def __init__(self, barrier: Barrier | None) -> None:
+        self.barrier = barrier
+        self.runner = asyncio.Runner()
+        self.group: Any = None
+        self.local: Any = None
+        self.region: Any = None
+        self.cache_dir = ""
+        self.echo: asyncio.AbstractEventLoop | None = None
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+        self.runner.close()
+
+    def _wait(self) -> None:
+        assert self.barrier is not None
+        self.barrier.wait(WAIT)
+
+    # -- joining a directory ----------------------------------------------------
+
+    def open(self, directory: str) -> int:
+        """Open a group on ``directory`` (closing the one before) and make one call,
+        so that it is connected: the first process to call there coordinates."""
+        from flightgroup import JSON, FlightGroup
+
+        if self.group is not None:
+            self.group.close()
+        self.group = FlightGroup(directory=directory, codec=JSON)
+        self.group.run_sync(f"connect:{os.getpid()}", _one_sync, timeout=WAIT)
+        return os.getpid()
+
+    # -- (1) latency and its floors ---------------------------------------------
+
+    def latency(self, scope: str, prefix: str, calls: int, warm: int) -> list[int]:
+        """ns per ``await g.run(fresh_key, work)``, one sample per call."""
+        from flightgroup import FlightGroup
+
+        if scope == "process":
+            if self.local is None:
+                self.local = FlightGroup()
+            group = self.local
+        else:
+            group = self.group
+        return self.runner.run(_latency(group.run, prefix, calls, warm))
+
+    def echo_server(self, path: str) -> None:
+        """Serve an asyncio Unix-socket echo (4-byte length + body) on a thread."""
+        ready = threading.Event()
+
+        def serve() -> None:
+            loop = asyncio.new_event_loop()
+
+            async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+                    while True:
+                        head = await reader.readexactly(4)
+                        body = await reader.readexactly(int.from_bytes(head, "big"))
+                        writer.write(head + body)
+
+            loop.run_until_complete(asyncio.start_unix_server(client, path))
+            self.echo = loop
+            ready.set()
+            loop.run_forever()
+
+        threading.Thread(target=serve, daemon=True).start()
+        ready.wait(WAIT)
+
+    def blocking_echo_server(self, path: str) -> None:
+        """Serve the same echo with a blocking socket, on a thread per connection."""
+        import socket
+
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(path)
+        server.listen()
+
+        def client(conn: socket.socket) -> None:
+            with conn, contextlib.suppress(OSError):
+                while data := conn.recv(65536):
+                    conn.sendall(data)
+
+        def accept() -> None:
+            while True:
+                conn, _ = server.accept()
+                threading.Thread(target=client, args=(conn,), daemon=True).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+
+    def floor_socket(self, path: str, calls: int) -> list[int]:
+        return self.runner.run(_floor_socket(path, calls))
+
+    def floor_blocking(self, path: str, calls: int) -> list[int]:
+        import socket
+
+        frame = _FRAME
+        samples = [0] * calls
+        clock = time.perf_counter_ns
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(path)
+            with quiet():
+                for i in range(calls):
+                    start = clock()
+                    sock.sendall(frame)
+                    got = 0
+                    while got < len(frame):
+                        got += len(sock.recv(65536))
+                    samples[i] = clock() - start
+        return samples
+
+    def floor_hop(self, calls: int) -> list[int]:
+        other = asyncio.new_event_loop()
+        thread = threading.Thread(target=other.run_forever, daemon=True)
+        thread.start()
+        try:
+            return self.runner.run(_floor_hop(other, calls))
+        finally:
+            other.call_soon_threadsafe(other.stop)
+            thread.join(WAIT)
+            other.close()
+
+    def floor_lockfile(self, directory: str, calls: int) -> list[int]:
+        import fcntl
+
+        os.makedirs(directory, exist_ok=True)
+        paths = [os.path.join(directory, f"{i:064x}") for i in range(calls)]
+        samples = [0] * calls
+        with quiet():
+            for i, path in enumerate(paths):
+                start = _clock()
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.pwrite(fd, b"%-20d\n" % i, 0)
+                os.close(fd)
+                samples[i] = _clock() - start
+        return samples
+
+    def floor_epoch(self, directory: str) -> int:
+        """ns for what a new coordinator writes first: the next epoch, durably."""
+        from flightgroup.directory import fs
+
+        os.makedirs(directory, exist_ok=True)
+        start = _clock()
+        fs.next_epoch(directory)
+        return _clock() - start
+
+    # -- (2), (5) herds -----------------------------------------------------------
+
+    def herd(self, key: str, tasks: int, pause: float, journal: str, floor: bool) -> tuple[
+        int, int, int, int
+    ]:
+        """(start, end, callers that got the value, errors) of one herd of tasks."""
+        return self.runner.run(self._herd(key, tasks, pause, journal, floor))
+
+    async def _herd(
+        self, key: str, tasks: int, pause: float, journal: str, floor: bool
+    ) -> tuple[int, int, int, int]:
+        expected = f"value of {key}"
+
+        async def work() -> str:
+            _append(journal, key)
+            await asyncio.sleep(pause)
+            return expected
+
+        if floor:
+            wait = _herd_floor(pause)
+
+            async def call() -> str:
+                await wait()
+                return expected
+        else:
+            run = self.group.run
+
+            async def call() -> str:
+                result = await run(key, work, timeout=WAIT)
+                value: str = result.value
+                return value
+
+        with quiet():
+            self._wait()
+            start = _clock()
+            outcomes = await asyncio.gather(*[call() for _ in range(tasks)], return_exceptions=True)
+            end = _clock()
+        got = sum(1 for outcome in outcomes if outcome == expected)
+        errors = sum(1 for outcome in outcomes if isinstance(outcome, BaseException))
+        return start, end, got, errors
+
+    def setup_peers(self, directory: str) -> None:
+        """dogpile.cache's dbm region and the file cache's folder, in ``directory``."""
+        if _importable(PEER_MODULES[DOGPILE]):
+            from dogpile.cache import make_region
+
+            self.region = make_region().configure(
+                "dogpile.cache.dbm",
+                expiration_time=3600,
+                arguments={"filename": os.path.join(directory, "dogpile.dbm")},
+            )
+        self.cache_dir = os.path.join(directory, "files")
+        os.makedirs(self.cache_dir, exist_ok=True)
+
+    def threads(
+        self, lib: str, key: str, threads: int, pause: float, journal: str
+    ) -> tuple[int, int, int, int, str]:
+        """(start, end, callers that got the value, errors, the first error) of one
+        herd of threads calling ``lib``."""
+        expected = f"value of {key}"
+
+        def compute() -> str:
+            _append(journal, key)
+            time.sleep(pause)
+            return expected
+
+        call = self._peer_call(lib, key, compute)
+        go = threading.Event()
+        ends = [0] * threads
+        got = [False] * threads
+        errors: list[BaseException] = []
+
+        def caller(i: int) -> None:
+            go.wait()
+            try:
+                got[i] = call() == expected
+            except Exception as exc:
+                errors.append(exc)
+            ends[i] = _clock()
+
+        workers = [threading.Thread(target=caller, args=(i,)) for i in range(threads)]
+        for thread in workers:
+            thread.start()
+        with quiet():
+            self._wait()
+            start = _clock()
+            go.set()
+            for thread in workers:
+                thread.join()
+        first = f"{type(errors[0]).__name__}: {errors[0]}" if errors else ""
+        return start, max(ends), sum(got), len(errors), first
+
+    def _peer_call(self, lib: str, key: str, compute: Callable[[], str]) -> Callable[[], Any]:
+        if lib == FLIGHTGROUP:
+            run_sync = self.group.run_sync
+            return lambda: run_sync(key, compute, timeout=WAIT).value
+        if lib == DOGPILE:
+            get_or_create = self.region.get_or_create
+            return lambda: get_or_create(key, compute)
+        if lib == FILELOCK:
+            from filelock import FileLock
+
+            path = os.path.join(self.cache_dir, key)
+
+            def cached() -> str:
+                # What users write: lock, check the file, compute and write if missing.
+                with FileLock(path + ".lock"):
+                    try:
+                        with open(path, encoding="utf-8") as f:
+                            return f.read()
+                    except FileNotFoundError:
+                        pass
+                    value = compute()
+                    with open(path, "w", encoding="utf-8") as f:
+                        f.write(value)
+                    return value
+
+            return cached
+        raise ValueError(f"unknown library {lib!r}")
+
+    # -- (3) throughput -----------------------------------------------------------
+
+    def throughput(self, prefix: str, calls: int, tasks: int) -> tuple[int, int, int]:
+        """(start, end, runs of the work) of ``calls`` calls of distinct keys, made by
+        ``tasks`` tasks that each await their share one after the other."""
+        return self.runner.run(self._throughput(prefix, calls, tasks))
+
+    async def _throughput(self, prefix: str, calls: int, tasks: int) -> tuple[int, int, int]:
+        run = self.group.run
+        runs = 0
+
+        async def work() -> int:
+            nonlocal runs
+            runs += 1
+            return 1
+
+        prefix = f"{prefix}:{os.getpid()}"
+
+        async def caller(t: int) -> None:
+            for i in range(calls // tasks):
+                await run(f"{prefix}:{t}:{i}", work)
+
+        with quiet():
+            self._wait()
+            start = _clock()
+            await asyncio.gather(*[caller(t) for t in range(tasks)])
+            end = _clock()
+        return start, end, runs
+
+    # -- (4) failover -------------------------------------------------------------
+
+    def kill_and_call(self, pid: int, key: str) -> tuple[int, int | None, bool]:
+        """SIGKILL the coordinator ``pid`` (a worker the parent started), then time
+        ``run(key)`` until it returns (see _kill_and_call)."""
+        return self.runner.run(_kill_and_call(self.group.run, pid, key))
+
+
+async def _latency(run: Callable[..., Any], prefix: str, calls: int, warm: int) -> list[int]:
+    for i in range(warm):
+        await run(f"{prefix}:warm:{i}", _one)
+    keys = [f"{prefix}:{i}" for i in range(calls)]
+    samples = [0] * calls
+    clock = time.perf_counter_ns
+    with quiet():
+        for i, key in enumerate(keys):
+            start = clock()
+            await run(key, _one)
+            samples[i] = clock() - start
+    return samples
+
+
+_FRAME = (48).to_bytes(4, "big") + b"x" * 48  # about a run request's size
+
+
+async def _floor_socket(path: str, calls: int) -> list[int]:
+    reader, writer = await asyncio.open_unix_connection(path)
+    frame = _FRAME
+    samples = [0] * calls
+    clock = time.perf_counter_ns
+    try:
+        with quiet():
+            for i in range(calls):
+                start = clock()
+                writer.write(frame)
+                await reader.readexactly(len(frame))
+                samples[i] = clock() - start
+    finally:
+        writer.close()
+    return samples
+
+
+async def _floor_hop(other: asyncio.AbstractEventLoop, calls: int) -> list[int]:
+    loop = asyncio.get_running_loop()
+    samples = [0] * calls
+    clock = time.perf_counter_ns
+
+    def there(fut: asyncio.Future[None]) -> None:
+        loop.call_soon_threadsafe(fut.set_result, None)
+
+    with quiet():
+        for i in range(calls):
+            start = clock()
+            fut = loop.create_future()
+            other.call_soon_threadsafe(there, fut)
+            await fut
+            samples[i] = clock() - start
+    return samples
+
+
+async def _kill_and_call(
+    run: Callable[..., Any], pid: int, key: str
+) -> tuple[int, int | None, bool]:
+    """(ns from SIGKILL to the call's return, ns from SIGKILL to the process's exit as
+    its pidfd tells, or None where there is no pidfd; whether the call led)."""
+    died: list[int] = []
+    watcher = None
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = -1
+    if pidfd >= 0:
+
+        def watch() -> None:
+            select.select([pidfd], [], [], WAIT)
+            died.append(_clock())
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+    start = _clock()
+    os.kill(pid, signal.SIGKILL)
+    result = await run(key, _one, timeout=WAIT)
+    end = _clock()
+    if watcher is not None:
+        watcher.join(WAIT)
+        os.close(pidfd)
+    return end - start, (died[0] - start if died else None), bool(result.joined)
+
+
+def _worker_main(conn: Connection, barrier: Barrier | None) -> None:
+    worker = _Worker(barrier)
+    try:
+        while True:
+            try:
+                command, *args = conn.recv()
+            except EOFError:
+                return
+            if command == "exit":
+                return
+            try:
+                conn.send(("ok", getattr(worker, command)(*args)))
+            except Exception as exc:
+                conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        worker.close()
+        conn.close()
+
+
+# -----------------------------------------------------------------------------
+# the parent: workers, temporary directories, the election's holder
+# -----------------------------------------------------------------------------
+
+
+def _context() -> BaseContext:
+    try:
+        ctx = multiprocessing.get_context("forkserver")
+    except ValueError:
+        return multiprocessing.get_context("spawn")
+    # The forkserver imports these once; each worker forks from it ready to run.
+    ctx.set_forkserver_preload(["flightgroup", __name__])
+    return ctx
+
+
+class _Proc:
+    """A worker process and its pipe."""
+
+    def __init__(self, ctx: BaseContext, barrier: Barrier | None) -> None:
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(  # type: ignore[attr-defined]
+            target=_worker_main, args=(child, barrier), daemon=True
+        )
+        self.process.start()
+        child.close()
+
+    @property
+    def pid(self) -> int:
+        pid: int = self.process.pid
+        return pid
+
+    def send(self, command: str, *args: Any) -> None:
+        self.conn.send((command, *args))
+
+    def recv(self) -> Any:
+        if not self.conn.poll(WAIT):
+            raise TimeoutError(f"worker {self.pid} did not answer in {WAIT:g} s")
+        status, value = self.conn.recv()
+        if status == "error":
+            raise RuntimeError(f"worker {self.pid}: {value}")
+        return value
+
+    def ask(self, command: str, *args: Any) -> Any:
+        self.send(command, *args)
+        return self.recv()
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            with contextlib.suppress(OSError):
+                self.send("exit")
+            self.process.join(10)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(10)
+        self.conn.close()
+
+
+@contextlib.contextmanager
+def _workers(ctx: BaseContext, count: int, barrier: bool = False) -> Iterator[list[_Proc]]:
+    gate = ctx.Barrier(count) if barrier else None
+    procs: list[_Proc] = []
+    try:
+        for _ in range(count):
+            procs.append(_Proc(ctx, gate))
+        yield procs
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+@contextlib.contextmanager
+def _tempdirs() -> Iterator[Callable[[], str]]:
+    made: list[str] = []
+
+    def make() -> str:
+        path = tempfile.mkdtemp(prefix="fgb", dir="/tmp")
+        made.append(path)
+        return path
+
+    try:
+        yield make
+    finally:
+        for path in made:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _lock_holder(directory: str) -> int | None:
+    """The pid holding the flock on ``flight.lock`` (the coordinator), from /proc/locks;
+    None when it cannot be told."""
+    try:
+        st = os.stat(os.path.join(directory, "flight.lock"))
+        with open("/proc/locks", encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in lines:
+        fields = line.split()
+        if "->" in fields or len(fields) < 6 or fields[1] != "FLOCK":
+            continue
+        if fields[5] == where:
+            return int(fields[4])
+    return None
+
+
+def _open_all(procs: Sequence[_Proc], directory: str) -> None:
+    """Connect each worker in turn: the first one coordinates (checked)."""
+    for proc in procs:
+        proc.ask("open", directory)
+    holder = _lock_holder(directory)
+    if holder is not None and holder != procs[0].pid:
+        raise RuntimeError(f"expected {procs[0].pid} to coordinate, found {holder}")
+
+
+def _rotations(names: Sequence[T], rounds: int) -> Iterator[tuple[int, T]]:
+    for r in range(rounds):
+        k = r % len(names)
+        for name in [*names[k:], *names[:k]]:
+            yield r, name
+
+
+# -----------------------------------------------------------------------------
+# the measurements
+# -----------------------------------------------------------------------------
+
+
+@dataclass
+class Herd:
+    """One library's herds: a sample per herd."""
+
+    walls: list[float] = field(default_factory=list)  # seconds, first start to last end
+    runs: list[int] = field(default_factory=list)  # journal lines per herd
+    got: list[int] = field(default_factory=list)  # callers that got the value
+    errors: list[int] = field(default_factory=list)  # callers that raised
+    first_error: str = ""
+    callers: int = 0  # per herd
+    error: str | None = None  # the measurement itself failed
+
+    @property
+    def usable(self) -> bool:
+        return self.error is None and bool(self.walls)
+
+    @property
+    def served(self) -> bool:
+        return self.usable and all(g == self.callers for g in self.got)
+
+    @property
+    def once(self) -> bool:
+        return self.usable and all(r == 1 for r in self.runs)
+
+
+@dataclass
+class Throughput:
+    seconds: list[float] = field(default_factory=list)
+    flights: int = 0  # per round
+    runs: list[int] = field(default_factory=list)
+
+
+@dataclass
+class DirectoryReport:
+    sizes: DirSizes
+    start_method: str = ""
+    dbm: str = ""
+    latency: dict[str, list[float]] = field(default_factory=dict)  # µs samples
+    coordinators: dict[str, str] = field(default_factory=dict)  # variant -> who coordinates
+    herd: dict[str, Herd] = field(default_factory=dict)
+    peers: dict[str, Herd] = field(default_factory=dict)
+    throughput: dict[int, Throughput] = field(default_factory=dict)  # tasks per process ->
+    failover: list[float] = field(default_factory=list)  # seconds
+    failover_exit: list[float] = field(default_factory=list)  # s, SIGKILL to its exit
+    failover_led: list[bool] = field(default_factory=list)
+    takeover: dict[str, list[float]] = field(default_factory=dict)  # next coordinator -> s
+    epoch_write: list[float] = field(default_factory=list)  # seconds, next_epoch alone
+    errors: dict[str, str] = field(default_factory=dict)  # measurement -> what failed
+
+
+def _measure_latency(ctx: BaseContext, sizes: DirSizes, out: DirectoryReport) -> None:
+    others = sizes.connected
+    with _tempdirs() as tempdir, _workers(ctx, 2 * (others + 1)) as procs:
+        dir_other, dir_self, scratch = tempdir(), tempdir(), tempdir()
+        coordinator, *bystanders = procs[:others]
+        measuring_other = procs[others]
+        measuring_self, *connected = procs[others + 1 :]
+        # The coordinator calls first, then the others, then the measuring process.
+        _open_all([coordinator, *bystanders, measuring_other], dir_other)
+        _open_all([measuring_self, *connected], dir_self)
+        out.coordinators[OTHER] = (
+            f"process {coordinator.pid} (the measuring one is {measuring_other.pid})"
+        )
+        out.coordinators[SELF] = f"process {measuring_self.pid} (the measuring one)"
+        variants = {
+            OTHER: (measuring_other, "directory"),
+            SELF: (measuring_self, "directory"),
+            PROCESS: (measuring_other, "process"),
+        }
+        samples: dict[str, list[int]] = {name: [] for name in variants}
+        for r, name in _rotations(list(variants), sizes.latency_rounds):
+            proc, scope = variants[name]
+            prefix = f"lat:{scope}:{r}"
+            samples[name] += proc.ask("latency", scope, prefix, sizes.latency_calls,
+                                      sizes.latency_warm)
+        for name, values in samples.items():
+            out.latency[name] = [ns / 1e3 for ns in values]
+        # The floors, in the measuring process, against the coordinator's process.
+        echo, blocking = os.path.join(scratch, "echo.sock"), os.path.join(scratch, "b.sock")
+        coordinator.ask("echo_server", echo)
+        coordinator.ask("blocking_echo_server", blocking)
+        floors: dict[str, tuple[Any, ...]] = {
+            FLOOR_SOCKET: ("floor_socket", echo, sizes.floor_calls),
+            FLOOR_HOP: ("floor_hop", sizes.floor_calls),
+            FLOOR_LOCKFILE: ("floor_lockfile", os.path.join(scratch, "locks"),
+                             sizes.floor_calls),
+            FLOOR_BLOCKING: ("floor_blocking", blocking, sizes.floor_calls),
+        }
+        for name, (command, *args) in floors.items():
+            out.latency[name] = [ns / 1e3 for ns in measuring_other.ask(command, *args)]
+
+
+def _journal_runs(journal: str) -> int:
+    try:
+        with open(journal, encoding="utf-8") as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0
+
+
+def _gather(procs: Sequence[_Proc], command: str, *args: Any) -> list[Any]:
+    for proc in procs:
+        proc.send(command, *args)
+    return [proc.recv() for proc in procs]
+
+
+def _measure_herds(ctx: BaseContext, sizes: DirSizes, out: DirectoryReport) -> None:
+    """(2) the big herd of tasks and (5) the herd of threads with the peers, on the
+    same 8 processes."""
+    n = sizes.processes
+    with _tempdirs() as tempdir, _workers(ctx, n, barrier=True) as procs:
+        directory, files = tempdir(), tempdir()
+        _open_all(procs, directory)
+        pause = sizes.herd_sleep
+
+        out.herd = {FLIGHTGROUP: Herd(callers=n * sizes.herd_tasks),
+                    HERD_FLOOR: Herd(callers=n * sizes.herd_tasks)}
+        for r, name in _rotations(list(out.herd), sizes.herd_rounds):
+            series = out.herd[name]
+            key, journal = f"herd:{r}", os.path.join(files, f"herd-{r}")
+            try:
+                done = _gather(procs, "herd", key, sizes.herd_tasks, pause, journal,
+                               name == HERD_FLOOR)
+            except Exception as exc:
+                series.error = f"{type(exc).__name__}: {exc}"
+                raise
+            series.walls.append((max(d[1] for d in done) - min(d[0] for d in done)) / 1e9)
+            series.got.append(sum(d[2] for d in done))
+            series.errors.append(sum(d[3] for d in done))
+            if name == FLIGHTGROUP:
+                series.runs.append(_journal_runs(journal))
+
+        _progress("(5) the herd against dogpile.cache and filelock")
+        for proc in procs:  # one after the other: each opens (maybe creates) the dbm file
+            proc.ask("setup_peers", files)
+        libs = [lib for lib in PEERS if lib == FLIGHTGROUP or _installed(lib)]
+        out.peers = {lib: Herd(callers=n * sizes.peer_threads) for lib in libs}
+        for r, lib in _rotations(libs, sizes.peer_rounds):
+            series = out.peers[lib]
+            if series.error is not None:
+                continue
+            key = f"peer-{r}-{PEERS.index(lib)}"
+            journal = os.path.join(files, f"journal-{key}")
+            try:
+                done = _gather(procs, "threads", lib, key, sizes.peer_threads, pause, journal)
+            except Exception as exc:
+                series.error = f"{type(exc).__name__}: {exc}"
+                if lib == FLIGHTGROUP:
+                    raise
+                continue
+            series.walls.append((max(d[1] for d in done) - min(d[0] for d in done)) / 1e9)
+            series.got.append(sum(d[2] for d in done))
+            series.errors.append(sum(d[3] for d in done))
+            series.first_error = series.first_error or next((d[4] for d in done if d[4]), "")
+            series.runs.append(_journal_runs(journal))
+
+
+def _installed(lib: str) -> bool:
+    return _importable(PEER_MODULES[lib])
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
+
+
+def _measure_throughput(ctx: BaseContext, sizes: DirSizes, out: DirectoryReport) -> None:
+    n = sizes.throughput_processes
+    with _tempdirs() as tempdir, _workers(ctx, n, barrier=True) as procs:
+        _open_all(procs, tempdir())
+        out.throughput = {
+            tasks: Throughput(flights=n * sizes.throughput_calls)
+            for tasks in (TASKS_SEQUENTIAL, TASKS_CONCURRENT)
+        }
+        for r, tasks in _rotations(list(out.throughput), sizes.throughput_rounds):
+            series = out.throughput[tasks]
+            done = _gather(procs, "throughput", f"tp:{r}:{tasks}", sizes.throughput_calls, tasks)
+            series.seconds.append((max(d[1] for d in done) - min(d[0] for d in done)) / 1e9)
+            series.runs.append(sum(d[2] for d in done))
+
+
+def _measure_failover(ctx: BaseContext, sizes: DirSizes, out: DirectoryReport) -> None:
+    with _tempdirs() as tempdir, _workers(ctx, 2) as (measuring, bystander):
+        names = {measuring.pid: "the measuring process", bystander.pid: "the other process"}
+        for i in range(sizes.failover_tries):
+            directory = tempdir()
+            # The doomed child calls first in the fresh directory: it coordinates. The
+            # other two connect in turns, the first to connect mostly wins the next term.
+            others = [bystander, measuring] if i % 2 == 0 else [measuring, bystander]
+            with _workers(ctx, 1) as (doomed,):
+                _open_all([doomed, *others], directory)
+                ns, exited, joined = measuring.ask(
+                    "kill_and_call", doomed.pid, f"after-kill:{i}"
+                )
+                doomed.process.join(WAIT)
+            out.failover.append(ns / 1e9)
+            if exited is not None:
+                out.failover_exit.append(exited / 1e9)
+            out.failover_led.append(not joined)
+            holder = _lock_holder(directory)
+            who = names.get(holder, "unknown") if holder is not None else "unknown"
+            out.takeover.setdefault(who, []).append(ns / 1e9)
+            out.epoch_write.append(measuring.ask("floor_epoch", tempdir()) / 1e9)
+
+
+MEASUREMENTS: tuple[tuple[str, Callable[[BaseContext, DirSizes, DirectoryReport], None]], ...] = (
+    ("(1) lead-or-join latency", _measure_latency),
+    ("(2) herd of tasks, (5) herd of threads with the peers", _measure_herds),
+    ("(3) throughput", _measure_throughput),
+    ("(4) failover", _measure_failover),
+)
+
+
+def run(sizes: DirSizes) -> DirectoryReport:
+    ctx = _context()
+    out = DirectoryReport(sizes, start_method=ctx.get_start_method(), dbm=_dbm_module())
+    for name, measure in MEASUREMENTS:
+        _progress(name)
+        try:
+            measure(ctx, sizes, out)
+        except Exception as exc:
+            out.errors[name] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def _dbm_module() -> str:
+    """The module ``dbm.open`` picks here (dogpile's dbm backend uses it)."""
+    with tempfile.TemporaryDirectory(prefix="fgb", dir="/tmp") as scratch:
+        path = os.path.join(scratch, "probe")
+        with dbm.open(path, "c"):
+            pass
+        return dbm.whichdb(path) or "unknown"
+
+
+# -----------------------------------------------------------------------------
+# the report
+# -----------------------------------------------------------------------------
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    """The nearest-rank percentile ``q`` (0-100) of ``values``."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def _runs(values: Sequence[int]) -> str:
+    if not values:
+        return "—"
+    low, high = min(values), max(values)
+    return f"{low:,}" if low == high else f"{low:,}–{high:,}"
+
+
+def _herd_ok(series: Herd | None) -> bool:
+    return series is not None and series.once and series.served
+
+
+def targets(out: DirectoryReport) -> list[Target]:
+    from .report import Target
+
+    found: list[Target] = []
+    other = out.latency.get(OTHER)
+    if other:
+        p50 = _pct(other, 50)
+        found.append(
+            Target(
+                f"directory (1): lead-or-join p50, fresh key, {out.sizes.connected} other "
+                "processes connected, another process coordinates",
+                f"{p50:,.0f} µs (p99 {_pct(other, 99):,.0f} µs)",
+                f"≤ {LATENCY_GOAL_US:.0f} µs",
+                p50 <= LATENCY_GOAL_US,
+            )
+        )
+    herd = out.herd.get(FLIGHTGROUP)
+    found.append(
+        Target(
+            f"directory (2): herd of {out.sizes.processes} processes × "
+            f"{out.sizes.herd_tasks:,} tasks: runs of the work per herd; every caller got "
+            "the value",
+            f"{_runs(herd.runs) if herd else '—'}; {'yes' if herd and herd.served else 'no'}",
+            "1; yes",
+            _herd_ok(herd),
+            True,
+        )
+    )
+    mine = out.peers.get(FLIGHTGROUP)
+    found.append(
+        Target(
+            f"directory (5): herd of {out.sizes.processes} processes × "
+            f"{out.sizes.peer_threads:,} threads: flightgroup's runs per herd; every caller "
+            "got the value",
+            f"{_runs(mine.runs) if mine else '—'}; {'yes' if mine and mine.served else 'no'}",
+            "1; yes",
+            _herd_ok(mine),
+            True,
+        )
+    )
+    for lib in (DOGPILE, FILELOCK):
+        theirs = out.peers.get(lib)
+        usable = mine is not None and mine.usable and theirs is not None and theirs.usable
+        ratio = (
+            f"{median(mine.walls) / median(theirs.walls):.2f}×"
+            if usable and mine is not None and theirs is not None
+            else "—"
+        )
+        runs = _runs(theirs.runs) if theirs is not None else "not installed"
+        found.append(
+            Target(
+                f"directory (5): herd wall time ÷ {lib}'s (its runs per herd: {runs})",
+                ratio,
+                "information" if usable else "—",
+                None,
+            )
+        )
+    if out.failover:
+        found.append(
+            Target(
+                f"directory (4): failover, SIGKILL of the coordinator to the next flight led, "
+                f"p50 of {len(out.failover)}",
+                f"{median(out.failover) * 1e3:,.1f} ms",
+                "information",
+                None,
+            )
+        )
+    return found
+
+
+def ok(out: DirectoryReport, found: list[Target]) -> bool:
+    """False if flightgroup failed a measurement or broke a must."""
+    return not out.errors and all(t.met is not False for t in found if t.must)
+
+
+def section(out: DirectoryReport) -> list[str]:
+    lines = [
+        "## Directory scope: processes of one host share flights",
+        "",
+        "Every measurement uses real processes (multiprocessing's "
+        f'"{out.start_method}" start method, driven over pipes); each opens its own '
+        "`FlightGroup(directory=d, codec=JSON)` on a short temporary directory under /tmp "
+        "and makes one call to connect before anything is timed. The first process to "
+        "call in a fresh directory coordinates (checked against the holder of "
+        "`flight.lock` in /proc/locks). Starts are synchronised with a barrier; times "
+        "that span processes are read from CLOCK_MONOTONIC.",
+        "",
+    ]
+    for name, error in out.errors.items():
+        lines += [f"**{name} failed: {error}**", ""]
+    lines += _latency_lines(out)
+    lines += _herd_lines(out)
+    lines += _throughput_lines(out)
+    lines += _failover_lines(out)
+    lines += _peer_lines(out)
+    return lines
+
+
+def _latency_lines(out: DirectoryReport) -> list[str]:
+    s = out.sizes
+    if not out.latency:
+        return []
+    reference = out.latency.get(PROCESS)
+    base = _pct(reference, 50) if reference else None
+    lines = [
+        f"### (1) Lead-or-join latency: a fresh key, {s.connected} other processes connected",
+        "",
+        f"`await g.run(fresh_key, work)`, the work returns at once, timed call by call in "
+        f"one process: {s.latency_rounds} rounds of {s.latency_calls:,} calls per variant "
+        f"(after {s.latency_warm} untimed ones), the variants' order rotating, garbage "
+        "collection paused. Each call leads (nobody else calls its key): a request to the "
+        "coordinator, the answer, the key lock, the work, and the landing sent. The floors "
+        "are timed in the same process, the socket one against the coordinator's process. "
+        + " ".join(f"{name}: {who}." for name, who in out.coordinators.items()),
+        "",
+        "| variant | samples | p50 µs | p99 µs | p50 ÷ process scope's |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    floors = 0.0
+    for name, values in out.latency.items():
+        p50 = _pct(values, 50)
+        if name.startswith("floor:"):
+            floors += p50
+        ratio = f"{p50 / base:.1f}×" if base else "—"
+        lines.append(
+            f"| {name} | {len(values):,} | {p50:,.1f} | {_pct(values, 99):,.1f} | {ratio} |"
+        )
+    if any(name.startswith("floor:") for name in out.latency):
+        ratio = f"{floors / base:.1f}×" if base else "—"
+        lines.insert(-1 if FLOOR_BLOCKING in out.latency else len(lines),
+                     f"| {FLOOR_SUM} | — | {floors:,.1f} | — | {ratio} |")
+    return [*lines, ""]
+
+
+def _herd_lines(out: DirectoryReport) -> list[str]:
+    s = out.sizes
+    if not out.herd:
+        return []
+    pause_ms = s.herd_sleep * 1e3
+    lines = [
+        f"### (2) Herd: {s.processes} processes × {s.herd_tasks:,} tasks on one key, the work "
+        f"sleeps {pause_ms:.0f} ms",
+        "",
+        "The work appends a line to a journal file (runs = its lines), then sleeps. Wall "
+        "time runs from the first process leaving the barrier to the last caller served "
+        f"in any process; above the work = wall − {pause_ms:.0f} ms (making each caller's "
+        "task, the coordinator's round trips, every process's wake-ups), also per caller. "
+        "The floor is the same tasks in the same processes awaiting one bare "
+        f"`asyncio.Future` per process, resolved {pause_ms:.0f} ms after its first task "
+        f"arrives. {s.herd_rounds} rounds, medians.",
+        "",
+        "| group | runs per herd | every caller got the value | wall ms: best | median | "
+        "above the work, ms | µs per caller above the work |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, series in out.herd.items():
+        if not series.usable:
+            lines.append(f"| {name} | — | — | error: {series.error or 'no sample'} | — | — | — |")
+            continue
+        wall = median(series.walls)
+        above = wall - s.herd_sleep
+        served = "yes" if series.served else f"no ({_raised(series)})"
+        runs = _runs(series.runs) if series.runs else "—"
+        lines.append(
+            f"| {name} | {runs} | {served} | {min(series.walls) * 1e3:,.1f} | "
+            f"{wall * 1e3:,.1f} | {above * 1e3:,.1f} | {above / series.callers * 1e6:,.2f} |"
+        )
+    return [*lines, ""]
+
+
+def _raised(series: Herd) -> str:
+    got = min(series.got) if series.got else 0
+    text = f"{got:,} of {series.callers:,} at worst"
+    if any(series.errors):
+        text += f", {max(series.errors):,} raised"
+        if series.first_error:
+            text += f": {series.first_error}"
+    return text
+
+
+def _throughput_lines(out: DirectoryReport) -> list[str]:
+    s = out.sizes
+    if not out.throughput:
+        return []
+    lines = [
+        f"### (3) Throughput: {s.throughput_processes} processes calling distinct keys",
+        "",
+        f"Each process makes {s.throughput_calls:,} calls of keys nobody else calls, the work "
+        "returns at once; either one caller awaiting its calls one after the other, or "
+        f"{TASKS_CONCURRENT} tasks sharing them. Time from the first process leaving the "
+        f"barrier to the last one done; {s.throughput_rounds} rounds, the median.",
+        "",
+        "| callers per process | flights per round | runs of the work | s: best | median | "
+        "flights per second (median) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for tasks, series in out.throughput.items():
+        if not series.seconds:
+            continue
+        mid = median(series.seconds)
+        label = "1 (sequential awaits)" if tasks == 1 else f"{tasks} tasks"
+        lines.append(
+            f"| {label} | {series.flights:,} | {_runs(series.runs)} | "
+            f"{min(series.seconds):,.3f} | {mid:,.3f} | {series.flights / mid:,.0f} |"
+        )
+    return [*lines, ""]
+
+
+def _failover_lines(out: DirectoryReport) -> list[str]:
+    if not out.failover:
+        return []
+    ms = [v * 1e3 for v in out.failover]
+    epoch = [v * 1e3 for v in out.epoch_write]
+    led = "yes" if all(out.failover_led) else "no"
+    rows = [("SIGKILL to the next flight led", ms)]
+    rows += [
+        (f"… when {who} took over", [v * 1e3 for v in values])
+        for who, values in sorted(out.takeover.items())
+    ]
+    if out.failover_exit:
+        rows.append(("SIGKILL to the coordinator's exit (its pidfd readable)",
+                     [v * 1e3 for v in out.failover_exit]))
+    rows += [("the epoch write alone", epoch)] if epoch else []
+    return [
+        "### (4) Failover: SIGKILL of the coordinator to the next flight led",
+        "",
+        f"{len(ms)} tries, each in a fresh directory with three processes: a new child "
+        "that calls first (the coordinator), another process, and the measuring one, "
+        "which sends SIGKILL to the coordinator and at once times `await g.run(new_key, "
+        "work)` until it returns: the kernel frees `flight.lock`, a waiting process wins "
+        "it and writes the next epoch durably, serves, and the measuring process "
+        "(re)connects, leads and runs the work. The two others connect in turns (the "
+        "first to connect mostly wins the next term); the next coordinator is read from "
+        "/proc/locks. For where the time goes: the coordinator's exit (a pidfd on it, "
+        "watched by a thread of the measuring process: the kernel's teardown of the "
+        "killed process, before `flight.lock` is free), and the epoch write alone "
+        "(`next_epoch` on a scratch directory, in the measuring process).",
+        "",
+        "| what | tries | p50 ms | best | worst |",
+        "| --- | --- | --- | --- | --- |",
+        *(
+            f"| {what} | {len(values)} | {median(values):,.2f} | {min(values):,.2f} | "
+            f"{max(values):,.2f} |"
+            for what, values in rows
+            if values
+        ),
+        "",
+        f"Every measured call led: {led}.",
+        "",
+    ]
+
+
+def _peer_lines(out: DirectoryReport) -> list[str]:
+    s = out.sizes
+    if not out.peers:
+        return []
+    pause_ms = s.herd_sleep * 1e3
+    mine = out.peers.get(FLIGHTGROUP)
+    lines = [
+        f"### (5) Against what users do today: {s.processes} processes × {s.peer_threads} "
+        f"threads on one key, the work sleeps {pause_ms:.0f} ms",
+        "",
+        "The same cross-process herd, with threads (the peers are synchronous), in the "
+        "same processes and the same run, the libraries' order rotating: "
+        "flightgroup's `g.run_sync(key, work)`; dogpile.cache's "
+        '`make_region().configure("dogpile.cache.dbm", expiration_time=3600, '
+        'arguments={"filename": ...})` and `region.get_or_create(key, work)` (its '
+        f"dogpile lock is an flock on one lock file per dbm file; dbm here: `{out.dbm}`); "
+        "and a `filelock.FileLock` per call around a file cache (lock, read the file, "
+        "or run the work and write it, unlock; filelock's defaults, which poll a busy "
+        "lock every 50 ms). The work appends a line to a journal file (runs = its lines) "
+        "and sleeps; a new key per herd. Wall time from the first process leaving the "
+        f"barrier to the last caller served; {s.peer_rounds} rounds, the median; ratios "
+        "are flightgroup's median wall time ÷ the library's.",
+        "",
+        "| library | runs per herd | every caller got the value | wall ms: best | median | "
+        "worst | flightgroup ÷ this (median) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, series in out.peers.items():
+        if not series.usable:
+            lines.append(f"| {name} | — | — | error: {series.error or 'no sample'} | — | — | — |")
+            continue
+        wall = median(series.walls)
+        ratio = (
+            f"{median(mine.walls) / wall:.2f}×" if mine is not None and mine.usable else "—"
+        )
+        served = "yes" if series.served else f"no ({_raised(series)})"
+        lines.append(
+            f"| {name} | {_runs(series.runs)} | {served} | {min(series.walls) * 1e3:,.1f} | "
+            f"{wall * 1e3:,.1f} | {max(series.walls) * 1e3:,.1f} | {ratio} |"
+        )
+    return [*lines, ""]
