@@ -233,7 +233,7 @@ class Coordinator:
             waiting.append(_Waiting(session, id, None, fresh))
             session.parties[id] = key
             return
-        if key in self._releasing or not self._key_held(key, create=True):
+        if key in self._releasing or not self._key_held(key, create=False):
             self._lead(session, id, key)
             return
         self._wait_for_key(key, _Waiting(session, id, None, fresh))
