@@ -113,7 +113,7 @@ FULL = DirSizes(
     floor_calls=5_000,
     herd_tasks=1_000,
     herd_rounds=5,
-    throughput_calls=2_500,
+    throughput_calls=2_400,
     throughput_rounds=3,
     failover_tries=20,
     peer_threads=100,
@@ -885,7 +885,8 @@ def _measure_throughput(ctx: BaseContext, sizes: DirSizes, out: DirectoryReport)
     with _tempdirs() as tempdir, _workers(ctx, n, barrier=True) as procs:
         _open_all(procs, tempdir())
         out.throughput = {
-            tasks: Throughput(flights=n * sizes.throughput_calls)
+            # Each task makes an equal share: the calls a process makes in all.
+            tasks: Throughput(flights=n * (sizes.throughput_calls // tasks) * tasks)
             for tasks in (TASKS_SEQUENTIAL, TASKS_CONCURRENT)
         }
         for r, tasks in _rotations(list(out.throughput), sizes.throughput_rounds):
@@ -957,6 +958,10 @@ def _pct(values: Sequence[float], q: float) -> float:
     """The nearest-rank percentile ``q`` (0-100) of ``values``."""
     ordered = sorted(values)
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def _rounds(n: int) -> str:
+    return "1 round" if n == 1 else f"{n} rounds"
 
 
 def _runs(values: Sequence[int]) -> str:
@@ -1119,7 +1124,7 @@ def _herd_lines(out: DirectoryReport) -> list[str]:
         "task, the coordinator's round trips, every process's wake-ups), also per caller. "
         "The floor is the same tasks in the same processes awaiting one bare "
         f"`asyncio.Future` per process, resolved {pause_ms:.0f} ms after its first task "
-        f"arrives. {s.herd_rounds} rounds, medians.",
+        f"arrives. {_rounds(s.herd_rounds)}, medians.",
         "",
         "| group | runs per herd | every caller got the value | wall ms: best | median | "
         "above the work, ms | µs per caller above the work |",
@@ -1158,9 +1163,10 @@ def _throughput_lines(out: DirectoryReport) -> list[str]:
         f"### (3) Throughput: {s.throughput_processes} processes calling distinct keys",
         "",
         f"Each process makes {s.throughput_calls:,} calls of keys nobody else calls, the work "
-        "returns at once; either one caller awaiting its calls one after the other, or "
+        "returns at once (every call leads, so the work's runs equal the flights); either "
+        "one caller awaiting its calls one after the other, or "
         f"{TASKS_CONCURRENT} tasks sharing them. Time from the first process leaving the "
-        f"barrier to the last one done; {s.throughput_rounds} rounds, the median.",
+        f"barrier to the last one done; {_rounds(s.throughput_rounds)}, the median.",
         "",
         "| callers per process | flights per round | runs of the work | s: best | median | "
         "flights per second (median) |",
@@ -1242,7 +1248,7 @@ def _peer_lines(out: DirectoryReport) -> list[str]:
         "or run the work and write it, unlock; filelock's defaults, which poll a busy "
         "lock every 50 ms). The work appends a line to a journal file (runs = its lines) "
         "and sleeps; a new key per herd. Wall time from the first process leaving the "
-        f"barrier to the last caller served; {s.peer_rounds} rounds, the median; ratios "
+        f"barrier to the last caller served; {_rounds(s.peer_rounds)}, the median; ratios "
         "are flightgroup's median wall time ÷ the library's.",
         "",
         "| library | runs per herd | every caller got the value | wall ms: best | median | "
