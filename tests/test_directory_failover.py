@@ -300,12 +300,6 @@ def test_two_failovers_in_a_row(h: Harness) -> None:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: the coordinator acknowledges a landing once it is queued for the joiners "
-    "(transport.write), not once it reached them; if it dies before a slow joiner read it, "
-    "the leader has already dropped the landing and that joiner gets FlightInterruptedError",
-)
 def test_2mib_value_to_a_frozen_joiner_while_the_coordinator_dies(h: Harness) -> None:
     a = h.spawn_warm("a")
     b = h.spawn_warm("b")

@@ -525,16 +525,7 @@ def test_pickle_codec_shares_one_run(h: Harness) -> None:
     [
         ("client", "async"),
         ("client", "sync"),
-        pytest.param(
-            "coordinator",
-            "async",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="bug: a coordinator that closes its group while it leads does not "
-                "interrupt the joiners elsewhere; they rejoin the next coordinator and wait "
-                "for the key lock until the work ends",
-            ),
-        ),
+        ("coordinator", "async"),
     ],
 )
 def test_closing_the_leaders_group_interrupts_joiners_and_keeps_the_key_lock(

@@ -180,7 +180,10 @@ def test_error_line_is_one_compact_line_that_parses_back(message: str) -> None:
 
 
 def test_encode_frame_is_length_then_compact_json_then_newline_and_payload() -> None:
-    assert wire.encode_frame({"op": "x", "k": "é"}) == b'\x00\x00\x00\x13{"op":"x","k":"\xc3\xa9"}'
+    # ASCII JSON: a non-ASCII character is a \u escape, so a lone surrogate encodes too.
+    assert wire.encode_frame({"op": "x", "k": "é"}) == b'\x00\x00\x00\x17{"op":"x","k":"\\u00e9"}'
+    lone = wire.encode_frame({"op": "x", "k": "\ud800"})
+    assert wire.decode_body(lone[4:]) == ({"op": "x", "k": "\ud800"}, None)
     framed = wire.encode_frame({"op": "x"}, b"\x00\n\xff")
     assert framed == b'\x00\x00\x00\x0e{"op":"x"}\n\x00\n\xff'
     assert wire.decode_body(framed[4:]) == ({"op": "x"}, b"\x00\n\xff")

@@ -486,7 +486,9 @@ class DirectoryArbiter:
                 sock = await self._connect()
             except ProtocolVersionError as exc:
                 self._refused(exc)
-            except (OSError, EOFError, TimeoutError, wire.WireError):
+            except OSError:  # nothing listens: whoever refused us is gone
+                self._refusal = None
+            except (EOFError, TimeoutError, wire.WireError):
                 pass
             else:
                 backoff = 0.0005
@@ -699,10 +701,16 @@ class DirectoryArbiter:
         except BlockingIOError:
             # Held for a moment by the coordinator's probe, or by the leader before us
             # until its ack arrives: wait for it off this loop.
+            # (A thread of its own: the holder may be a closed group's long work.)
             loop = asyncio.get_running_loop()
-            loop.run_in_executor(None, fcntl.flock, fd, fcntl.LOCK_EX).add_done_callback(
-                lambda _: self._locked(lead)
-            )
+
+            def wait_for_lock() -> None:
+                with contextlib.suppress(OSError):
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(self._locked, lead)
+
+            threading.Thread(target=wait_for_lock, name="flightgroup-keylock", daemon=True).start()
             return
         self._locked(lead)
 
@@ -896,7 +904,15 @@ class DirectoryArbiter:
                 _finish(call, Event.FAILED, GroupClosedError())
         for lead in list(self._leads.values()):
             if not lead.work_done:
-                lead.lose()  # the group closed: its outcome will not be delivered
+                # The group closed: its outcome will not be delivered. Its joiners
+                # elsewhere are told now (an interrupted landing), not when a later
+                # coordinator finds its key lock free; the lock stays held until the
+                # work ends (land() frees it then).
+                lead.lose()
+                lead.landing = wire.land_frame(
+                    lead.call.id, lead.token, wire.Interrupted("its leader's group closed")
+                )
+                self._send(lead.landing)
         self._close_by = time.monotonic() + self._reconnect_timeout
         self._check_closed()
 

@@ -60,6 +60,7 @@ class _Flight:
     lead_id: int
     started: float
     reasserted: bool = False
+    ended: bool = False  # landed or interrupted: it is nobody's to end again
     # (session, request id) -> None, in join order
     joiners: dict[tuple[_Session, int], None] = field(default_factory=dict)
     # fresh runs waiting for this flight's end: (session, request id)
@@ -74,6 +75,17 @@ class _Waiting:
     id: int
     rejoin: int | None  # the token of the flight a rejoin wants, else None
     fresh: bool
+
+
+@dataclass(eq=False)
+class _PendingAck:
+    """An ack that waits until the landing left for every joiner."""
+
+    leader: _Session
+    id: int
+    waiting: set[_Session]
+    timer: asyncio.TimerHandle | None = None
+    sent: bool = False
 
 
 @dataclass
@@ -94,6 +106,7 @@ class _Session:
         # a key whose lock it waits on (str), or the flight it leads (in ``leads``)
         self.parties: dict[int, _Flight | str] = {}
         self.leads: dict[int, _Flight] = {}
+        self.drains: list[_PendingAck] = []  # acks waiting for this write buffer to empty
 
     def send(self, frame: bytes) -> None:
         if not self.closed:
@@ -199,7 +212,10 @@ class Coordinator:
         elif isinstance(request, wire.Cancel):
             self._cancel(session, request.id)
         elif isinstance(request, wire.Reassert):
-            self._reassert(session, request)
+            if request.id in session.parties or request.id in session.leads:
+                session.send(wire.error_frame(request.id, "this id is already in use"))
+            else:
+                self._reassert(session, request)
         elif isinstance(request, wire.Forget):
             self._forget(request.key)
             if request.id is not None:
@@ -292,26 +308,64 @@ class Coordinator:
         if self._flights.get(key) is flight:
             del self._flights[key]
         outcome = land.outcome
-        self._deliver(flight, outcome)
+        written = self._deliver(flight, outcome)
         keep = getattr(outcome, "keep", None)
         if keep:
             self._keep(key, flight.token, outcome, keep)
         if len(self._releasing) >= _RELEASING_MAX:
             self._releasing.clear()  # only an optimisation: the probe takes over
         self._releasing[key] = flight.token
-        session.send(wire.ack_frame(land.id))
+        self._ack_when_drained(session, land.id, written)
         self._after(flight)
 
-    def _deliver(self, flight: _Flight, outcome: wire.Outcome) -> None:
-        """Hand ``outcome`` to every joiner of ``flight`` (which left the table)."""
+    def _ack_when_drained(self, leader: _Session, id: int, written: set[_Session]) -> None:
+        """Acknowledge the landing once it left this process for every joiner: the
+        leader then frees its key lock and forgets the landing, so a landing still in
+        a buffer here (a large value to a slow or frozen joiner) would die with this
+        coordinator. Bounded by the rejoin window: a frozen joiner never holds a key."""
+        waiting = {s for s in written if not s.closed and s.transport.get_write_buffer_size()}
+        if not waiting:
+            leader.send(wire.ack_frame(id))
+            return
+        pending = _PendingAck(leader, id, waiting)
+        for each in waiting:
+            each.drains.append(pending)
+        assert self._loop is not None
+        pending.timer = self._loop.call_later(
+            max(self._rejoin_window, 0.1), self._send_ack, pending
+        )
+
+    def _drained(self, session: _Session) -> None:
+        """``session``'s write buffer is empty (or it closed): acks waiting for it go."""
+        pending, session.drains = session.drains, []
+        for each in pending:
+            each.waiting.discard(session)
+            if not each.waiting:
+                self._send_ack(each)
+
+    def _send_ack(self, pending: _PendingAck) -> None:
+        if pending.sent:
+            return
+        pending.sent = True
+        if pending.timer is not None:
+            pending.timer.cancel()
+        pending.leader.send(wire.ack_frame(pending.id))
+
+    def _deliver(self, flight: _Flight, outcome: wire.Outcome) -> set[_Session]:
+        """Hand ``outcome`` to every joiner of ``flight`` (which left the table);
+        returns the sessions written to."""
+        flight.ended = True
+        written: set[_Session] = set()
         for session, id in flight.joiners:
             session.parties.pop(id, None)
             self._send_ending(session, id, flight.token, outcome)
+            written.add(session)
         flight.joiners.clear()
         if flight.reasserted and self._rejoin_window > 0:
             now = time.monotonic()
             self._endings[flight.token] = _Ending(flight.key, outcome, now + self._rejoin_window)
             self._purge_endings(now)
+        return written
 
     def _send_ending(self, session: _Session, id: int, token: int, outcome: wire.Outcome) -> None:
         if isinstance(outcome, wire.Interrupted):
@@ -329,6 +383,8 @@ class Coordinator:
                     self._run(session, id, flight.key, False)
 
     def _interrupt(self, flight: _Flight, reason: str) -> None:
+        if flight.ended:
+            return
         if self._flights.get(flight.key) is flight:
             del self._flights[flight.key]
         self._deliver(flight, wire.Interrupted(reason))
@@ -354,7 +410,12 @@ class Coordinator:
         flight = self._flights.get(key)
         if flight is not None:
             if flight.token == token:  # the same flight, its leader back on a new connection
-                if flight.leader is not None and flight.leader is not session:
+                if flight.leader is session:
+                    session.send(
+                        wire.error_frame(request.id, "this connection already leads the flight")
+                    )
+                    return
+                if flight.leader is not None:
                     flight.leader.leads.pop(flight.lead_id, None)
                 flight.leader, flight.lead_id = session, request.id
                 session.leads[request.id] = flight
@@ -508,8 +569,9 @@ class Coordinator:
     def _session_closed(self, session: _Session) -> None:
         """A connection ended: its flights are interrupted, its calls withdrawn."""
         session.closed = True
-        for flight in list(session.leads.values()):
-            if flight.leader is session:
+        self._drained(session)  # nothing more will reach it: acks waiting for it go
+        for id, flight in list(session.leads.items()):
+            if flight.leader is session and flight.lead_id == id:
                 flight.leader = None
                 self._interrupt(flight, "its leader's process closed its connection")
         session.leads.clear()
@@ -624,9 +686,15 @@ class _Connection(asyncio.Protocol):
             transport.abort()
             return b""
         transport.write(wire.WELCOME)
+        # Told (resume_writing) when the write buffer is empty again: acks wait for it.
+        transport.set_write_buffer_limits(high=0, low=0)
         session = self._session = _Session(transport, self._pid)
         coordinator._sessions.add(session)
         return rest
+
+    def resume_writing(self) -> None:
+        if self._session is not None:
+            self._coordinator._drained(self._session)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:

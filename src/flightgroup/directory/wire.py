@@ -119,7 +119,9 @@ _LENGTH = struct.Struct(">I")
 
 # Built once: json.dumps and json.loads build a new encoder or decoder on every call that
 # passes options, which is a measurable part of a small frame's cost.
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+# ASCII only: a key (a str) may hold a lone surrogate, which has no UTF-8 form; escaped as
+# \udXXX it is valid JSON and comes back as the same str.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 
 def _refuse_constant(name: str) -> NoReturn:
@@ -236,8 +238,9 @@ async def read_line(reader: asyncio.StreamReader, limit: int = FIRST_LINE_LIMIT)
 def encode_frame(header: Mapping[str, Any], payload: bytes | None = None) -> bytes:
     """One frame: a 4-byte big-endian body length, then the body.
 
-    The body is ``header`` as compact UTF-8 JSON and, when ``payload`` is not None, ``b"\\n"``
-    and the payload as it is (so ``b""`` is a payload, distinct from None). Raises ValueError
+    The body is ``header`` as compact JSON (ASCII, so any str survives) and, when
+    ``payload`` is not None, ``b"\\n"`` and the payload as it is (so ``b""`` is a
+    payload, distinct from None). Raises ValueError
     for a header JSON cannot carry (NaN, infinities) or a body of 4 GiB or more.
     """
     head = _ENCODER.encode(header if isinstance(header, dict) else dict(header)).encode()
