@@ -127,16 +127,32 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
+_OPENING = -2  # Call.fd while the caller creates the key's file
+
+
 class Call:
     """One local flight's request to the directory (its id is reused for the lead)."""
 
-    __slots__ = ("fd", "fresh", "id", "inbox", "joined", "key", "lead", "lock", "sent", "token")
+    __slots__ = (
+        "fd",
+        "fresh",
+        "id",
+        "inbox",
+        "joined",
+        "key",
+        "lead",
+        "lock",
+        "pending",
+        "sent",
+        "token",
+    )
 
     def __init__(self, id: int, key: str, fresh: bool, inbox: Inbox) -> None:
         self.lock = threading.Lock()
-        # The key lock file, opened ahead by the caller: None until then, -1 once the
-        # lead took it or the call ended without leading.
+        # The key lock file, opened ahead by the caller: None until then, _OPENING while
+        # it opens, -1 once the lead took it or the call ended without leading.
         self.fd: int | None = None
+        self.pending: int | None = None  # a lead's token that came while it opened
         self.id = id
         self.key = key
         self.fresh = fresh
@@ -684,31 +700,41 @@ class DirectoryArbiter:
                 call.inbox.put(Event.LEAD, token)
             return
         with call.lock:
-            fd, call.fd = call.fd, -1
+            fd = call.fd
+            if fd == _OPENING:
+                # The caller is still creating the key's file: it takes the lead when
+                # its open returns (in its own thread: no hop back to it, no second
+                # create racing the first on the directory).
+                call.pending = token
+                return
+            call.fd = -1
+        self._take_lead(call, fd, token)
+
+    def _take_lead(self, call: Call, fd: int | None, token: int) -> None:
+        """Take ``call``'s key lock (opening its file unless ``fd`` is open) and tell
+        its driver it leads. Runs on the background loop or in the caller's thread."""
         if fd is None or fd < 0:
             path = fs.key_lock_path(self.directory, call.key)
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             except OSError as exc:
-                self._calls.pop(id, None)
-                self._send(wire.cancel_frame(id))
+                self._calls.pop(call.id, None)
+                self._send(wire.cancel_frame(call.id))
                 _finish(call, Event.FAILED, exc)
                 return
         lead = call.lead = Lead(call, token, fd)
-        self._leads[id] = lead
+        self._leads[call.id] = lead
+        if self._closing:  # taken in the caller's thread while the group closes
+            lead.lose()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             # Held for a moment by the coordinator's probe, or by the leader before us
-            # until its ack arrives: wait for it off this loop.
-            # (A thread of its own: the holder may be a closed group's long work.)
-            loop = asyncio.get_running_loop()
-
+            # until its ack arrives; or by a closed group's long work: a thread waits.
             def wait_for_lock() -> None:
                 with contextlib.suppress(OSError):
                     fcntl.flock(fd, fcntl.LOCK_EX)
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(self._locked, lead)
+                self._locked(lead)
 
             threading.Thread(target=wait_for_lock, name="flightgroup-keylock", daemon=True).start()
             return
@@ -762,18 +788,28 @@ class DirectoryArbiter:
             # Disconnected (maybe refused by another version): try again now; the
             # answer decides this call (ProtocolVersionError while refused).
             self._post(self._kick_now)
+        with call.lock:
+            if call.fd is not None:
+                return call  # answered already
+            call.fd = _OPENING
         try:
             fd = os.open(
                 fs.key_lock_path(self.directory, key), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
                 0o600,
             )
         except OSError:
-            return call  # the lead opens it (and reports the error) if it comes
+            fd = -1  # the lead opens it (and reports the error) if it comes
         with call.lock:
-            if call.fd is None:
-                call.fd = fd
+            pending = call.pending
+            if call.fd == _OPENING:
+                call.fd = -1 if pending is not None else fd
+                if pending is None:
+                    return call
+            else:  # answered meanwhile without a lead: not needed
+                if fd >= 0:
+                    os.close(fd)
                 return call
-        os.close(fd)  # answered meanwhile
+        self._take_lead(call, fd, pending)
         return call
 
     def _kick_now(self) -> None:
@@ -957,7 +993,8 @@ def _finish(call: Call, event: Event, *args: Any) -> None:
 
 
 def _drop_fd(call: Call) -> None:
-    """The call will not lead: close the key lock file it opened ahead."""
+    """The call will not lead: close the key lock file it opened ahead (one still
+    opening is closed by its opener, which finds -1)."""
     with call.lock:
         fd, call.fd = call.fd, -1
     if fd is not None and fd >= 0:
