@@ -21,7 +21,13 @@ def test_quick_benchmark_runs_and_its_must_checks_pass() -> None:
         timeout=55,
         check=False,
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    # On a failure, show what broke: the report's failing rows and any error.
+    broken = [
+        line
+        for line in proc.stdout.splitlines()
+        if "FAIL" in line or "| no" in line or "rror" in line or "crash" in line
+    ]
+    assert proc.returncode == 0, "\n".join([*broken[:40], proc.stderr[-1500:]])
     out = proc.stdout
     for check in ("(b) herd: flightgroup's runs of fn | 1 | 1 | PASS",
                   "(d) failure storm: flightgroup's runs per wave in every wave; every caller "

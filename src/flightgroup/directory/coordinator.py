@@ -193,6 +193,10 @@ class Coordinator:
             except wire.BadRequest as exc:
                 session.send(wire.error_frame(exc.id, exc.message))
                 continue
+            except Exception as exc:  # a request the checks did not foresee: that peer only
+                log.warning("dropped pid %d: its request broke the parser: %r", session.pid, exc)
+                session.transport.abort()
+                return
             self._dispatch(session, request)
 
     # -- requests ---------------------------------------------------------------

@@ -534,7 +534,10 @@ Answer: TypeAlias = (
 
 def _show(value: Any) -> str:
     """A short repr for a message: a peer's field may be megabytes long."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except RecursionError:  # nested as deep as the decoder allows
+        return "<a value nested too deeply to show>"
     return text if len(text) <= 60 else text[:57] + "..."
 
 
