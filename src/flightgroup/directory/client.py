@@ -198,14 +198,19 @@ class Lead:
         if fd >= 0:
             os.close(fd)
 
-    def lose(self) -> None:
-        """The lease is lost: the running attempt's work is told."""
+    def lose(self, only_running: bool = False) -> bool:
+        """The lease is lost: the running attempt's work is told. With
+        ``only_running``, only if the work has not ended (atomically with land()).
+        Returns whether it was lost now."""
         with self.lock:
+            if self.lost or (only_running and self.work_done):
+                return False
             self.lost = True
             attempt = self.attempt
         if attempt is not None:
             attempt.revoked = True
             attempt.lose()
+        return True
 
 
 class Channel:
@@ -664,7 +669,8 @@ class DirectoryArbiter:
         elif isinstance(answer, wire.Ack):
             lead = self._leads.get(answer.id)
             if lead is not None and lead.landing is not None:
-                lead.acked = True
+                with lead.lock:
+                    lead.acked = True
                 self._end_lead(lead)
         elif isinstance(answer, wire.Rejected):
             lead = self._leads.get(answer.id)
@@ -758,11 +764,15 @@ class DirectoryArbiter:
         self._end_lead(lead)
 
     def _end_lead(self, lead: Lead) -> None:
-        """Free the key lock once the work ended and the flight needs nothing more."""
-        if lead.work_done and (lead.acked or lead.lost or self._closing):
-            self._leads.pop(lead.call.id, None)
-            self._calls.pop(lead.call.id, None)
-            lead.release()
+        """Free the key lock once the work ended and the flight needs nothing more.
+        Called by each side after it set its flag (work_done in the work's thread,
+        acked or lost here), so one of them sees both."""
+        with lead.lock:
+            if not (lead.work_done and (lead.acked or lead.lost or self._closing)):
+                return
+        self._leads.pop(lead.call.id, None)
+        self._calls.pop(lead.call.id, None)
+        lead.release()
 
     # -- what drivers call (any thread) -----------------------------------------
 
@@ -844,20 +854,26 @@ class DirectoryArbiter:
 
     def land(self, call: Call, outcome: wire.Outcome | None) -> None:
         """The work ended: hand ``outcome`` over (None: nothing to land, the lease
-        was lost). The key lock is freed once the coordinator acknowledged."""
+        was lost). Sent from the work's own thread, like a run request; the key lock
+        is freed once the coordinator acknowledged (kept until then for a resend)."""
         lead = call.lead
         assert lead is not None
-        if not self._post(self._land, lead, outcome):
-            lead.release()  # the group's loop is gone: nobody to hand it to
-
-    def _land(self, lead: Lead, outcome: wire.Outcome | None) -> None:
-        lead.work_done = True
+        frame = None
         if outcome is not None and not lead.lost:
-            lead.landing = wire.land_frame(lead.call.id, lead.token, outcome)
-            self._send(lead.landing)
+            frame = wire.land_frame(call.id, lead.token, outcome)  # outside the locks
+        with self._send_lock:  # in order with a reconnect's resends
+            with lead.lock:
+                lead.work_done = True
+                if frame is not None and not lead.lost:
+                    lead.landing = frame
+                else:
+                    frame = None
+            channel = self._channel
+            if frame is not None and channel is not None:
+                channel.send(frame)
         self._end_lead(lead)
         if self._closing:
-            self._check_closed()
+            self._post(self._check_closed)
 
     def withdraw(self, call: Call) -> None:
         """The flight's driver stopped before the call ended: give it back."""
@@ -939,12 +955,11 @@ class DirectoryArbiter:
                 del self._calls[call.id]
                 _finish(call, Event.FAILED, GroupClosedError())
         for lead in list(self._leads.values()):
-            if not lead.work_done:
+            if lead.lose(only_running=True):
                 # The group closed: its outcome will not be delivered. Its joiners
                 # elsewhere are told now (an interrupted landing), not when a later
                 # coordinator finds its key lock free; the lock stays held until the
                 # work ends (land() frees it then).
-                lead.lose()
                 lead.landing = wire.land_frame(
                     lead.call.id, lead.token, wire.Interrupted("its leader's group closed")
                 )
