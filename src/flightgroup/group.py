@@ -391,11 +391,7 @@ class FlightGroup:
                     return self._deliver(flight, True)
                 if flight.joined_remote and on_join is not None:
                     call_on_join, on_join = on_join, None
-                    try:
-                        call_on_join()
-                    except BaseException:
-                        self._abandon(flight, waiter, None)
-                        raise
+                    self._on_join_or_withdraw(flight, waiter, call_on_join)
             elif role is Role.TAKE:  # joined a flight that already ended
                 if on_join is not None:
                     on_join()
@@ -571,11 +567,7 @@ class FlightGroup:
                     return self._deliver(flight, True)
                 if flight.joined_remote and on_join is not None:
                     call_on_join, on_join = on_join, None
-                    try:
-                        call_on_join()
-                    except BaseException:
-                        self._abandon(flight, waiter, None)
-                        raise
+                    self._on_join_or_withdraw(flight, waiter, call_on_join)
             elif role is Role.TAKE:  # joined a flight that already ended
                 if on_join is not None:
                     on_join()
@@ -622,6 +614,17 @@ class FlightGroup:
             assert isinstance(signal, Flight)
             flight, fresh_of = signal, None
             role, waiter = table.claim(flight, new_thread_waiter, policy)
+
+    def _on_join_or_withdraw(
+        self, flight: Flight, waiter: Waiter, on_join: Callable[[], object]
+    ) -> None:
+        """(Wide scopes) the leading caller learned it joined a flight led elsewhere:
+        its on_join runs; if that raises, the caller withdraws and raises it."""
+        try:
+            on_join()
+        except BaseException:
+            self._abandon(flight, waiter, None)
+            raise
 
     def _abandon(self, flight: Flight, waiter: Waiter, fresh_of: Flight | None) -> None:
         """This caller stops waiting (cancel, timeout, on_join raised, interrupt).
