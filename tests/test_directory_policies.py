@@ -282,3 +282,40 @@ def test_a_closed_group_rejects_calls_and_the_directory_goes_on(directory: str) 
         assert epoch is not None and epoch >= 2
     finally:
         b.close()
+
+
+def test_status_lists_the_flights_in_progress(directory: str) -> None:
+    a, b = _groups(directory)
+    try:
+        started, release = threading.Event(), threading.Event()
+
+        def work() -> str:
+            started.set()
+            release.wait(10)
+            return "done"
+
+        results: list[object] = []
+        leader = threading.Thread(target=lambda: results.append(a.run_sync("k", work)))
+        leader.start()
+        assert started.wait(10)
+        joined = threading.Event()
+        joiner = threading.Thread(
+            target=lambda: results.append(b.run_sync("k", work, on_join=joined.set))
+        )
+        joiner.start()
+        assert joined.wait(10)
+        assert b._arbiter is not None
+        flights = [f for f in b._arbiter.status() if f["key"] == "k"]
+        assert len(flights) == 1
+        flight = flights[0]
+        assert set(flight) == {"key", "token", "leader_pid", "joiners", "age_s"}
+        assert flight["leader_pid"] == os.getpid() and flight["joiners"] == 1
+        assert flight["token"] >> 32 == fs_module.read_epoch(directory)
+        release.set()
+        leader.join(10)
+        joiner.join(10)
+        arbiter = b._arbiter
+        # (a's landing and b's request travel on two connections: no order between them)
+        wait_until(lambda: not [f for f in arbiter.status() if f["key"] == "k"], "no flight")
+    finally:
+        _close(a, b)
