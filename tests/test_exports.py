@@ -71,3 +71,19 @@ def test_error_attributes() -> None:
 def test_lease_has_no_public_constructor() -> None:
     with pytest.raises(TypeError, match="no public constructor"):
         flightgroup.Lease()
+
+
+def test_the_process_scope_imports_no_directory_machinery() -> None:
+    """`import flightgroup` loads no fcntl/Unix-socket code: the directory scope's
+    modules come with the first directory group, so the process scope imports anywhere."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, flightgroup; g = flightgroup.FlightGroup(); "
+        "print(sorted(m for m in sys.modules if m.startswith('flightgroup.directory')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True
+    )
+    assert out.stdout.strip() == "[]"

@@ -29,10 +29,9 @@ import weakref
 from asyncio import events
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from contextvars import copy_context
-from typing import Any, ParamSpec, Protocol, Self, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, Self, TypeVar, cast, overload
 
 from .codec import Codec, check_codec, encode_bytes
-from .directory.client import Call, DirectoryArbiter, Event, from_wire, to_wire
 from .errors import (
     FlightFailedError,
     FlightInterruptedError,
@@ -64,6 +63,12 @@ from .lease import _CURRENT
 from .policy import NO_POLICY, FlightPolicy, Limits, Retention, Retry, check_seconds
 from .retention import estimate_size
 from .stats import Stats
+
+if TYPE_CHECKING:
+    from .directory.client import Call, DirectoryArbiter, Event
+
+# The wide scopes' modules are imported when a group of that scope is made: the process
+# scope needs none of their OS interfaces (fcntl, Unix sockets), so it imports anywhere.
 
 __all__ = ["Coalesced", "FlightGroup", "Result"]
 
@@ -223,6 +228,8 @@ class FlightGroup:
         self._codec = codec
         self._arbiter: DirectoryArbiter | None = None
         if directory is not None:
+            from .directory.client import DirectoryArbiter
+
             self._arbiter = DirectoryArbiter(
                 path, max_frame=max_frame_bytes, reconnect_timeout=reconnect_timeout
             )
@@ -737,6 +744,8 @@ class FlightGroup:
             if following is None:
                 break
             if call is not None:  # each attempt has its own token from the scope
+                from .directory.client import Event
+
                 assert self._arbiter is not None
                 self._arbiter.retry(call)
                 event, args = await call.inbox.get()
@@ -800,6 +809,8 @@ class FlightGroup:
             if following is None:
                 break
             if call is not None:  # each attempt has its own token from the scope
+                from .directory.client import Event
+
                 assert self._arbiter is not None
                 self._arbiter.retry(call)
                 event, args = call.inbox.get_sync()
@@ -821,6 +832,8 @@ class FlightGroup:
 
     async def _drive_wide_async(self, flight: Flight, work: Callable[[], Awaitable[Any]]) -> None:
         """The work task of a wide group's flight: ask the scope, then lead or follow."""
+        from .directory.client import Event
+
         arbiter = self._arbiter
         assert arbiter is not None
         try:
@@ -856,6 +869,8 @@ class FlightGroup:
         """The sync twin of _drive_wide_async, in the leading caller's thread (which
         then calls ``on_join`` itself when the flight joins one led elsewhere).
         Returns what on_join raised, for that caller to raise once the flight ended."""
+        from .directory.client import Event
+
         arbiter = self._arbiter
         assert arbiter is not None
         flight.parent = parent
@@ -908,6 +923,8 @@ class FlightGroup:
 
     def _end_remote(self, flight: Flight, event: Event, args: tuple[Any, ...]) -> None:
         """Settle a flight whose outcome came from the scope (or that cannot go on)."""
+        from .directory.client import Event, from_wire
+
         if event is Event.LANDED:
             token, landed, _kept = args
             outcome, error, data = from_wire(flight.key, landed)
@@ -964,6 +981,8 @@ class FlightGroup:
                 error = lost
             arbiter.land(call, None)
             return Outcome.LOST, error
+        from .directory.client import to_wire
+
         arbiter.land(call, to_wire(flight.key, outcome, data, error, flight.policy))
         return outcome, error
 

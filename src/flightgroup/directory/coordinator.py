@@ -621,9 +621,12 @@ class _Connection(asyncio.Protocol):
         self._transport = transport
         coordinator = self._coordinator
         sock = transport.get_extra_info("socket")
-        pid, uid, _gid = _PEERCRED.unpack(
-            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-        )
+        if hasattr(socket, "SO_PEERCRED"):
+            pid, uid, _gid = _PEERCRED.unpack(
+                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+            )
+        else:  # no peer credentials here (not Linux): the 0600 socket is the only guard
+            pid, uid = 0, coordinator._uid
         self._pid = pid
         if uid != coordinator._uid:
             log.warning("refused a peer of uid %d (pid %d): not this coordinator's user", uid, pid)
