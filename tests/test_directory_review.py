@@ -128,11 +128,6 @@ def _live_coordinator(*groups: FlightGroup) -> Any:
 # -----------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a joiner rejoins by the token of the attempt it joined; after a retry "
-    "the leader reasserts the newer token and the joiner is interrupted",
-)
 def test_joiner_of_a_retried_flight_survives_a_failover(directory: str) -> None:
     c = _coordinating(directory)
     a = _group(directory, retry=Retry(attempts=2, backoff=0.001, jitter=False))
@@ -222,11 +217,6 @@ def test_joiner_of_a_flight_without_retry_survives_a_failover(directory: str) ->
 # -----------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a fresh run that waited for a flight's end is served that very flight's "
-    "kept outcome (Coordinator._after runs it as a plain run)",
-)
 def test_fresh_caller_elsewhere_never_gets_the_kept_outcome_of_the_older_flight(
     directory: str,
 ) -> None:
@@ -259,11 +249,6 @@ def test_fresh_caller_elsewhere_never_gets_the_kept_outcome_of_the_older_flight(
         _close(a, b)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: forget() of a group that has not connected yet returns without telling "
-    "the coordinator, so the kept outcome is served again",
-)
 def test_forget_from_a_group_that_never_called_reaches_the_coordinator(directory: str) -> None:
     a = _coordinating(directory, retention=Retention(success=60.0))
     b = _group(directory, retention=Retention(success=60.0))
@@ -343,11 +328,6 @@ def test_a_closed_groups_running_work_keeps_the_key_and_the_next_call_waits(
         _close(b, c)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: close() does not wake a sync leading caller whose lead waits on the key "
-    "lock; it hangs until the lock frees, then runs its work in the closed group",
-)
 def test_close_wakes_a_sync_leader_waiting_for_the_key_lock(directory: str) -> None:
     c = _coordinating(directory)
     b = _group(directory)
@@ -374,12 +354,6 @@ def test_close_wakes_a_sync_leader_waiting_for_the_key_lock(directory: str) -> N
         _close(b, c)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a lead still waiting on its key lock when the group closes is never "
-    "released if its driver is gone (the withdraw cannot reach the stopped loop): "
-    "the key lock leaks",
-)
 def test_a_lead_waiting_on_its_key_lock_at_close_never_leaks_the_lock(directory: str) -> None:
     c = _coordinating(directory)
     b = _group(directory)
@@ -410,11 +384,6 @@ def test_a_lead_waiting_on_its_key_lock_at_close_never_leaks_the_lock(directory:
         _close(c)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a sync work past its deadline runs on detached, but its key lock is "
-    "freed at the landing's ack: another group runs the key beside it (ADR 0010)",
-)
 def test_a_sync_work_past_its_deadline_keeps_the_key_lock_until_it_ends(directory: str) -> None:
     c = _coordinating(directory)
     a = _group(directory, deadline=0.2)
@@ -471,11 +440,6 @@ def _remote_leader(
     return a, running, release, leader
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a sync leading caller with a timeout, woken by JOINED after the flight "
-    "already settled, skips its on_join (it tests flight.outcome, not the signal)",
-)
 def test_sync_leading_caller_with_timeout_calls_on_join_when_joined_and_landed_race(
     directory: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -523,11 +487,6 @@ def test_sync_leading_caller_with_timeout_calls_on_join_when_joined_and_landed_r
         _close(a, b, c)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: an async leading caller whose eager driver hears JOINED and LANDED in its "
-    "first step returns from run() without calling on_join",
-)
 def test_async_leading_caller_calls_on_join_when_the_landing_is_already_in(
     directory: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -599,11 +558,6 @@ def test_async_leading_caller_calls_on_join_once_when_it_joins_elsewhere(directo
         _close(a, b, c)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a sync leading caller (no timeout) whose on_join raises waits for the "
-    "remote flight's end before raising, instead of withdrawing (API.md: on_join)",
-)
 def test_sync_leading_caller_whose_on_join_raises_withdraws_at_once(directory: str) -> None:
     c = _coordinating(directory)
     b = _group(directory)
@@ -642,11 +596,6 @@ def test_joiner_elsewhere_is_interrupted_when_the_leaders_group_closes(directory
         _close(a, b, c)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a flight forgotten while it runs is still kept by the coordinator when "
-    "it lands (Coordinator._land keeps without checking it was detached)",
-)
 def test_a_flight_forgotten_while_it_runs_is_not_kept(directory: str) -> None:
     c = _coordinating(directory)
     a = _group(directory, retention=Retention(success=60.0))

@@ -242,6 +242,9 @@ class Flight:
     # raises a copy of ``error``); ``joined_remote``: told it joined a flight led
     # elsewhere (the leading caller's on_join is due).
     wide: Any = None
+    # (wide scopes) ends of sync attempts left running past their deadline: the key
+    # lock is held until each is set
+    stragglers: list[threading.Event] | None = None
     fresh_lead = False  # its leader came with fresh=True (the wide scope must know)
     remote = False
     joined_remote = False

@@ -310,6 +310,8 @@ class FlightGroup:
         if role is Role.LEAD:
             self._start_async(flight, work, loop)
             if flight.outcome is not None:  # the work finished eagerly: no waiting
+                if flight.joined_remote and on_join is not None:
+                    on_join()  # (wide scopes) it joined elsewhere, and the outcome came
                 return self._deliver(flight, True)
             role = Role.LEADING
         elif role is Role.KEPT:
@@ -600,13 +602,15 @@ class FlightGroup:
                 raise
             if not taken and table.withdraw(flight, waiter):
                 raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
+            if leader and flight.joined_remote and taken and on_join is not None:
+                # (wide scopes) this leading caller became a joiner (its waiter was
+                # detached to tell it, or the outcome came right after): on_join first.
+                call_on_join, on_join = on_join, None
+                call_on_join()
             if leader and flight.outcome is None and not flight.closed:
-                # (wide scopes) woken with JOINED: this leading caller became a joiner.
+                # (wide scopes) woken with JOINED: wait again, as a joiner now.
                 if not taken:
                     raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
-                if on_join is not None:
-                    call_on_join, on_join = on_join, None
-                    call_on_join()
                 role = Role.LEADING
                 continue
             # Taken, or detached as we gave up: either way the signal is on the flight.
@@ -879,7 +883,6 @@ class FlightGroup:
         except Exception as exc:
             self._settle_remote(flight, Outcome.INTERRUPTED, exc)
             return None
-        failed: BaseException | None = None
         try:
             while True:
                 event, args = call.inbox.get_sync()
@@ -890,8 +893,14 @@ class FlightGroup:
                     call_on_join, on_join = on_join, None
                     try:
                         call_on_join()
-                    except Exception as exc:  # the others here still wait for the flight
-                        failed = exc
+                    except Exception as exc:
+                        # This caller withdraws now; the flight goes on for the others
+                        # here on a thread of its own, to its outcome.
+                        threading.Thread(
+                            target=self._follow_remote_sync, args=(flight, call),
+                            name="flightgroup-follow", daemon=True,
+                        ).start()
+                        return exc
         except BaseException as exc:  # KeyboardInterrupt while waiting
             arbiter.withdraw(call)
             self._settle_remote(
@@ -905,7 +914,17 @@ class FlightGroup:
             self._drive_sync(flight, work, parent, call)
         else:
             self._end_remote(flight, event, args)
-        return failed
+        return None
+
+    def _follow_remote_sync(self, flight: Flight, call: Call) -> None:
+        """Wait for the outcome of the flight ``call`` joined elsewhere, and settle."""
+        from .directory.client import Event
+
+        while True:
+            event, args = call.inbox.get_sync()
+            if event is not Event.JOINED:
+                break
+        self._end_remote(flight, event, args)
 
     def _lead_wide(self, flight: Flight, call: Call, token: int) -> None:
         """This process leads the flight in the scope: its work runs under ``token``."""
@@ -979,11 +998,12 @@ class FlightGroup:
                 lost = LeaseLostError(flight.key)
                 lost.__cause__ = error
                 error = lost
-            arbiter.land(call, None)
+            arbiter.land(call, None, flight.stragglers)
             return Outcome.LOST, error
         from .directory.client import to_wire
 
-        arbiter.land(call, to_wire(flight.key, outcome, data, error, flight.policy))
+        wired = to_wire(flight.key, outcome, data, error, flight.policy)
+        arbiter.land(call, wired, flight.stragglers)
         return outcome, error
 
     def _will_retry(
@@ -1247,12 +1267,14 @@ def _attempt_sync_with_deadline(
     detached; its late ending goes to this attempt's own box, which nobody reads."""
     box: list[Ending] = []
     done = new_thread_waiter()
+    ended = threading.Event()  # the work itself returned (for a wide scope's key lock)
 
     def body() -> None:
         try:
             box.append(_attempt_sync(attempt, work))
         finally:
             done.release()
+            ended.set()
 
     threading.Thread(
         target=copy_context().run, args=(body,), name=f"flightgroup-work-{attempt.token}",
@@ -1262,7 +1284,10 @@ def _attempt_sync_with_deadline(
         return box[0]
     attempt.timed_out = True
     attempt.lose()
-    return Outcome.TIMEOUT, None, FlightTimeoutError(attempt.flight.key, deadline)
+    flight = attempt.flight
+    if flight.wide is not None:  # it still runs: its key lock must outlive it
+        flight.stragglers = [*(flight.stragglers or ()), ended]
+    return Outcome.TIMEOUT, None, FlightTimeoutError(flight.key, deadline)
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

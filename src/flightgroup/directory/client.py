@@ -167,12 +167,14 @@ class Lead:
     """A flight this process leads: its key lock and its landing until acked."""
 
     __slots__ = (
+        "abandoned",
         "acked",
         "attempt",
         "call",
         "fd",
         "landing",
         "lock",
+        "locked",
         "lost",
         "retrying",
         "token",
@@ -189,6 +191,8 @@ class Lead:
         self.work_done = False
         self.acked = False
         self.lost = False
+        self.locked = False  # the key lock is held (the work may start)
+        self.abandoned = False  # given up before it was locked (closed or withdrawn)
         self.retrying = False  # an `attempt` request is out
 
     def release(self) -> None:
@@ -370,6 +374,7 @@ class DirectoryArbiter:
         # Guards the channel, call registration and ``Call.sent`` (callers send their
         # own run requests from their threads; the loop resends after a reconnect).
         self._send_lock = threading.Lock()
+        self._connected_now = threading.Event()  # set while a channel is up
         self._kick: asyncio.Event | None = None
         self._coordinator: Coordinator | None = None
         self._closing = False
@@ -561,6 +566,7 @@ class DirectoryArbiter:
         self._given_up = False
         with self._send_lock:
             self._channel = channel
+            self._connected_now.set()
             # Leaders first: a reassert (and its landing) before any rejoin of the key.
             for lead in list(self._leads.values()):
                 if lead.lost or lead.acked:
@@ -572,13 +578,20 @@ class DirectoryArbiter:
                     channel.send(wire.attempt_frame(lead.call.id))
             for call in list(self._calls.values()):
                 if call.lead is None and not call.sent:
-                    self._send_run(call, channel)
+                    if call.pending is not None:
+                        # It was told to lead while it opened its key file; the lead is
+                        # being taken: the new coordinator hears a reassert, not a run.
+                        call.sent = True
+                        channel.send(wire.reassert_frame(call.id, call.key, call.pending))
+                    else:
+                        self._send_run(call, channel)
 
     def _disconnected(self, channel: Channel) -> None:
         with self._send_lock:
             if self._channel is channel:
                 self._channel = None
-            for call in self._calls.values():
+                self._connected_now.clear()
+            for call in list(self._calls.values()):  # (a work's thread may pop one)
                 call.sent = False
         for id, waiter in list(self._waiters.items()):
             del self._waiters[id]
@@ -738,8 +751,14 @@ class DirectoryArbiter:
             # Held for a moment by the coordinator's probe, or by the leader before us
             # until its ack arrives; or by a closed group's long work: a thread waits.
             def wait_for_lock() -> None:
-                with contextlib.suppress(OSError):
+                try:
                     fcntl.flock(fd, fcntl.LOCK_EX)
+                except OSError as exc:  # never lead without the lock
+                    with lead.lock:
+                        lead.abandoned = True
+                    lead.release()
+                    self._post(self._lock_failed, lead, exc)
+                    return
                 self._locked(lead)
 
             threading.Thread(target=wait_for_lock, name="flightgroup-keylock", daemon=True).start()
@@ -747,11 +766,37 @@ class DirectoryArbiter:
         self._locked(lead)
 
     def _locked(self, lead: Lead) -> None:
+        with lead.lock:
+            if lead.abandoned:  # closed or withdrawn while it waited for the lock
+                fd = -1
+            else:
+                lead.locked = True
+                fd = lead.fd
+        if fd < 0:
+            lead.release()
+            return
         # Evidence for the epoch (ADR 0009). Fixed width, so no truncate (which costs
         # a journal commit on ext4): a token has at most 19 digits.
         with contextlib.suppress(OSError):
-            os.pwrite(lead.fd, b"%-20d\n" % lead.token, 0)
+            os.pwrite(fd, b"%-20d\n" % lead.token, 0)
         lead.call.inbox.put(Event.LEAD, lead.token)
+
+    def _lock_failed(self, lead: Lead, exc: OSError) -> None:
+        call = lead.call
+        self._leads.pop(call.id, None)
+        if self._calls.pop(call.id, None) is not None:
+            self._send(wire.cancel_frame(call.id))
+            _finish(call, Event.FAILED, exc)
+
+    def _abandon(self, lead: Lead) -> bool:
+        """Give up a lead still waiting for its key lock (its fd is closed: the lock,
+        if the waiting thread gets it, goes with the file). True if it was waiting."""
+        with lead.lock:
+            if lead.locked:
+                return False
+            lead.abandoned = True
+        lead.release()
+        return True
 
     def _lose(self, lead: Lead, reason: str) -> None:
         if lead.lost or lead.acked:
@@ -852,18 +897,50 @@ class DirectoryArbiter:
         # Disconnected: the reassert on the next connection keeps the lead; the
         # retry asks again then (see _connected), or the lease is lost.
 
-    def land(self, call: Call, outcome: wire.Outcome | None) -> None:
-        """The work ended: hand ``outcome`` over (None: nothing to land, the lease
+    def land(
+        self,
+        call: Call,
+        outcome: wire.Outcome | None,
+        stragglers: list[threading.Event] | None = None,
+    ) -> None:
+        """The flight ended: hand ``outcome`` over (None: nothing to land, the lease
         was lost). Sent from the work's own thread, like a run request; the key lock
-        is freed once the coordinator acknowledged (kept until then for a resend)."""
+        is freed once the coordinator acknowledged (kept until then for a resend)
+        and every attempt's work has returned: ``stragglers`` are the ends of sync
+        attempts still running past their deadline (the key never runs beside them)."""
         lead = call.lead
         assert lead is not None
+        running = [ended for ended in stragglers or () if not ended.is_set()]
+        if running:
+            waiter = threading.Thread(
+                target=self._after_stragglers, args=(call, running),
+                name="flightgroup-straggler", daemon=True,
+            )
+            self._send_landing(call, lead, outcome, work_done=False)
+            waiter.start()
+            return
+        self._send_landing(call, lead, outcome, work_done=True)
+
+    def _after_stragglers(self, call: Call, running: list[threading.Event]) -> None:
+        for ended in running:
+            ended.wait()
+        lead = call.lead
+        assert lead is not None
+        with lead.lock:
+            lead.work_done = True
+        self._end_lead(lead)
+        if self._closing:
+            self._post(self._check_closed)
+
+    def _send_landing(
+        self, call: Call, lead: Lead, outcome: wire.Outcome | None, *, work_done: bool
+    ) -> None:
         frame = None
         if outcome is not None and not lead.lost:
             frame = wire.land_frame(call.id, lead.token, outcome)  # outside the locks
         with self._send_lock:  # in order with a reconnect's resends
             with lead.lock:
-                lead.work_done = True
+                lead.work_done = work_done
                 if frame is not None and not lead.lost:
                     lead.landing = frame
                 else:
@@ -877,7 +954,8 @@ class DirectoryArbiter:
 
     def withdraw(self, call: Call) -> None:
         """The flight's driver stopped before the call ended: give it back."""
-        self._post(self._withdraw, call)
+        if not self._post(self._withdraw, call):
+            self._withdraw(call)  # the group's loop is gone: nothing else runs here
 
     def _withdraw(self, call: Call) -> None:
         if self._calls.pop(call.id, None) is None:
@@ -885,27 +963,38 @@ class DirectoryArbiter:
         lead = call.lead
         if lead is not None:
             self._leads.pop(call.id, None)
+            with lead.lock:
+                lead.abandoned = True
             lead.release()
         if call.sent:
             self._send(wire.cancel_frame(call.id))
 
     def forget(self, key: str, timeout: float = 5.0) -> None:
         """Tell the coordinator: the next call of ``key`` leads a new flight. Returns
-        once it confirmed (so a later call anywhere sees it), or at once when no
-        coordinator is connected (a new one keeps nothing anyway)."""
-        if self._loop is None:
+        once it confirmed, so a later call anywhere sees it (connecting first if this
+        group is not connected; sent again if the connection drops meanwhile), or
+        after ``timeout`` when no coordinator answers."""
+        if self._closing:
             return
-        waiter: Future[Any] = Future()
-        with self._send_lock:
-            channel = self._channel
-            if channel is None:
+        self._ensure_started()
+        end = time.monotonic() + timeout
+        while (left := end - time.monotonic()) > 0:
+            if not self._connected_now.wait(left):
                 return
-            self._next_id += 1
-            id = self._next_id
-            self._waiters[id] = waiter
-            channel.send(wire.forget_frame(key, id))
-        with contextlib.suppress(Exception):  # a lost connection: the next one keeps nothing
-            waiter.result(timeout)
+            waiter: Future[Any] = Future()
+            with self._send_lock:
+                channel = self._channel
+                if channel is None:
+                    continue
+                self._next_id += 1
+                id = self._next_id
+                self._waiters[id] = waiter
+                channel.send(wire.forget_frame(key, id))
+            try:
+                waiter.result(max(0.0, end - time.monotonic()))
+                return
+            except Exception:  # the connection dropped: the next coordinator is told
+                continue
 
     def status(self, timeout: float = 5.0) -> list[dict[str, Any]]:
         """The flights in progress in the directory (a read-only request)."""
@@ -955,6 +1044,15 @@ class DirectoryArbiter:
                 del self._calls[call.id]
                 _finish(call, Event.FAILED, GroupClosedError())
         for lead in list(self._leads.values()):
+            if self._abandon(lead):  # still waiting for its key lock: it never starts
+                self._leads.pop(lead.call.id, None)
+                self._calls.pop(lead.call.id, None)
+                _finish(lead.call, Event.FAILED, GroupClosedError())
+                lead.landing = wire.land_frame(
+                    lead.call.id, lead.token, wire.Interrupted("its leader's group closed")
+                )
+                self._send(lead.landing)
+                continue
             if lead.lose(only_running=True):
                 # The group closed: its outcome will not be delivered. Its joiners
                 # elsewhere are told now (an interrupted landing), not when a later
@@ -969,7 +1067,7 @@ class DirectoryArbiter:
 
     def _check_closed(self) -> None:
         """Finish closing once no landing waits for an ack (or time is up)."""
-        waiting = [lead for lead in self._leads.values() if lead.landing and not lead.acked]
+        waiting = [lead for lead in list(self._leads.values()) if lead.landing and not lead.acked]
         if waiting and time.monotonic() < self._close_by and not self._given_up:
             assert self._loop is not None
             self._loop.call_later(0.01, self._check_closed)

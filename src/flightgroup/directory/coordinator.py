@@ -233,7 +233,11 @@ class Coordinator:
             raise RuntimeError(f"epoch {self.epoch} has no tokens left")
         return self.epoch << 32 | self._sequence
 
-    def _run(self, session: _Session, id: int, key: str, fresh: bool) -> None:
+    def _run(
+        self, session: _Session, id: int, key: str, fresh: bool, kept: bool = True
+    ) -> None:
+        """Lead or join ``key``; ``kept``: a kept outcome may serve it (not a fresh
+        call, nor one that waited for the end of the very flight that is kept)."""
         flight = self._flights.get(key)
         if flight is not None:
             if fresh:
@@ -242,10 +246,10 @@ class Coordinator:
             else:
                 self._join(flight, session, id)
             return
-        if not fresh:
-            kept = self._kept_of(key)
-            if kept is not None:
-                token, outcome = kept
+        if not fresh and kept:
+            entry = self._kept_of(key)
+            if entry is not None:
+                token, outcome = entry
                 session.send(wire.landed_frame(id, token, outcome, kept=True))
                 return
         waiting = self._waiting.get(key)
@@ -301,6 +305,13 @@ class Coordinator:
             return
         flight.token = self._next_token()
         session.send(wire.lead_frame(id, flight.token))
+        # Joiners learn the new token (a `joined` again), so that after a failover
+        # they rejoin the flight by the token its leader reasserts.
+        if flight.joiners:
+            pid = session.pid
+            age = round(time.monotonic() - flight.started, 6)
+            for joiner, joiner_id in flight.joiners:
+                joiner.send(wire.joined_frame(joiner_id, flight.token, pid, age))
 
     def _land(self, session: _Session, land: wire.Land) -> None:
         flight = session.leads.get(land.id)
@@ -309,12 +320,13 @@ class Coordinator:
             return
         del session.leads[land.id]
         key = flight.key
-        if self._flights.get(key) is flight:
+        current = self._flights.get(key) is flight
+        if current:
             del self._flights[key]
         outcome = land.outcome
         written = self._deliver(flight, outcome)
         keep = getattr(outcome, "keep", None)
-        if keep:
+        if keep and current:  # a flight detached by forget() is never kept
             self._keep(key, flight.token, outcome, keep)
         if len(self._releasing) >= _RELEASING_MAX:
             self._releasing.clear()  # only an optimisation: the probe takes over
@@ -384,7 +396,7 @@ class Coordinator:
             if session.parties.get(id) is flight:
                 del session.parties[id]
                 if not session.closed:
-                    self._run(session, id, flight.key, False)
+                    self._run(session, id, flight.key, False, kept=False)
 
     def _interrupt(self, flight: _Flight, reason: str) -> None:
         if flight.ended:
