@@ -970,14 +970,7 @@ class FlightGroup:
         if token is not None:
             flight.token = token
         self._table.ran_elsewhere(flight)
-        detached = self._table.settle(flight, outcome, None, error, data)
-        if detached is not None:
-            waiters, fresh = detached
-            if waiters:
-                wake(waiters, SETTLED)
-            if fresh:
-                following = flight.next
-                wake(fresh, following if following is not None else CLOSED)
+        self._settle(flight, outcome, None, error, data)
 
     def _land_wide(
         self,
@@ -1050,6 +1043,20 @@ class FlightGroup:
                 size = len(data) if data is not None else estimate_size(value)
             elif outcome is Outcome.ERROR and retention.error:
                 size = estimate_size(error)
+        self._settle(flight, outcome, value, error, data, size)
+        return error if outcome is Outcome.INTERRUPTED else None
+
+    def _settle(
+        self,
+        flight: Flight,
+        outcome: Outcome,
+        value: Any,
+        error: BaseException | None,
+        data: bytes | None,
+        size: int = 0,
+    ) -> None:
+        """Record the outcome in the table and wake every waiter: the joiners to read
+        it, the fresh callers to claim the next flight."""
         detached = self._table.settle(flight, outcome, value, error, data, size)
         if detached is not None:
             waiters, fresh = detached
@@ -1058,7 +1065,6 @@ class FlightGroup:
             if fresh:
                 following = flight.next
                 wake(fresh, following if following is not None else CLOSED)
-        return error if outcome is Outcome.INTERRUPTED else None
 
     def _deliver(self, flight: Flight, leader: bool) -> Result[Any]:
         """Turn a settled flight into this caller's return value or exception."""
