@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -29,3 +32,14 @@ def loop_thread() -> Iterator[LoopThread]:
         yield lt
     finally:
         lt.close()
+
+
+@pytest.fixture
+def directory() -> Iterator[str]:
+    """A directory group's path that does not exist yet, short enough for its socket
+    (103 bytes: pytest's tmp_path can be longer), removed afterwards."""
+    path = tempfile.mkdtemp(prefix="fgt", dir="/tmp")
+    try:
+        yield os.path.join(path, "d")
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

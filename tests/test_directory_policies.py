@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import tempfile
 import threading
-from collections.abc import Iterator
 
 import pytest
 
@@ -33,15 +30,6 @@ from flightgroup import (
 )
 
 from .support import run, wait_until
-
-
-@pytest.fixture
-def directory() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="fgp", dir="/tmp")
-    try:
-        yield os.path.join(path, "d")
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _groups(directory: str, n: int = 2, **kwargs: object) -> list[FlightGroup]:

@@ -12,10 +12,8 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
-import shutil
-import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -35,15 +33,6 @@ from flightgroup.directory import fs as fs_module
 from flightgroup.directory.client import DirectoryArbiter, Event
 
 from .support import wait_until
-
-
-@pytest.fixture
-def directory() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="fgr", dir="/tmp")
-    try:
-        yield os.path.join(path, "d")
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _group(directory: str, **kwargs: Any) -> FlightGroup:
