@@ -35,13 +35,18 @@ def _connect_as(uid: int, path: str) -> bytes:
             peer = socket.socket(socket.AF_UNIX)
             peer.settimeout(10)
             peer.connect(path)
-            peer.sendall(b'{"protocol":"flightgroup","version":1}\n')
+            try:
+                peer.sendall(b'{"protocol":"flightgroup","version":1}\n')
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused on connect, before our hello: its answer is still queued
             try:
                 while chunk := peer.recv(4096):
                     os.write(write_end, chunk)
             except ConnectionResetError:
                 pass  # closed without reading our hello: the reset follows the answer
             code = 0
+        except BaseException as error:  # shown by the parent's assertion
+            os.write(write_end, repr(error).encode())
         finally:
             os._exit(code)
     os.close(write_end)
