@@ -65,7 +65,11 @@ from .retention import estimate_size
 from .stats import Stats
 
 if TYPE_CHECKING:
-    from .directory.client import Call, DirectoryArbiter, Event
+    from .directory.client import DirectoryArbiter
+    from .redis.arbiter import RedisArbiter
+    from .wide import Arbiter, Event
+
+    Call = Any  # a wide scope's call: the arbiter's own object (see wide.Arbiter)
 
 # The wide scopes' modules are imported when a group of that scope is made: the process
 # scope needs none of their OS interfaces (fcntl, Unix sockets), so it imports anywhere.
@@ -84,6 +88,7 @@ _EAGER = sys.version_info >= (3, 12)
 _WAIT_MAX = threading.TIMEOUT_MAX
 _SOCKET_PATH_LIMIT = 103  # bytes of UTF-8; macOS allows 104 with the NUL, Linux 108
 _DIRECTORY_MAX_VALUE = 64 * 1024 * 1024
+_FLEET_MAX_VALUE = 1024 * 1024
 
 
 def _check_key(key: object) -> str:
@@ -149,6 +154,7 @@ class FlightGroup:
         "_closed",
         "_codec",
         "_deadline",
+        "_fleet",
         "_max_value_bytes",
         "_policy",
         "_table",
@@ -221,12 +227,24 @@ class FlightGroup:
             raise TypeError("max_frame_bytes must be an int")
         if max_frame_bytes < 1024:
             raise ValueError("max_frame_bytes must be at least 1024")
-        if redis is not None:
-            raise NotImplementedError("the fleet scope is not built yet (issue 5)")
         policy = FlightPolicy(self._deadline, retry, retention, limits)
         self._policy = NO_POLICY if policy == NO_POLICY else policy
         self._codec = codec
-        self._arbiter: DirectoryArbiter | None = None
+        self._arbiter: Arbiter | None = None
+        self._fleet: RedisArbiter | None = None
+        if redis is not None:
+            assert namespace is not None
+            try:
+                from .redis.arbiter import RedisArbiter
+            except ImportError as exc:  # the extra is not installed
+                raise ImportError(
+                    "the fleet scope needs redis-py: pip install 'flightgroup[redis]'"
+                ) from exc
+            if max_value_bytes is None:
+                max_value_bytes = _FLEET_MAX_VALUE
+            self._arbiter = self._fleet = RedisArbiter(
+                redis, namespace, lease=lease, cluster=cluster, max_value_bytes=max_value_bytes
+            )
         if directory is not None:
             from .directory.client import DirectoryArbiter
 
@@ -545,14 +563,19 @@ class FlightGroup:
             if role is Role.LEAD:
                 leader = True
                 wide = self._arbiter is not None
-                if at is None:
-                    if wide:
-                        failed = self._drive_wide_sync(flight, work, _current_flight(), on_join)
-                        if failed is not None:  # on_join raised while the flight ran
-                            raise failed
-                    else:
-                        self._drive_sync(flight, work, _current_flight())
+                if at is None and not wide:
+                    self._drive_sync(flight, work, _current_flight())
                     return self._deliver(flight, True)
+                if at is None:
+                    call_on_join, on_join = on_join, None  # the driver calls it
+                    failed = self._drive_wide_sync(
+                        flight, work, _current_flight(), call_on_join
+                    )
+                    if failed is not None:  # on_join raised while the flight ran
+                        raise failed
+                    # Settled, or (fleet) settling once Redis has the landing.
+                    role = Role.LEADING
+                    continue
                 waiter = new_thread_waiter()
                 context = copy_context()
                 drive: Callable[..., Any] = self._drive_wide_sync if wide else self._drive_sync
@@ -748,7 +771,7 @@ class FlightGroup:
             if following is None:
                 break
             if call is not None:  # each attempt has its own token from the scope
-                from .directory.client import Event
+                from .wide import Event
 
                 assert self._arbiter is not None
                 self._arbiter.retry(call)
@@ -813,7 +836,7 @@ class FlightGroup:
             if following is None:
                 break
             if call is not None:  # each attempt has its own token from the scope
-                from .directory.client import Event
+                from .wide import Event
 
                 assert self._arbiter is not None
                 self._arbiter.retry(call)
@@ -836,7 +859,7 @@ class FlightGroup:
 
     async def _drive_wide_async(self, flight: Flight, work: Callable[[], Awaitable[Any]]) -> None:
         """The work task of a wide group's flight: ask the scope, then lead or follow."""
-        from .directory.client import Event
+        from .wide import Event
 
         arbiter = self._arbiter
         assert arbiter is not None
@@ -873,7 +896,7 @@ class FlightGroup:
         """The sync twin of _drive_wide_async, in the leading caller's thread (which
         then calls ``on_join`` itself when the flight joins one led elsewhere).
         Returns what on_join raised, for that caller to raise once the flight ended."""
-        from .directory.client import Event
+        from .wide import Event
 
         arbiter = self._arbiter
         assert arbiter is not None
@@ -918,7 +941,7 @@ class FlightGroup:
 
     def _follow_remote_sync(self, flight: Flight, call: Call) -> None:
         """Wait for the outcome of the flight ``call`` joined elsewhere, and settle."""
-        from .directory.client import Event
+        from .wide import Event
 
         while True:
             event, args = call.inbox.get_sync()
@@ -942,7 +965,7 @@ class FlightGroup:
 
     def _end_remote(self, flight: Flight, event: Event, args: tuple[Any, ...]) -> None:
         """Settle a flight whose outcome came from the scope (or that cannot go on)."""
-        from .directory.client import Event, from_wire
+        from .wide import Event, from_wire
 
         if event is Event.LANDED:
             token, landed, _kept = args
@@ -982,22 +1005,43 @@ class FlightGroup:
     ) -> tuple[Outcome, BaseException | None]:
         """Hand the outcome to the scope, unless the lease was lost: then the leader
         gets LeaseLostError (the work's own error as its cause) and nothing lands."""
-        arbiter = self._arbiter
-        assert arbiter is not None
-        lead = call.lead
-        attempt = flight.attempt
-        if (lead is not None and lead.lost) or (attempt is not None and attempt.revoked):
-            if not isinstance(error, LeaseLostError):
-                lost = LeaseLostError(flight.key)
-                lost.__cause__ = error
-                error = lost
+        arbiter = cast("DirectoryArbiter", self._arbiter)
+        if _lost(flight, call):
             arbiter.land(call, None, flight.stragglers)
-            return Outcome.LOST, error
-        from .directory.client import to_wire
+            return Outcome.LOST, _lease_lost(flight.key, error)
+        from .wide import to_wire
 
         wired = to_wire(flight.key, outcome, data, error, flight.policy)
         arbiter.land(call, wired, flight.stragglers)
         return outcome, error
+
+    def _land_fleet(
+        self,
+        flight: Flight,
+        call: Call,
+        outcome: Outcome,
+        data: bytes | None,
+        error: BaseException | None,
+    ) -> None:
+        """Hand the outcome to Redis; the flight settles here when Redis took it, or
+        as lost (LeaseLostError for the leader) when the flight is no longer ours.
+        (Stragglers are not waited for: Redis has no key lock to keep.)"""
+        fleet = self._fleet
+        assert fleet is not None
+        if _lost(flight, call):
+            fleet.land(call, None)
+            self._settle_landed(flight, Outcome.LOST, None, _lease_lost(flight.key, error), None)
+            return
+        from .wide import to_wire
+
+        def landed(fenced: bool) -> None:
+            if fenced:
+                lost = _lease_lost(flight.key, error)
+                self._settle_landed(flight, Outcome.LOST, None, lost, None)
+            else:
+                self._settle_landed(flight, outcome, None, error, data)
+
+        fleet.land(call, to_wire(flight.key, outcome, data, error, flight.policy), landed)
 
     def _will_retry(
         self, flight: Flight, number: int, outcome: Outcome, error: BaseException | None
@@ -1031,9 +1075,24 @@ class FlightGroup:
             else:
                 value = None
         if flight.wide is not None:
+            if self._fleet is not None:  # settled once Redis took the landing
+                self._land_fleet(flight, flight.wide, outcome, data, error)
+                return error if outcome is Outcome.INTERRUPTED else None
             outcome, error = self._land_wide(flight, flight.wide, outcome, data, error)
             if outcome is Outcome.LOST:
                 data = None
+        self._settle_landed(flight, outcome, value, error, data)
+        return error if outcome is Outcome.INTERRUPTED else None
+
+    def _settle_landed(
+        self,
+        flight: Flight,
+        outcome: Outcome,
+        value: Any,
+        error: BaseException | None,
+        data: bytes | None,
+    ) -> None:
+        """Settle the flight this process led with its outcome."""
         size = 0
         retention = flight.policy.retention
         if retention is not None and retention.max_bytes is not None:
@@ -1044,7 +1103,6 @@ class FlightGroup:
             elif outcome is Outcome.ERROR and retention.error:
                 size = estimate_size(error)
         self._settle(flight, outcome, value, error, data, size)
-        return error if outcome is Outcome.INTERRUPTED else None
 
     def _settle(
         self,
@@ -1218,9 +1276,28 @@ class FlightGroup:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         scope = "process scope"
-        if self._arbiter is not None:
-            scope = f"directory {self._arbiter.directory!r}"
+        if self._fleet is not None:
+            scope = f"fleet {self._fleet.namespace!r}"
+        elif self._arbiter is not None:
+            scope = f"directory {cast('DirectoryArbiter', self._arbiter).directory!r}"
         return f"<FlightGroup {scope}, {state}, {len(self._table.flights)} flights>"
+
+
+def _lost(flight: Flight, call: Call) -> bool:
+    """The lease of the flight this process leads in a wide scope is lost."""
+    lead = call.lead
+    attempt = flight.attempt
+    return (lead is not None and lead.lost) or (attempt is not None and attempt.revoked)
+
+
+def _lease_lost(key: str, error: BaseException | None) -> BaseException:
+    """What a leader that lost its lease raises: LeaseLostError, the work's own
+    error as its cause (or the lease's own error, when the work raised that)."""
+    if isinstance(error, LeaseLostError):
+        return error
+    lost = LeaseLostError(key)
+    lost.__cause__ = error
+    return lost
 
 
 def _wire_key(flight: Flight) -> str:

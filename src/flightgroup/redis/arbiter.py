@@ -1,0 +1,742 @@
+"""The fleet arbiter: how one group takes part in a Redis namespace.
+
+Everything here runs on one background thread per group, with its own event loop
+and its own redis-py clients (DESIGN.md: the cross-process machinery never depends
+on a caller's loop). A local flight asks once (``submit``); the answer comes in one
+round trip from the ACQUIRE script: lead, join, a kept outcome, or (fresh) wait for
+the running flight's end and ask again.
+
+- A joiner reads the flight's mailbox (a stream named by its token) from its start
+  with a blocking XREAD, on a client of its own whose socket timeout exceeds the
+  block and that never re-sends: the outcome is pushed, and no order of "starts
+  reading" and "the leader lands" loses it. A read that times out asks CHECK.
+- A leader's lease is renewed every lease/3, all flights of the process in one
+  RENEW per tick (per slot on a Cluster). RENEW answering 0, or no successful
+  renewal for a whole lease, loses it.
+- A landing is COMPLETE; the engine settles the flight here only once Redis took it
+  (or fenced it: then the leader gets LeaseLostError).
+
+Field ownership: ``FleetCall``/``FleetLead`` fields are written on the background
+loop, except ``FleetLead.attempt``/``lost``/``work_done``, guarded by its lock (a
+work ends on its own thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.crc import key_slot
+from redis.exceptions import RedisError, ResponseError
+
+from ..directory import wire
+from ..errors import GroupClosedError, UnavailableError
+from ..wide import Event, Inbox
+from . import scripts
+
+if TYPE_CHECKING:
+    from redis.commands.core import AsyncScript
+
+    from ..flight import Attempt
+
+__all__ = ["FleetCall", "RedisArbiter"]
+
+log = logging.getLogger("flightgroup")
+
+_NO_FLIGHT_YET = 2**53  # a fresh call's first ACQUIRE: no flight that exists now is new
+_FENCE_TTL_MS = 86_400_000  # the fence key lives a day past its last use
+_SLACK = 0.05  # a joiner's clock starts after the reply: wait this much past the lease
+_MAX_BLOCK = 30.0  # one XREAD blocks at most this long (then reads again)
+_COMMAND_TIMEOUT = 5.0  # socket timeout of the command client (redis-py's default)
+_RETRY_PAUSE = 0.05  # between tries of a step that cannot reach Redis yet
+
+
+class FleetCall:
+    """One local flight's request to the namespace."""
+
+    __slots__ = ("fresh", "inbox", "key", "lead", "nonce", "reading", "task", "withdrawn")
+
+    def __init__(self, key: str, fresh: bool) -> None:
+        self.key = key
+        self.fresh = fresh
+        self.inbox = Inbox()
+        self.nonce = uuid.uuid4().hex  # makes a re-sent ACQUIRE find its own flight
+        self.lead: FleetLead | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.reading = False  # only a read may be cancelled: a script may have run
+        self.withdrawn = False
+
+
+class FleetLead:
+    """A flight this process leads: its token, its lease, its landing."""
+
+    __slots__ = ("attempt", "call", "landing", "lock", "lost", "renewed_at", "token", "work_done")
+
+    def __init__(self, call: FleetCall, token: int, renewed_at: float) -> None:
+        self.call = call
+        self.token = token
+        # When the last renewal that Redis took was sent: the record lives a lease past it.
+        self.renewed_at = renewed_at
+        self.lock = threading.Lock()
+        self.attempt: Attempt | None = None
+        self.lost = False
+        self.work_done = False
+        self.landing: asyncio.Task[None] | None = None
+
+    def lose(self, only_running: bool = False) -> bool:
+        """The lease is lost: the running attempt's work is told. With
+        ``only_running``, only if the work has not ended. Returns whether it was
+        lost now."""
+        with self.lock:
+            if self.lost or (only_running and self.work_done):
+                return False
+            self.lost = True
+            attempt = self.attempt
+        if attempt is not None:
+            attempt.revoked = True
+            attempt.lose()
+        return True
+
+
+class _Names:
+    """The Redis key names of one flightgroup key."""
+
+    __slots__ = ("fence", "record")
+
+    def __init__(self, namespace: str, key: str, cluster: bool) -> None:
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        self.record = f"fg:{{{namespace}:{digest}}}"
+        self.fence = f"{self.record}:f" if cluster else f"fg:{{{namespace}}}:fence"
+
+    def parked(self, token: int) -> str:
+        return f"{self.record}:x:{token}"
+
+    def mailbox(self, token: int) -> str:
+        return f"{self.record}:m:{token}"
+
+
+def _fields(flat: Sequence[Any]) -> dict[bytes, bytes]:
+    """A stream entry's or a hash's flat [name, value, ...] reply as a dict."""
+    return {flat[i]: flat[i + 1] for i in range(0, len(flat) - 1, 2)}
+
+
+def encode_outcome(outcome: wire.Outcome) -> tuple[str, bytes, float]:
+    """(code, payload, seconds to keep) of an outcome, as the mailbox holds it."""
+    if isinstance(outcome, wire.Value):
+        return "ok", outcome.data, outcome.keep or 0.0
+    if isinstance(outcome, wire.Failure):
+        body = {"type": outcome.type, "module": outcome.module, "message": outcome.message}
+        return "err", json.dumps(body).encode(), outcome.keep or 0.0
+    if isinstance(outcome, wire.Timeout):
+        return "tmo", repr(outcome.deadline).encode(), 0.0
+    return "int", outcome.reason.encode(), 0.0
+
+
+def decode_outcome(code: bytes | None, payload: bytes | None) -> wire.Outcome:
+    """The outcome of a mailbox entry (or a kept record); anything unreadable is an
+    interruption, never a wrong value."""
+    payload = payload if payload is not None else b""
+    try:
+        if code == b"ok":
+            return wire.Value(payload)
+        if code == b"err":
+            body = json.loads(payload)
+            return wire.Failure(str(body["type"]), str(body["module"]), str(body["message"]))
+        if code == b"tmo":
+            return wire.Timeout(float(payload))
+        if code == b"int":
+            return wire.Interrupted(payload.decode(errors="replace") or "its leader stopped")
+    except (KeyError, TypeError, ValueError):
+        pass
+    return wire.Interrupted("its outcome in Redis could not be read")
+
+
+class RedisArbiter:
+    """Lead or join for the fleet scope of a group (see the module)."""
+
+    def __init__(
+        self,
+        url: str,
+        namespace: str,
+        *,
+        lease: float = 10.0,
+        cluster: bool = False,
+        max_value_bytes: int = 1024 * 1024,
+    ) -> None:
+        self.url = url
+        self.namespace = namespace
+        self._lease = lease
+        self._lease_ms = max(1, round(lease * 1000))
+        self._cluster = cluster
+        self._max_value_bytes = max_value_bytes
+        self._pid = os.getpid()
+        self._host = socket.gethostname()
+        self._start_lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._client: Any = None  # Redis | RedisCluster: scripts and commands
+        self._blocking: Any = None  # Redis | RedisCluster: the joiners' XREADs
+        self._scripts: dict[str, AsyncScript] = {}
+        self._ready: asyncio.Task[None] | None = None
+        self._calls: set[FleetCall] = set()
+        self._leads: set[FleetLead] = set()
+        self._renewer: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+
+    # -- starting ---------------------------------------------------------------
+
+    def _ensure_started(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is not None:
+            return loop
+        with self._start_lock:
+            if self._closing:
+                raise GroupClosedError()
+            if self._loop is not None:
+                return self._loop
+            loop = asyncio.new_event_loop()
+            ready = threading.Event()
+            self._thread = threading.Thread(
+                target=self._run_loop, args=(loop, ready), name="flightgroup-fleet", daemon=True
+            )
+            self._thread.start()
+            ready.wait()
+            self._loop = loop
+            return loop
+
+    def _run_loop(self, loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
+        asyncio.set_event_loop(loop)
+        self._client = self._make_client(_COMMAND_TIMEOUT, retries=3)
+        # Blocking reads: a socket timeout past the longest block, and no silent re-send.
+        self._blocking = self._make_client(_MAX_BLOCK + _COMMAND_TIMEOUT, retries=0)
+        self._scripts = {
+            name: self._client.register_script(body) for name, body in scripts.SCRIPTS.items()
+        }
+        self._ready = loop.create_task(self._startup())
+        loop.call_soon(ready.set)
+        try:
+            loop.run_forever()
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        finally:
+            loop.close()
+
+    def _make_client(self, socket_timeout: float, retries: int) -> Any:
+        retry = (
+            Retry(ExponentialWithJitterBackoff(base=0.02, cap=0.5), retries)
+            if retries
+            else Retry(NoBackoff(), 0)
+        )
+        options: dict[str, Any] = {
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": _COMMAND_TIMEOUT,
+            "retry": retry,
+        }
+        if self._cluster:
+            return RedisCluster.from_url(self.url, **options)
+        return aioredis.Redis.from_url(self.url, **options)
+
+    async def _startup(self) -> None:
+        """Load the scripts (a call then needs no NOSCRIPT round trips) and warn when
+        the server may evict the library's keys. Best effort: a call reports its own
+        errors."""
+        client = self._client
+        try:
+            if not self._cluster:
+                async with client.pipeline(transaction=False) as pipe:
+                    for body in scripts.SCRIPTS.values():
+                        pipe.script_load(body)
+                    await pipe.execute()
+            policy = await client.config_get("maxmemory-policy")
+        except RedisError:
+            return
+        value = policy.get(b"maxmemory-policy") or policy.get("maxmemory-policy")
+        if isinstance(value, bytes):
+            value = value.decode()
+        if value and value != "noeviction":
+            log.warning(
+                "Redis at %s has maxmemory-policy %s: it may evict flightgroup's keys "
+                "(an evicted flight acts like a lost lease); use noeviction or a "
+                "database of its own", self._where(), value,
+            )
+
+    def _where(self) -> str:
+        return self.url.split("@")[-1]  # never log a password
+
+    def _post(self, fn: Callable[..., object], *args: Any) -> bool:
+        loop = self._loop
+        if loop is None:
+            return False
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop closed
+            return False
+        return True
+
+    async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return await self._scripts[name](keys=keys, args=args, client=self._client)
+
+    def _unavailable(self, exc: BaseException) -> UnavailableError:
+        error = UnavailableError(f"cannot reach Redis at {self._where()}: {exc}")
+        error.__cause__ = exc
+        return error
+
+    # -- what drivers call (any thread) -----------------------------------------
+
+    def submit(self, key: str, fresh: bool) -> FleetCall:
+        """Ask the namespace to lead or join ``key``; events go to the call's inbox."""
+        if self._closing:
+            raise GroupClosedError()
+        loop = self._ensure_started()
+        call = FleetCall(key, fresh)
+        try:
+            loop.call_soon_threadsafe(self._begin, call)
+        except RuntimeError:  # closed meanwhile
+            raise GroupClosedError() from None
+        return call
+
+    def bind(self, call: FleetCall, attempt: Attempt) -> None:
+        """The attempt whose work runs under ``call``'s lead (it hears a loss)."""
+        lead = call.lead
+        assert lead is not None
+        with lead.lock:
+            lead.attempt = attempt
+            lost = lead.lost
+        if lost:
+            attempt.revoked = True
+            attempt.lose()
+
+    def retry(self, call: FleetCall) -> None:
+        """Ask a new token for the next attempt; the inbox hears LEAD or LOST."""
+        if not self._post_task(self._attempt(call)):
+            call.inbox.put(Event.LOST, "the group closed")
+
+    def land(
+        self,
+        call: FleetCall,
+        outcome: wire.Outcome | None,
+        done: Callable[[bool], None] | None = None,
+    ) -> None:
+        """The flight ended: hand ``outcome`` over (None: nothing to land, the lease
+        was lost). ``done(fenced)`` is called once Redis took the landing (False)
+        or refused it because the flight is no longer this leader's (True)."""
+        lead = call.lead
+        assert lead is not None
+        with lead.lock:
+            lead.work_done = True
+        if not self._post_task(self._land(lead, outcome, done)) and done is not None:
+            done(True)  # the group closed: nothing can land any more
+
+    def withdraw(self, call: FleetCall) -> None:
+        """The flight's driver stopped before the call ended: give it back."""
+        self._post(self._withdraw, call)
+
+    def forget(self, key: str, timeout: float = _COMMAND_TIMEOUT + 1) -> None:
+        """The next call of ``key`` leads a new flight; a kept outcome is dropped, a
+        running flight runs on for its joiners (parked under its token)."""
+        if self._closing:
+            return
+        self._wait(self._script("forget", [_Names(self.namespace, key, self._cluster).record], []),
+                   timeout)
+
+    def status(self, timeout: float = 10.0, limit: int = 10_000) -> list[dict[str, Any]]:
+        """The flights in progress in the namespace (a bounded SCAN, never KEYS)."""
+        flights: list[dict[str, Any]] = self._wait(self._status(limit), timeout)
+        return flights
+
+    def _wait(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
+        loop = self._ensure_started()
+        future = asyncio.run_coroutine_threadsafe(coro, loop)
+        try:
+            return future.result(timeout)
+        except RedisError as exc:
+            raise self._unavailable(exc) from exc
+        except TimeoutError as exc:
+            future.cancel()
+            raise self._unavailable(exc) from exc
+
+    # -- on the background loop ----------------------------------------------------
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        assert self._loop is not None
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)  # the loop keeps only a weak reference
+        task.add_done_callback(self._tasks.discard)
+
+    def _post_task(self, coro: Coroutine[Any, Any, None]) -> bool:
+        """Run ``coro`` on the background loop (from any thread); False if closed."""
+        if self._post(self._spawn, coro):
+            return True
+        coro.close()
+        return False
+
+    def _begin(self, call: FleetCall) -> None:
+        if self._closing:
+            call.inbox.put(Event.FAILED, GroupClosedError())
+            return
+        assert self._loop is not None
+        self._calls.add(call)
+        call.task = self._loop.create_task(self._acquire(call))
+
+    def _end(self, call: FleetCall, event: Event, *args: Any) -> None:
+        """The call ends without leading (or its lead is given back)."""
+        self._calls.discard(call)
+        call.inbox.put(event, *args)
+
+    async def _acquire(self, call: FleetCall) -> None:
+        if self._ready is not None and not self._ready.done():
+            await asyncio.shield(self._ready)
+        names = _Names(self.namespace, call.key, self._cluster)
+        min_token = _NO_FLIGHT_YET if call.fresh else 0
+        while True:
+            sent = time.monotonic()
+            try:
+                reply = await self._script(
+                    "acquire",
+                    [names.record, names.fence],
+                    [call.nonce, self._lease_ms, _FENCE_TTL_MS, min_token, self._pid,
+                     self._host, call.key],
+                )
+            except RedisError as exc:
+                self._end(call, Event.FAILED, self._unavailable(exc))
+                return
+            kind, token = int(reply[0]), int(reply[1])
+            if kind == 1:
+                self._lead(call, names, token, sent)
+                return
+            if call.withdrawn:
+                self._calls.discard(call)
+                return
+            if kind == 3:
+                self._end(call, Event.LANDED, token, decode_outcome(reply[2], reply[3]), True)
+                return
+            if kind == 2:
+                age = int(reply[5]) / 1e6
+                call.inbox.put(Event.JOINED, token, int(reply[3]), age, reply[4].decode())
+                ended = await self._read_outcome(call, names, token, int(reply[2]), follow=True)
+                self._end(call, *ended)
+                return
+            # kind 4 (fresh): the flight that runs began before this call; after its
+            # end, the first flight from the next token on is this call's.
+            await self._read_outcome(call, names, token, int(reply[2]), follow=False)
+            if call.withdrawn:
+                self._calls.discard(call)
+                return
+            min_token = token + 1
+
+    async def _read_outcome(
+        self, call: FleetCall, names: _Names, token: int, pttl: int, *, follow: bool
+    ) -> tuple[Any, ...]:
+        """Wait for flight ``token``'s outcome: (Event, *args) for the call's inbox.
+        ``follow``: a retry's new token is told to the call (JOINED) and followed."""
+        deadline = time.monotonic() + max(pttl, 0) / 1000 + _SLACK
+        unreachable: BaseException | None = None
+        while True:
+            fields: dict[bytes, bytes] | None = None
+            left = deadline - time.monotonic()
+            if left > 0:
+                call.reading = True
+                try:
+                    reply = await self._blocking.xread(
+                        {names.mailbox(token): b"0"}, count=1,
+                        block=max(1, round(min(left, _MAX_BLOCK) * 1000)),
+                    )
+                    unreachable = None
+                except RedisError as exc:
+                    unreachable, reply = exc, None
+                    await asyncio.sleep(_RETRY_PAUSE)
+                finally:
+                    call.reading = False
+                if reply:
+                    fields = reply[0][1][0][1]
+                elif unreachable is None and time.monotonic() < deadline:
+                    continue  # a capped block ended: read again
+            if fields is None:
+                try:
+                    checked = await self._script(
+                        "check", [names.record, names.parked(token), names.mailbox(token)],
+                        [token],
+                    )
+                except RedisError as exc:
+                    if time.monotonic() > deadline + self._lease:
+                        return (Event.FAILED, self._unavailable(exc))
+                    await asyncio.sleep(_RETRY_PAUSE)
+                    continue
+                if int(checked[0]) == 0:
+                    if unreachable is not None:
+                        reason = "Redis lost its flight while it was unreachable"
+                    else:
+                        reason = "its leader stopped renewing its lease"
+                    return (Event.INTERRUPTED, reason)
+                if int(checked[0]) == 2:
+                    deadline = time.monotonic() + max(int(checked[1]), 0) / 1000 + _SLACK
+                    continue
+                fields = _fields(checked[1])
+            code = fields.get(b"c")
+            if code == b"next":  # a retry: the flight goes on under a new token
+                token = int(fields.get(b"v", b"0"))
+                if follow:
+                    call.inbox.put(Event.JOINED, token, 0, 0.0, "")
+                deadline = time.monotonic() + self._lease + _SLACK
+                continue
+            return (Event.LANDED, token, decode_outcome(code, fields.get(b"v")), False)
+
+    def _lead(self, call: FleetCall, names: _Names, token: int, sent: float) -> None:
+        lead = FleetLead(call, token, sent)
+        call.lead = lead
+        if call.withdrawn or self._closing:
+            self._calls.discard(call)
+            lead.work_done = True
+            self._spawn(self._abandon(lead, "its leader withdrew before it started"))
+            if self._closing:
+                call.inbox.put(Event.FAILED, GroupClosedError())
+            return
+        self._leads.add(lead)
+        if self._renewer is None or self._renewer.done():
+            assert self._loop is not None
+            self._renewer = self._loop.create_task(self._renew())
+        call.inbox.put(Event.LEAD, token)
+
+    def _withdraw(self, call: FleetCall) -> None:
+        call.withdrawn = True
+        self._calls.discard(call)
+        lead = call.lead
+        if lead is not None:
+            self._leads.discard(lead)
+            with lead.lock:
+                lead.work_done = True
+            self._spawn(self._abandon(lead, "its leader withdrew"))
+        elif call.reading and call.task is not None:
+            call.task.cancel()  # a read only; a script in flight finishes and sees withdrawn
+
+    async def _abandon(self, lead: FleetLead, reason: str) -> None:
+        """Tell the flight's joiners at once that it will not land (best effort: if
+        Redis is out of reach, the lease runs out instead)."""
+        self._leads.discard(lead)
+        names = _Names(self.namespace, lead.call.key, self._cluster)
+        token = lead.token
+        with contextlib.suppress(RedisError):
+            await self._script(
+                "abandon", [names.record, names.parked(token), names.mailbox(token)],
+                [token, self._grace_ms(0.0), reason],
+            )
+
+    def _grace_ms(self, keep: float) -> int:
+        """How long a mailbox lives: past any joiner's wait and any kept outcome."""
+        return round(max(self._lease, keep) * 1000) + 1000
+
+    def _lose(self, lead: FleetLead, reason: str) -> None:
+        if lead.lose():
+            log.info("lost the lease of a flight of %s (token %d): %s",
+                     _digest(lead.call.key), lead.token, reason)
+
+    async def _renew(self) -> None:
+        """Renew every lease of this process each lease/3, in one call (per slot)."""
+        while self._leads:
+            await asyncio.sleep(self._lease / 3)
+            leads = [lead for lead in self._leads if not lead.lost]
+            groups: dict[int, list[tuple[FleetLead, int]]] = {}
+            for lead in leads:
+                names = _Names(self.namespace, lead.call.key, self._cluster)
+                slot = key_slot(names.record.encode()) if self._cluster else 0
+                groups.setdefault(slot, []).append((lead, lead.token))
+            await asyncio.gather(*(self._renew_some(batch) for batch in groups.values()))
+
+    async def _renew_some(self, batch: list[tuple[FleetLead, int]]) -> None:
+        keys: list[str] = []
+        args: list[Any] = [self._lease_ms]
+        for lead, token in batch:
+            names = _Names(self.namespace, lead.call.key, self._cluster)
+            keys += [names.record, names.parked(token)]
+            args.append(token)
+        sent = time.monotonic()
+        try:
+            renewed = await self._script("renew", keys, args)
+        except RedisError as exc:
+            now = time.monotonic()
+            for lead, _ in batch:
+                if now - lead.renewed_at > self._lease:
+                    self._lose(lead, f"Redis was out of reach for a whole lease ({exc})")
+            return
+        for (lead, token), ok in zip(batch, renewed, strict=True):
+            if lead.token != token:  # a retry moved it meanwhile: its own reply counts
+                continue
+            if int(ok):
+                lead.renewed_at = max(lead.renewed_at, sent)
+            else:
+                self._lose(lead, "Redis no longer holds its flight")
+
+    async def _attempt(self, call: FleetCall) -> None:
+        lead = call.lead
+        assert lead is not None
+        if lead.lost or self._closing:
+            call.inbox.put(Event.LOST, "the group closed" if self._closing else "lost")
+            return
+        names = _Names(self.namespace, call.key, self._cluster)
+        old = lead.token
+        while True:
+            sent = time.monotonic()
+            try:
+                reply = await self._script(
+                    "attempt",
+                    [names.record, names.parked(old), names.fence, names.mailbox(old)],
+                    [old, call.nonce, self._lease_ms, _FENCE_TTL_MS, self._grace_ms(0.0)],
+                )
+            except RedisError as exc:
+                if time.monotonic() - lead.renewed_at > self._lease:
+                    self._lose(lead, f"Redis was out of reach for a whole lease ({exc})")
+                    call.inbox.put(Event.LOST, "Redis was out of reach")
+                    return
+                await asyncio.sleep(_RETRY_PAUSE)
+                continue
+            break
+        if int(reply[0]) == 0:
+            self._lose(lead, "Redis no longer holds its flight")
+            call.inbox.put(Event.LOST, "lost")
+            return
+        lead.token, lead.renewed_at = int(reply[1]), sent
+        call.inbox.put(Event.LEAD, lead.token)
+
+    async def _land(
+        self, lead: FleetLead, outcome: wire.Outcome | None, done: Callable[[bool], None] | None
+    ) -> None:
+        call = lead.call
+        self._calls.discard(call)
+        if outcome is None:  # lost before it landed: its joiners hear it now
+            await self._abandon(lead, "its leader lost its lease")
+            if done is not None:
+                done(True)
+            return
+        lead.landing = asyncio.current_task()
+        names = _Names(self.namespace, call.key, self._cluster)
+        token = lead.token
+        code, payload, keep = encode_outcome(outcome)
+        fenced = True
+        while True:
+            try:
+                reply = await self._script(
+                    "complete", [names.record, names.parked(token), names.mailbox(token)],
+                    [token, code, payload, round(keep * 1000), self._grace_ms(keep),
+                     self._max_value_bytes],
+                )
+            except ResponseError as exc:  # refused (over max_value_bytes): not landed
+                log.warning("Redis refused a landing of %s: %s", _digest(call.key), exc)
+                break
+            except RedisError as exc:
+                if time.monotonic() - lead.renewed_at > self._lease:
+                    self._lose(lead, f"Redis was out of reach for a whole lease ({exc})")
+                    break
+                await asyncio.sleep(_RETRY_PAUSE)
+                continue
+            fenced = int(reply[0]) == 0
+            break
+        self._leads.discard(lead)
+        if fenced:
+            self._lose(lead, "its landing was fenced: Redis holds a newer flight")
+        if done is not None:
+            done(fenced)
+
+    async def _status(self, limit: int) -> list[dict[str, Any]]:
+        client = self._client
+        pattern = f"fg:{{{_glob_escape(self.namespace)}:*"
+        names: list[bytes] = []
+        async for name in client.scan_iter(match=pattern, count=1000):
+            tail = name.rsplit(b"}", 1)[-1]
+            if tail == b"" or tail.startswith(b":x:"):
+                names.append(name)
+                if len(names) >= limit:
+                    break
+        if not names:
+            return []
+        now = await client.time()
+        now_us = now[0] * 1_000_000 + now[1]
+        records = await asyncio.gather(
+            *(client.hmget(name, "k", "t", "s", "p", "h", "b", "j") for name in names)
+        )
+        flights = []
+        for record in records:
+            key, token, state, pid, host, began, joiners = record
+            if state != b"R" or token is None:
+                continue
+            flights.append({
+                "key": (key or b"").decode(errors="replace"),
+                "token": int(token),
+                "leader_pid": int(pid or 0),
+                "host": (host or b"").decode(errors="replace"),
+                "joiners": int(joiners or 0),
+                "age_s": round(max(0, now_us - int(began or now_us)) / 1e6, 3),
+            })
+        flights.sort(key=lambda flight: flight["token"])
+        return flights
+
+    # -- closing ----------------------------------------------------------------
+
+    def close(self) -> None:
+        """Interrupt the flights led here whose work has not ended (their joiners
+        elsewhere hear it at once), end the calls still waiting, wait for landings
+        already made, then disconnect. Works still running run on to their end."""
+        with self._start_lock:
+            if self._closing:
+                return
+            self._closing = True
+        loop = self._loop
+        if loop is None:
+            return
+        future: Future[None] = asyncio.run_coroutine_threadsafe(self._close(), loop)
+        with contextlib.suppress(Exception):
+            future.result(2 * _COMMAND_TIMEOUT + self._lease)
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(5)
+
+    async def _close(self) -> None:
+        for call in list(self._calls):
+            if call.lead is None:
+                self._calls.discard(call)
+                if call.reading and call.task is not None:
+                    call.task.cancel()
+                call.withdrawn = True
+                call.inbox.put(Event.FAILED, GroupClosedError())
+        abandons = []
+        landings = []
+        for lead in list(self._leads):
+            if lead.landing is not None:
+                landings.append(lead.landing)
+            elif lead.lose(only_running=True):
+                abandons.append(self._abandon(lead, "its leader's group closed"))
+        await asyncio.gather(*abandons, *landings, return_exceptions=True)
+        if self._renewer is not None:
+            self._renewer.cancel()
+        for client in (self._client, self._blocking):
+            with contextlib.suppress(Exception):
+                await client.aclose()
+
+
+def _digest(key: str) -> str:
+    """A key as the logs show it: a short digest (keys may hold tenant ids)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
+

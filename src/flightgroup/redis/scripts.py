@@ -1,0 +1,220 @@
+"""The fleet protocol's server side: one Lua script per step, run atomically by Redis.
+
+``docs/fleet-protocol.md`` is the spec; this module is its only server code. Every
+script is idempotent under a client that re-sends it after a lost reply (redis-py
+retries silently), and every key a script creates gets its TTL in that same script.
+
+Names (``ns`` the namespace, ``d`` the SHA-256 hex of the key; ``{ns:d}`` is the hash
+tag, so one flight's keys live in one Cluster slot):
+
+- ``fg:{ns:d}``: the record (hash) of the key's running flight, or of its kept outcome.
+  ``t`` token, ``s`` state (``R`` running, ``D`` done and kept), ``o`` the leading
+  call's nonce, ``k`` the raw key, ``p`` / ``h`` the leader's pid and host, ``b`` its
+  start (server µs), ``j`` joiners (a hint), ``a`` attempts; kept: ``c`` code, ``v``
+  payload. TTL: the lease while running, the retention time once kept.
+- ``fg:{ns:d}:x:<t>``: the record of flight ``t`` after ``forget`` parked it (it runs
+  on, and lands for its joiners, while the next call leads a new flight).
+- ``fg:{ns:d}:m:<t>``: the mailbox of flight ``t``, a stream of one entry: ``c`` the
+  code (``ok``, ``err``, ``tmo``, ``int``, or ``next``: a retry moved the flight to the
+  token in ``v``), ``v`` the payload, ``f`` = 1 when it was written for a flight that did
+  not land (fenced or abandoned). TTL: the grace time.
+- ``fg:{ns}:fence`` (``fg:{ns:d}:f`` on a Cluster): the last token given out. TTL: a day.
+
+Tokens are ``max(last + 1, server time in µs)``: they grow per key and across keys of
+one Redis (per key on a Cluster), survive the loss of the fence key (a restart without
+persistence, a failover that lost writes), and stay exact below 2**53.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ABANDON", "ACQUIRE", "ATTEMPT", "CHECK", "COMPLETE", "FORGET", "RENEW", "SCRIPTS"]
+
+# A Lua prelude shared by the scripts that act on a flight by its token: the record
+# holding token ``tok`` is the key's record, or the parked one.
+_FIND = """
+local function find(rec, parked, tok)
+  for _, key in ipairs({rec, parked}) do
+    local v = redis.call('HMGET', key, 't', 's', 'j')
+    if v[1] == tok then return key, v[2], v[3] or '0' end
+  end
+  return nil, nil, '0'
+end
+local function next_token(fence, ttl)
+  local now = redis.call('TIME')
+  local n = tonumber(redis.call('GET', fence) or '0') + 1
+  local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  if clock > n then n = clock end
+  local text = string.format('%.0f', n)
+  redis.call('SET', fence, text, 'PX', ttl)
+  return text, clock
+end
+local function entry(stream)
+  local e = redis.call('XRANGE', stream, '-', '+', 'COUNT', 1)
+  if e[1] then return e[1][2] end
+  return nil
+end
+local function field(fields, name)
+  for i = 1, #fields, 2 do
+    if fields[i] == name then return fields[i + 1] end
+  end
+  return nil
+end
+"""
+
+# KEYS: record, fence. ARGV: nonce, lease ms, fence ttl ms, min token, pid, host, raw key.
+# -> {1, token, lease left ms}            lead
+#    {2, token, lease left ms, pid, host, age µs}   join
+#    {3, token, code, payload}            a kept outcome
+#    {4, token, lease left ms}            fresh: a flight that began before the call runs;
+#                                         wait for its end, then ask again from token + 1
+ACQUIRE = _FIND + """
+local rec = KEYS[1]
+local v = redis.call('HMGET', rec, 't', 's', 'o', 'c', 'v', 'p', 'h', 'b')
+if v[1] and v[2] == 'R' and v[3] == ARGV[1] then
+  return {1, v[1], redis.call('PTTL', rec)}
+end
+if v[1] and tonumber(v[1]) >= tonumber(ARGV[4]) then
+  if v[2] == 'D' then return {3, v[1], v[4] or 'int', v[5] or ''} end
+  redis.call('HINCRBY', rec, 'j', 1)
+  local now = redis.call('TIME')
+  local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local age = clock - tonumber(v[8] or clock)
+  return {2, v[1], redis.call('PTTL', rec), v[6] or '0', v[7] or '', string.format('%.0f', age)}
+end
+if v[1] and v[2] == 'R' then return {4, v[1], redis.call('PTTL', rec)} end
+local tok, clock = next_token(KEYS[2], ARGV[3])
+redis.call('DEL', rec)
+redis.call('HSET', rec, 't', tok, 's', 'R', 'o', ARGV[1], 'k', ARGV[7], 'p', ARGV[5],
+  'h', ARGV[6], 'b', string.format('%.0f', clock), 'j', 0, 'a', 1)
+redis.call('PEXPIRE', rec, ARGV[2])
+return {1, tok, tonumber(ARGV[2])}
+"""
+
+# KEYS: record_1, parked_1, record_2, parked_2, ...  ARGV: lease ms, token_1, token_2, ...
+# -> a 1 (renewed) or 0 (lost) per flight.
+RENEW = _FIND + """
+local out = {}
+for i = 1, #KEYS / 2 do
+  local key, state = find(KEYS[2 * i - 1], KEYS[2 * i], ARGV[i + 1])
+  if key and state == 'R' then
+    redis.call('PEXPIRE', key, ARGV[1])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+
+# KEYS: record, parked, mailbox. ARGV: token, code, payload, retain ms, grace ms, max bytes.
+# -> {1, joiners} landed (also when this is a retry of a landing that went through),
+#    {0} fenced: the flight is no longer this leader's; its joiners are told `int`.
+COMPLETE = _FIND + """
+if #ARGV[3] > tonumber(ARGV[6]) then
+  return redis.error_reply('ERR flightgroup: the outcome is over max_value_bytes')
+end
+local key, state, joiners = find(KEYS[1], KEYS[2], ARGV[1])
+if key and state == 'D' then return {1, joiners} end
+if not key or state ~= 'R' then
+  local e = entry(KEYS[3])
+  if e then
+    if field(e, 'f') == '1' then return {0} end
+    return {1, '0'}
+  end
+  redis.call('XADD', KEYS[3], 'MAXLEN', '1', '*', 'c', 'int', 'v',
+    'its leader lost its lease', 'f', '1')
+  redis.call('PEXPIRE', KEYS[3], ARGV[5])
+  return {0}
+end
+redis.call('XADD', KEYS[3], 'MAXLEN', '1', '*', 'c', ARGV[2], 'v', ARGV[3])
+redis.call('PEXPIRE', KEYS[3], ARGV[5])
+if tonumber(ARGV[4]) > 0 and key == KEYS[1] then
+  redis.call('HSET', key, 's', 'D', 'c', ARGV[2], 'v', ARGV[3])
+  redis.call('PEXPIRE', key, ARGV[4])
+else
+  redis.call('DEL', key)
+end
+return {1, joiners}
+"""
+
+# KEYS: record, parked, mailbox. ARGV: token, grace ms, reason.
+# -> 1 if this ended the flight, 0 if it had landed (a landing is never overwritten).
+ABANDON = _FIND + """
+if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
+redis.call('XADD', KEYS[3], 'MAXLEN', '1', '*', 'c', 'int', 'v', ARGV[3], 'f', '1')
+redis.call('PEXPIRE', KEYS[3], ARGV[2])
+local key, state = find(KEYS[1], KEYS[2], ARGV[1])
+if key and state == 'R' then redis.call('DEL', key) end
+return 1
+"""
+
+# KEYS: record, parked, mailbox. ARGV: token.  (read-only: a joiner whose wait timed out)
+# -> {1, mailbox entry fields}  the outcome
+#    {2, lease left ms}         still running
+#    {0}                        gone without an outcome: interrupted
+CHECK = _FIND + """
+local e = entry(KEYS[3])
+if e then return {1, e} end
+local key, state = find(KEYS[1], KEYS[2], ARGV[1])
+if key then
+  if state == 'D' then
+    local v = redis.call('HMGET', key, 'c', 'v')
+    return {1, {'c', v[1], 'v', v[2]}}
+  end
+  return {2, redis.call('PTTL', key)}
+end
+return {0}
+"""
+
+# KEYS: record, parked, fence, mailbox of the old token.
+# ARGV: old token, nonce, lease ms, fence ttl ms, grace ms.
+# A retry: the flight gets a new token; its joiners find it in the old mailbox (`next`).
+# -> {1, new token} or {0} (the flight is no longer this leader's: the lease is lost)
+ATTEMPT = _FIND + """
+local key, state = find(KEYS[1], KEYS[2], ARGV[1])
+if not key or state ~= 'R' then
+  local e = entry(KEYS[4])
+  if e and field(e, 'c') == 'next' then
+    local moved = field(e, 'v')
+    for _, k in ipairs({KEYS[1], KEYS[1] .. ':x:' .. moved}) do
+      local v = redis.call('HMGET', k, 't', 's', 'o')
+      if v[1] == moved and v[2] == 'R' and v[3] == ARGV[2] then return {1, moved} end
+    end
+  end
+  return {0}
+end
+local tok = next_token(KEYS[3], ARGV[4])
+redis.call('HSET', key, 't', tok)
+redis.call('HINCRBY', key, 'a', 1)
+redis.call('PEXPIRE', key, ARGV[3])
+if key ~= KEYS[1] then
+  -- a parked flight is named by its token: it moves with it (same hash tag, same slot)
+  redis.call('RENAME', key, KEYS[1] .. ':x:' .. tok)
+end
+redis.call('XADD', KEYS[4], 'MAXLEN', '1', '*', 'c', 'next', 'v', tok)
+redis.call('PEXPIRE', KEYS[4], ARGV[5])
+return {1, tok}
+"""
+
+# KEYS: record. -> 0 nothing to forget, 1 a kept outcome dropped, 2 a running flight
+# parked (it runs on for its joiners; the next call leads a new flight).
+FORGET = """
+local v = redis.call('HMGET', KEYS[1], 't', 's')
+if not v[1] then return 0 end
+if v[2] == 'D' then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+redis.call('RENAME', KEYS[1], KEYS[1] .. ':x:' .. v[1])
+return 2
+"""
+
+SCRIPTS = {
+    "acquire": ACQUIRE,
+    "renew": RENEW,
+    "complete": COMPLETE,
+    "abandon": ABANDON,
+    "check": CHECK,
+    "attempt": ATTEMPT,
+    "forget": FORGET,
+}

@@ -1,0 +1,145 @@
+"""What the wide scopes (directory, fleet) share with the engine: the events a
+call hears from its arbiter, the inbox that carries them to the call's driver
+(on its own loop or thread), and the outcome as a landing carries it.
+
+Kept apart from both arbiters so the engine imports neither to speak to them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import threading
+from _thread import LockType, allocate_lock
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .directory import wire
+from .errors import FlightFailedError, FlightInterruptedError, FlightTimeoutError
+from .flight import Outcome
+
+if TYPE_CHECKING:
+    from .flight import Attempt
+    from .policy import FlightPolicy
+
+__all__ = ["Arbiter", "Event", "Inbox", "from_wire", "to_wire"]
+
+
+class Arbiter(Protocol):
+    """What the engine asks of a wide scope's arbiter (a call is the arbiter's own
+    object: it has an ``inbox`` and, while it leads, a ``lead`` with ``lost``)."""
+
+    def submit(self, key: str, fresh: bool) -> Any: ...
+    def bind(self, call: Any, attempt: Attempt) -> None: ...
+    def retry(self, call: Any) -> None: ...
+    def withdraw(self, call: Any) -> None: ...
+    def forget(self, key: str) -> None: ...
+    def status(self) -> list[dict[str, Any]]: ...
+    def close(self) -> None: ...
+
+
+class Event(Enum):
+    """What a call hears from its arbiter (its args in the comments)."""
+
+    LEAD = "lead"  # (token): lead (directory: the key lock is held)
+    JOINED = "joined"  # (token, pid, age[, host]): joined a flight led elsewhere
+    LANDED = "landed"  # (token, outcome, kept): the flight's outcome
+    INTERRUPTED = "interrupted"  # (reason): the flight ended without an outcome
+    LOST = "lost"  # (reason): the lead's lease is lost
+    FAILED = "failed"  # (exception): the call cannot go on (version, closed, ...)
+
+
+class Inbox:
+    """A queue of events from the background thread to one driver, which waits on
+    it from an event loop (``get``) or a thread (``get_sync``)."""
+
+    __slots__ = ("_items", "_lock", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: collections.deque[tuple[Event, tuple[Any, ...]]] = collections.deque()
+        self._lock = threading.Lock()
+        self._waiter: asyncio.Future[None] | LockType | None = None
+
+    def put(self, event: Event, *args: Any) -> None:
+        with self._lock:
+            self._items.append((event, args))
+            waiter, self._waiter = self._waiter, None
+        if waiter is None:
+            return
+        if type(waiter) is LockType:
+            waiter.release()
+        else:
+            fut: asyncio.Future[None] = waiter
+            with contextlib.suppress(RuntimeError):  # its loop closed: nobody waits
+                fut.get_loop().call_soon_threadsafe(_resolve, fut)
+
+    async def get(self) -> tuple[Event, tuple[Any, ...]]:
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._lock:
+                if self._items:
+                    return self._items.popleft()
+                fut = loop.create_future()
+                self._waiter = fut
+            try:
+                await fut
+            finally:
+                with self._lock:
+                    if self._waiter is fut:
+                        self._waiter = None
+
+    def get_sync(self) -> tuple[Event, tuple[Any, ...]]:
+        while True:
+            with self._lock:
+                if self._items:
+                    return self._items.popleft()
+                lock = allocate_lock()
+                lock.acquire()
+                self._waiter = lock
+            try:
+                lock.acquire()
+            finally:
+                with self._lock:
+                    if self._waiter is lock:
+                        self._waiter = None
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def to_wire(
+    key: str, outcome: Outcome, data: bytes | None, error: BaseException | None,
+    policy: FlightPolicy,
+) -> wire.Outcome:
+    """The outcome a leader lands, as the wire carries it (with its Retention time)."""
+    retention = policy.retention
+    if outcome is Outcome.VALUE:
+        keep = retention.success if retention is not None else None
+        return wire.Value(data if data is not None else b"", keep or None)
+    assert error is not None
+    if outcome is Outcome.ERROR:
+        kind, module, message, _ = FlightFailedError.describe(key, error)
+        keep = retention.error if retention is not None else None
+        return wire.Failure(kind, module, message, keep or None)
+    if outcome is Outcome.TIMEOUT and isinstance(error, FlightTimeoutError):
+        return wire.Timeout(error.deadline)
+    return wire.Interrupted(f"its work was stopped by {type(error).__qualname__}")
+
+
+def from_wire(
+    key: str, outcome: wire.Outcome
+) -> tuple[Outcome, BaseException | None, bytes | None]:
+    """A landed outcome as a joiner's flight settles with it: (outcome, the error
+    every caller raises a copy of, the encoded value)."""
+    if isinstance(outcome, wire.Value):
+        return Outcome.VALUE, None, outcome.data
+    if isinstance(outcome, wire.Failure):
+        return Outcome.ERROR, FlightFailedError(
+            key, outcome.type, outcome.message, outcome.module
+        ), None
+    if isinstance(outcome, wire.Timeout):
+        return Outcome.TIMEOUT, FlightTimeoutError(key, outcome.deadline), None
+    return Outcome.INTERRUPTED, FlightInterruptedError(key, outcome.reason), None
