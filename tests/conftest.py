@@ -6,7 +6,9 @@ import os
 import shutil
 import sys
 import tempfile
+import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -43,3 +45,22 @@ def directory() -> Iterator[str]:
         yield os.path.join(path, "d")
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[Any]:
+    """A redis-server of this module's own, on a free loopback port (tests that
+    kill, freeze or restart it use one of their own: see tests/redisproc.py)."""
+    from .redisproc import RedisServer
+
+    server = RedisServer()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A fleet namespace no other test uses."""
+    return f"t{uuid.uuid4().hex[:12]}"

@@ -12,6 +12,7 @@ commands (parent -> child)::
     {"cmd":"release_all"}              # ... every work with "block", now and later
     {"cmd":"open","group":NAME,"thread":bool}   # another group on the same directory
     {"cmd":"close","group":NAME}       # close a group (in a thread of its own)
+    {"cmd":"forget","key":K,"group":NAME}   # answers {"ev":"forgot","key":K,"error":...}
     {"cmd":"pid"}
     {"cmd":"exit"}
 
@@ -40,10 +41,12 @@ A work SPEC (a JSON object)::
     "raise_times": N    (before the above) raise ValueError in the first N runs of the
                         call's work in this process (for retries)
 
-CONFIG_JSON: ``directory``; ``codec`` ("json", "pickle", or "test": JSON whose decode
+CONFIG_JSON: ``directory`` (or ``redis`` and ``namespace``, with optional ``lease`` and
+``cluster``: a fleet group); ``codec`` ("json", "pickle", or "test": JSON whose decode
 fails for a str starting with ``!dec`` when ``fail_decode`` is true); optional
 ``reconnect_timeout``, ``max_value_bytes``, ``deadline``, ``keep_success`` (Retention),
-``retry_attempts`` (Retry without backoff); ``process_scope`` (a plain FlightGroup(),
+``retry_attempts`` (Retry without backoff), ``keep_error`` (Retention), ``max_waiters``
+(Limits); ``process_scope`` (a plain FlightGroup(),
 only for checking this harness itself).
 
 A large str value in a ``done`` event is reported as ``value_len`` and
@@ -150,8 +153,20 @@ class _ChildMain:
             kwargs["retry"] = flightgroup.Retry(
                 attempts=cfg["retry_attempts"], backoff=0.0, jitter=False
             )
-        if cfg.get("keep_success") is not None:
-            kwargs["retention"] = flightgroup.Retention(success=cfg["keep_success"])
+        if cfg.get("keep_success") is not None or cfg.get("keep_error") is not None:
+            kwargs["retention"] = flightgroup.Retention(
+                success=cfg.get("keep_success"), error=cfg.get("keep_error")
+            )
+        if cfg.get("max_waiters") is not None:
+            kwargs["limits"] = flightgroup.Limits(max_waiters=cfg["max_waiters"])
+        if cfg.get("redis"):  # the fleet scope
+            for name in ("lease", "cluster"):
+                if cfg.get(name) is not None:
+                    kwargs[name] = cfg[name]
+            kwargs.pop("reconnect_timeout", None)
+            return flightgroup.FlightGroup(
+                redis=cfg["redis"], namespace=cfg["namespace"], codec=codec, **kwargs
+            )
         return flightgroup.FlightGroup(directory=cfg["directory"], codec=codec, **kwargs)
 
     def release_event(self, call_id: Any) -> threading.Event:
@@ -332,6 +347,19 @@ class _ChildMain:
 
         threading.Thread(target=body, daemon=True).start()
 
+    def forget(self, cmd: dict[str, Any]) -> None:
+        group = self.groups[cmd.get("group", "g0")]
+
+        def body() -> None:
+            try:
+                group.forget(cmd["key"])
+            except BaseException as error:
+                self.emit("forgot", key=cmd["key"], error=repr(error))
+            else:
+                self.emit("forgot", key=cmd["key"], error=None)
+
+        threading.Thread(target=body, daemon=True).start()
+
     def serve(self) -> None:
         self.emit("ready", pid=os.getpid())
         for line in sys.stdin:
@@ -349,6 +377,8 @@ class _ChildMain:
                 self.open_group(cmd)
             elif op == "close":
                 self.close_group(cmd)
+            elif op == "forget":
+                self.forget(cmd)
             elif op == "pid":
                 self.emit("pid", pid=os.getpid())
             elif op == "exit":
@@ -592,7 +622,10 @@ class Harness:
     # -- children ---------------------------------------------------------------
 
     def spawn(self, name: str, *, directory: str | None = None, **config: Any) -> Child:
-        config["directory"] = directory or self.dir
+        """A child on this harness's directory, or (with ``redis=URL,
+        namespace=NS``) a child of a fleet group."""
+        if not config.get("redis"):
+            config["directory"] = directory or self.dir
         child = Child(name, config, os.path.join(self.root, f"{name}.log"))
         self.children.append(child)
         return child
