@@ -32,14 +32,7 @@ def test_demo_shows_three_processes_sharing_one_run() -> None:
 
 
 def test_bad_usage_exits_2_without_a_traceback() -> None:
-    for args in (("no-such-command",), ("demo", "--bogus"), ()):
+    for args in (("no-such-command",), ("demo", "--bogus"), (), ("bench", "--bogus")):
         proc = _flightgroup(*args)
         assert proc.returncode == 2, (args, proc.returncode)
         assert "Traceback" not in proc.stderr
-
-
-def test_commands_not_built_yet_say_so_and_exit_2() -> None:
-    for command in ("run", "status", "bench"):
-        proc = _flightgroup(command)
-        assert proc.returncode == 2
-        assert "not built yet" in proc.stderr

@@ -1,0 +1,564 @@
+"""``flightgroup run``: run a command as the leader of a key, or join its run.
+
+The leader's work starts CMD (stdin inherited), passes its stdout and stderr
+through live and records them (see ``command_spool``); its value says how CMD
+ended. A joiner says that it joined, follows the leader's spool while it waits
+(directory scope) or prints the output carried by the value at the end (fleet
+scope), and exits with the leader's exit code.
+
+Signals: SIGINT to a joiner withdraws it (exit 130, the run goes on); SIGINT and
+SIGTERM to the leader go to CMD, and the flight ends with CMD's own exit status.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from .codec import JSON
+from .command_spool import (
+    STDERR,
+    STDOUT,
+    Capture,
+    RecordReader,
+    SpoolWriter,
+    decode_records,
+    prune_spools,
+    spool_path,
+)
+from .errors import FlightError, FlightFailedError, FlightInterruptedError
+from .group import FlightGroup
+from .lease import current_lease
+
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "EXIT_SIGINT",
+    "EXIT_TIMEOUT",
+    "EXIT_USAGE",
+    "Scope",
+    "UsageError",
+    "default_directory",
+    "open_group",
+    "run_command",
+]
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: the leader died; running again may work
+EXIT_TIMEOUT = 124  # as timeout(1)
+EXIT_SIGINT = 130  # 128 + SIGINT, as a shell reports it
+EXIT_CANNOT_RUN = 126  # as a shell: found but not runnable
+EXIT_NOT_FOUND = 127
+
+_POLL = 0.03  # seconds between two looks at a spool's growth
+_PROGRESS_EVERY = 0.1
+_FLEET_DEFAULT_MAX_VALUE = 1024 * 1024
+_VALUE_ROOM = 4096  # the value's other fields and JSON's quoting, beside the output
+
+
+class UsageError(Exception):
+    """Bad usage: the command exits 2 with this one line."""
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Where the group lives: a directory, or a Redis URL and a namespace."""
+
+    directory: str | None = None
+    redis: str | None = None
+    namespace: str | None = None
+    default: bool = False  # the directory is the default one (not named by --dir)
+
+
+def default_directory() -> str:
+    """``$XDG_RUNTIME_DIR/flightgroup``, else ``flightgroup-<uid>`` in the temp dir."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime):
+        return os.path.join(runtime, "flightgroup")
+    return os.path.join(tempfile.gettempdir(), f"flightgroup-{os.getuid()}")
+
+
+def scope_from_args(directory: str | None, redis: str | None, namespace: str | None) -> Scope:
+    """Check the scope options of ``run`` and ``status``; UsageError if they clash."""
+    if redis is not None:
+        if directory is not None:
+            raise UsageError("--dir and --redis exclude each other: choose one scope")
+        if not namespace:
+            raise UsageError("--redis needs --namespace NS (a non-empty namespace)")
+        return Scope(redis=redis, namespace=namespace)
+    if namespace is not None:
+        raise UsageError("--namespace belongs to --redis")
+    if directory is not None:
+        if not directory:
+            raise UsageError("--dir must not be empty")
+        return Scope(directory=directory)
+    return Scope(directory=default_directory(), default=True)
+
+
+def _check_default_folder(path: str, create: bool) -> bool:
+    """Make the default folder 0700 if asked; refuse one that another user could
+    have planted (the temp dir is shared). False if it does not exist."""
+    if create:
+        try:
+            os.makedirs(path, mode=0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise UsageError(f"cannot create the default folder {path}: {exc.strerror}") from None
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise UsageError(
+            f"the default directory {path} is not a folder of yours that only you can "
+            "write; remove it or pass --dir"
+        )
+    return True
+
+
+def open_group(scope: Scope, *, create: bool = True) -> FlightGroup | None:
+    """The group of ``scope``; None for a default directory that does not exist and
+    ``create`` is false (``status`` creates nothing). Raises UsageError."""
+    try:
+        if scope.redis is not None:
+            return FlightGroup(redis=scope.redis, namespace=scope.namespace, codec=JSON)
+        assert scope.directory is not None
+        if scope.default and not _check_default_folder(scope.directory, create):
+            return None
+        if not create and not os.path.isdir(scope.directory):
+            return None
+        return FlightGroup(directory=scope.directory, codec=JSON)
+    except NotImplementedError:
+        raise UsageError("the fleet scope is not available in this version") from None
+    except (ValueError, TypeError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def parse_timeout(text: str | None) -> float | None:
+    """``--timeout``: positive, finite seconds."""
+    if text is None:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise UsageError(f"--timeout must be a positive number of seconds, not {text!r}")
+    return seconds
+
+
+def _write_all(fd: int, data: bytes) -> bool:
+    """Write ``data`` to ``fd``; False once the reader is gone (a closed pipe)."""
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError:
+        return False
+    return True
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(f"flightgroup: {line}\n")
+    sys.stderr.flush()
+
+
+def _exit_status(returncode: int) -> int:
+    """A shell's view: killed by signal N is 128+N."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def _terminal_sent_sigint() -> bool:
+    """Whether a SIGINT most likely came from our terminal's Ctrl-C: we are in its
+    foreground process group, and so is CMD (it shares our group), so the kernel
+    gave CMD the same SIGINT and forwarding it would make a second one."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return False  # no controlling terminal
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+class _Follower:
+    """A joiner's view of the leader's output: follows the spool file while it
+    grows, and shows a progress line on a terminal until output comes."""
+
+    def __init__(self, key: str, path: str | None, age: float, leader: str) -> None:
+        self._key = key
+        self._path = path
+        self._fd = -1
+        self._reader = RecordReader()
+        self._started = time.monotonic() - age
+        self._leader = leader
+        self._tty = sys.stderr.isatty()
+        self._progress = False  # the progress line is on the screen
+        self._next_progress = 0.0
+        self._stdout_open = True
+        self.emitted = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Follow in a background thread (only when there is something to do)."""
+        if self._path is None and not self._tty:
+            return
+        self._thread = threading.Thread(target=self._run, name="flightgroup-follow", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self._poll()
+            self._show_progress()
+            if self._stop.wait(_POLL):
+                return
+
+    def _poll(self) -> None:
+        if self._fd < 0:
+            if self._path is None:
+                return
+            try:
+                self._fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return  # not created yet
+        while True:
+            data = os.read(self._fd, 1 << 16)
+            if not data:
+                return
+            self.emit(self._reader.feed(data))
+
+    def emit(self, records: list[tuple[int, bytes]]) -> None:
+        """Write records to our stdout and stderr."""
+        for stream, data in records:
+            if not data:
+                continue
+            self._clear_progress()
+            self.emitted = True
+            if stream == STDOUT:
+                if self._stdout_open:
+                    self._stdout_open = _write_all(1, data)
+            else:
+                _write_all(2, data)
+
+    def _show_progress(self) -> None:
+        now = time.monotonic()
+        if not self._tty or self.emitted or now < self._next_progress:
+            return
+        self._next_progress = now + _PROGRESS_EVERY
+        elapsed = now - self._started
+        line = f"\rflightgroup: waiting for {self._key!r}{self._leader}: {elapsed:.1f} s\x1b[K"
+        _write_all(2, line.encode(errors="replace"))
+        self._progress = True
+
+    def _clear_progress(self) -> None:
+        if self._progress:
+            _write_all(2, b"\r\x1b[K")
+            self._progress = False
+
+    def stop(self) -> None:
+        """Stop following (the thread ends within one poll)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def finish(self, path: str | None) -> None:
+        """After the flight: stop, then write what is left. ``path`` is the spool the
+        value names: read from it if this joiner never found its spool."""
+        self.stop()
+        if path is not None and path != self._path and not self.emitted:
+            self._close_fd()
+            self._path, self._reader = path, RecordReader()
+        self._poll()
+        self._clear_progress()
+        self._close_fd()
+
+    def _close_fd(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def abandon(self) -> None:
+        """Stop without reading further (this caller withdrew)."""
+        self.stop()
+        self._clear_progress()
+        self._close_fd()
+
+
+class _Run:
+    """One ``flightgroup run``: the leader's work and the joiner's side."""
+
+    def __init__(self, group: FlightGroup, scope: Scope, key: str, cmd: Sequence[str]) -> None:
+        self.group = group
+        self.scope = scope
+        self.key = key
+        self.cmd = list(cmd)
+        self.leading = False
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pending: list[int] = []  # signals that came before CMD started
+        # Reentrant: the SIGINT handler runs on the main thread, which may hold it.
+        self.lock = threading.RLock()
+        self.done = threading.Event()
+        self.value: dict[str, Any] | None = None
+        self.work_thread: threading.Thread | None = None
+        self.follower: _Follower | None = None
+
+    # -- signals ---------------------------------------------------------------
+
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        """SIGINT/SIGTERM: the leader forwards them to CMD; a joiner withdraws."""
+        if not self.leading:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            signal.signal(signum, signal.SIG_DFL)  # die of it, as without a handler
+            os.kill(os.getpid(), signum)
+            return
+        if signum == signal.SIGINT and _terminal_sent_sigint():
+            return
+        with self.lock:
+            proc = self.proc
+            if proc is None:
+                self.pending.append(signum)
+                return
+        proc.send_signal(signum)
+
+    # -- the leader --------------------------------------------------------------
+
+    def work(self) -> dict[str, Any]:
+        """The flight's work (in the leader): run CMD, pass its output through,
+        record it; the value says how it ended."""
+        self.leading = True
+        self.work_thread = threading.current_thread()
+        try:
+            token = current_lease().token
+            sink: SpoolWriter | Capture
+            value: dict[str, Any] = {
+                "exit": 0,
+                "spool": None,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "token": token,
+            }
+            if self.scope.directory is not None:
+                # The new spool makes KEEP_SPOOLS again.
+                prune_spools(self.scope.directory, self.key, keep=2)
+                sink = SpoolWriter(spool_path(self.scope.directory, self.key, token))
+                value["spool"] = sink.path
+            else:
+                limit = self.group._max_value_bytes or _FLEET_DEFAULT_MAX_VALUE
+                sink = Capture((limit - _VALUE_ROOM) * 3 // 4)  # base64 grows it by 4/3
+            try:
+                value["exit"] = self._execute(sink)
+            finally:
+                if isinstance(sink, SpoolWriter):
+                    sink.close()
+            if isinstance(sink, Capture):
+                value["output"] = sink.encode()
+                value["dropped"] = sink.dropped
+            self.value = value
+            return value
+        finally:
+            self.done.set()
+
+    def _execute(self, sink: SpoolWriter | Capture) -> int:
+        try:
+            proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except OSError as exc:
+            message = f"flightgroup: cannot run {self.cmd[0]!r}: {exc.strerror or exc}\n"
+            data = message.encode(errors="replace")
+            _write_all(2, data)
+            sink.write(STDERR, data)
+            return EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_CANNOT_RUN
+        with self.lock:
+            self.proc = proc
+            pending, self.pending = self.pending, []
+        for signum in pending:
+            proc.send_signal(signum)
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        pumps = [
+            threading.Thread(
+                target=_pump,
+                args=(pipe.fileno(), own, stream, sink),
+                name="flightgroup-pump",
+                daemon=True,
+            )
+            for pipe, own, stream in ((proc.stdout, 1, STDOUT), (proc.stderr, 2, STDERR))
+        ]
+        for pump in pumps:
+            pump.start()
+        returncode = proc.wait()
+        # The pipes end when every process holding them does (CMD's children too).
+        for pump in pumps:
+            pump.join()
+        proc.stdout.close()
+        proc.stderr.close()
+        return _exit_status(returncode)
+
+    # -- a joiner ---------------------------------------------------------------
+
+    def on_join(self) -> None:
+        """Say that this call joined, then follow the leader's output."""
+        flight = self._flight()
+        leader, age, path = "", 0.0, None
+        line = f"joined the run of {self.key!r} in flight"
+        if flight is not None:
+            pid, host = flight.get("leader_pid"), flight.get("host") or socket.gethostname()
+            age = float(flight.get("age_s") or 0.0)
+            leader = f" (leader pid {pid} on {host})"
+            line += f"{leader[:-1]}, running for {age:.1f} s)"
+            if self.scope.directory is not None and isinstance(flight.get("token"), int):
+                path = spool_path(self.scope.directory, self.key, flight["token"])
+        _say(line)
+        self.follower = _Follower(self.key, path, age, leader)
+        self.follower.start()
+
+    def _flight(self) -> dict[str, Any] | None:
+        """The running flight of our key, from the group's status request."""
+        arbiter = self.group._arbiter
+        if arbiter is None:
+            return None
+        try:
+            flights = arbiter.status()
+        except Exception:  # the line loses its details, the run goes on
+            return None
+        for flight in flights:
+            if flight.get("key") == self.key:
+                return flight
+        return None
+
+    def finish_joined(self, value: Any) -> int:
+        """Write the rest of the leader's output; its exit code."""
+        if not isinstance(value, dict) or not isinstance(value.get("exit"), int):
+            _say(f"the leader of {self.key!r} sent a value this version does not read")
+            return 1
+        follower = self.follower or _Follower(self.key, None, 0.0, "")
+        spool = value.get("spool")
+        follower.finish(spool if isinstance(spool, str) else None)
+        output = value.get("output")
+        if isinstance(output, str):  # the fleet scope: the output comes now, at once
+            follower.emit(decode_records(output))
+            if value.get("dropped"):
+                _say(f"the first {value['dropped']} bytes of the leader's output were dropped")
+        exit_code: int = value["exit"]
+        return exit_code
+
+
+def _pump(fd: int, own: int, stream: int, sink: SpoolWriter | Capture) -> None:
+    """Copy one of CMD's pipes to our own fd (live) and to the sink."""
+    passing = True
+    while True:
+        try:
+            data = os.read(fd, 1 << 16)
+        except InterruptedError:  # pragma: no cover  (PEP 475 retries)
+            continue
+        if not data:
+            return
+        if passing:
+            passing = _write_all(own, data)  # our reader went away: keep recording
+        sink.write(stream, data)
+
+
+def _install(handler: Callable[[int, FrameType | None], None]) -> dict[int, Any]:
+    """Install ``handler`` for SIGINT and SIGTERM (main thread only); the old ones."""
+    old: dict[int, Any] = {}
+    if threading.current_thread() is not threading.main_thread():
+        return old
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is signal.SIG_IGN:
+            continue  # started with it ignored (a background job): keep it so
+        old[signum] = signal.signal(signum, handler)
+    return old
+
+
+def run_command(
+    scope: Scope, key: str, cmd: Sequence[str], timeout: float | None, fresh: bool
+) -> int:
+    """``flightgroup run``: lead or join the run of ``key``; the exit code."""
+    if not key:
+        raise UsageError("--key must not be empty")
+    if not cmd:
+        raise UsageError("run needs a command after --: flightgroup run --key KEY -- CMD [ARG...]")
+    group = open_group(scope)
+    assert group is not None
+    run = _Run(group, scope, key, cmd)
+    old = _install(run.on_signal)
+    try:
+        return _run_in(run, group, timeout, fresh)
+    finally:
+        for signum, handler in old.items():
+            signal.signal(signum, handler)
+        group.close()
+
+
+def _run_in(run: _Run, group: FlightGroup, timeout: float | None, fresh: bool) -> int:
+    key = run.key
+    try:
+        result = group.run_sync(key, run.work, on_join=run.on_join, timeout=timeout, fresh=fresh)
+    except TimeoutError:
+        if run.leading:
+            return _leader_after_wait(run)
+        if run.follower is not None:
+            run.follower.abandon()
+        _say(f"gave up waiting for the run of {key!r} after {timeout:g} s (--timeout); it goes on")
+        return EXIT_TIMEOUT
+    except KeyboardInterrupt:
+        if run.leading:
+            return _leader_after_wait(run)
+        if run.follower is not None:
+            run.follower.abandon()
+        _say(f"interrupted; the run of {key!r} goes on for the others")
+        return EXIT_SIGINT
+    except FlightInterruptedError as exc:
+        if run.follower is not None:
+            run.follower.finish(None)  # what the leader wrote before it stopped
+        _say(f"the leader of {key!r} stopped before its run ended ({exc}); try again")
+        return EXIT_INTERRUPTED
+    except FlightFailedError as exc:
+        if run.follower is not None:
+            run.follower.finish(None)
+        _say(f"the leader's run of {key!r} failed: {exc.error_type}: {exc.message}")
+        return 1
+    except FlightError as exc:
+        if run.leading and run.done.is_set():  # CMD ran; only the landing went wrong
+            _say(f"{exc} (the joiners of this run did not get its outcome)")
+            return _leader_after_wait(run)
+        raise
+    except OSError as exc:
+        if run.leading:  # the work itself failed (its spool), not CMD
+            _say(f"the run of {key!r} failed: {exc}")
+            return 1
+        raise
+    if result.joined:
+        return run.finish_joined(result.value)
+    exit_code: int = result.value["exit"]
+    return exit_code
+
+
+def _leader_after_wait(run: _Run) -> int:
+    """The leader stopped waiting (its own --timeout) while CMD runs: the run is its
+    own, so it waits for CMD, and for the landing to leave, then exits as CMD did."""
+    run.done.wait()
+    thread = run.work_thread
+    if thread is not None and thread is not threading.current_thread():
+        thread.join()  # the work's thread hands the outcome over before it ends
+    if run.value is None:
+        return 1
+    exit_code: int = run.value["exit"]
+    return exit_code

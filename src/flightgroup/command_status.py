@@ -1,0 +1,97 @@
+"""``flightgroup status``: the flights in progress, once or every second."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from .command import Scope, open_group
+from .errors import UnavailableError
+from .group import FlightGroup
+
+__all__ = ["status_command"]
+
+_FIELDS = ("key", "token", "leader_pid", "joiners", "age_s")
+_CONNECT_WAIT = 5.0  # a directory group's first connection (or election) takes a moment
+_WATCH_EVERY = 1.0
+
+
+def _flights(group: FlightGroup | None, fleet: bool) -> list[dict[str, Any]]:
+    """The flights of the group as ``--json`` prints them."""
+    if group is None:
+        return []
+    arbiter = group._arbiter
+    assert arbiter is not None
+    end = time.monotonic() + _CONNECT_WAIT
+    while True:
+        try:
+            raw = arbiter.status()
+            break
+        except UnavailableError:
+            # A directory group answers "no coordinator is connected" until its first
+            # connection is up; the fleet's UnavailableError is final.
+            if fleet or time.monotonic() > end:
+                raise
+            time.sleep(0.01)
+    fields = (*_FIELDS, "host") if fleet else _FIELDS
+    flights = [{name: flight.get(name) for name in fields} for flight in raw]
+    flights.sort(key=lambda flight: (str(flight["key"]), flight["token"] or 0))
+    return flights
+
+
+def _shown(key: str) -> str:
+    return key if key.isprintable() else ascii(key)
+
+
+def _table(flights: list[dict[str, Any]], fleet: bool) -> str:
+    if not flights:
+        return "no flights in progress"
+    head = ["KEY", "TOKEN", "LEADER PID", "JOINERS", "AGE"] + (["HOST"] if fleet else [])
+    rows = [head]
+    for flight in flights:
+        row = [
+            _shown(str(flight["key"])),
+            str(flight["token"]),
+            str(flight["leader_pid"]),
+            str(flight["joiners"]),
+            f"{flight['age_s']:.1f} s" if isinstance(flight["age_s"], (int, float)) else "-",
+        ]
+        if fleet:
+            row.append(str(flight.get("host")))
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def status_command(scope: Scope, as_json: bool, watch: bool) -> int:
+    """``flightgroup status``; the exit code. Raises UsageError and FlightError."""
+    fleet = scope.redis is not None
+    # A directory that does not exist has no flights: say so without creating it.
+    group = open_group(scope, create=False)
+    try:
+        while True:
+            if group is None and watch:  # the directory may come while we watch
+                group = open_group(scope, create=False)
+            flights = _flights(group, fleet)
+            if as_json:
+                text = json.dumps({"flights": flights})
+            else:
+                text = _table(flights, fleet)
+                if watch:
+                    stamp = time.strftime("%H:%M:%S")
+                    text = f"\x1b[H\x1b[2Jflightgroup status ({stamp}, Ctrl-C to stop)\n\n{text}"
+            print(text, flush=True)
+            if not watch:
+                return 0
+            time.sleep(_WATCH_EVERY)
+    except KeyboardInterrupt:
+        if not watch:
+            raise
+        return 0
+    finally:
+        if group is not None:
+            group.close()
