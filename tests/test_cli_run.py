@@ -1,0 +1,438 @@
+"""``flightgroup run`` and ``flightgroup status`` as a user runs them: real processes.
+
+Interleavings are forced, never slept into: a command waits for a "go" file that the
+test creates only once the other runs said (on stderr) that they joined.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+PY = sys.executable
+WAIT = 20.0  # the most any single expected event may take on a loaded machine
+
+# A command for the tests: append a line to JOURNAL, print to stdout and stderr, wait
+# for GO to exist (if given), print again, exit with CODE. SIGINT: say so and exit 42.
+CMD = r"""
+import os, signal, sys, time
+journal, go, code = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def on_int(signum, frame):
+    print("got SIGINT", flush=True)
+    sys.exit(42)
+signal.signal(signal.SIGINT, on_int)
+with open(journal, "a") as f:
+    f.write(f"run {os.getpid()}\n")
+print(f"out {os.getpid()}", flush=True)
+print(f"err {os.getpid()}", file=sys.stderr, flush=True)
+end = time.monotonic() + 30
+while go != "-" and not os.path.exists(go) and time.monotonic() < end:
+    time.sleep(0.01)
+print("done", flush=True)
+sys.exit(code)
+"""
+
+
+class Reader:
+    """Reads a pipe in a thread: lines as they come, and all of it at the end."""
+
+    def __init__(self, pipe: IO[bytes]) -> None:
+        self.lines: queue.Queue[bytes] = queue.Queue()
+        self.chunks: list[bytes] = []
+        self._thread = threading.Thread(target=self._read, args=(pipe,), daemon=True)
+        self._thread.start()
+
+    def _read(self, pipe: IO[bytes]) -> None:
+        for line in pipe:
+            self.chunks.append(line)
+            self.lines.put(line)
+
+    def wait_for(self, needle: bytes, timeout: float = WAIT) -> bytes:
+        """The first line (from now on) that holds ``needle``; fails after ``timeout``."""
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, end - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no line with {needle!r}; got {self.text!r}") from None
+            if needle in line:
+                return line
+
+    @property
+    def text(self) -> bytes:
+        return b"".join(self.chunks)
+
+    def join(self) -> bytes:
+        self._thread.join(WAIT)
+        return self.text
+
+
+class Run:
+    """One ``python -m flightgroup ...`` process with both pipes read in threads."""
+
+    def __init__(self, *args: str, **kwargs: object) -> None:
+        self.proc = subprocess.Popen(
+            [PY, "-m", "flightgroup", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=kwargs.pop("stderr", subprocess.PIPE),
+            **kwargs,  # type: ignore[call-overload]
+        )
+        assert self.proc.stdout is not None
+        self.out = Reader(self.proc.stdout)
+        self.err = Reader(self.proc.stderr) if self.proc.stderr is not None else None
+
+    def wait(self, timeout: float = WAIT) -> int:
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def place() -> Iterator[Path]:
+    """A short folder: the group's directory (``place/d``), the journal and go files."""
+    path = Path(tempfile.mkdtemp(prefix="fgc", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def runs() -> Iterator[list[Run]]:
+    """Every Run a test starts is killed at its end, whatever happened."""
+    started: list[Run] = []
+    yield started
+    for run in started:
+        run.kill()
+
+
+def run_cmd(place: Path, key: str, code: int = 0, *extra: str, wait_go: bool = True) -> list[str]:
+    go = str(place / "go") if wait_go else "-"
+    return [
+        "run", "--key", key, "--dir", str(place / "d"), *extra,
+        "--", PY, "-c", CMD, str(place / "journal"), go, str(code),
+    ]  # fmt: skip
+
+
+def status(place: Path) -> dict[str, list[dict[str, object]]]:
+    proc = subprocess.run(
+        [PY, "-m", "flightgroup", "status", "--dir", str(place / "d"), "--json"],
+        capture_output=True, timeout=WAIT, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    parsed: dict[str, list[dict[str, object]]] = json.loads(proc.stdout)
+    return parsed
+
+
+def journal(place: Path) -> list[str]:
+    return (place / "journal").read_text().splitlines()
+
+
+def start_leader(runs: list[Run], place: Path, key: str = "k", code: int = 0) -> Run:
+    """A leader in a session of its own (its process group can be killed whole, and
+    it has no controlling terminal), once its command is running."""
+    leader = Run(*run_cmd(place, key, code), start_new_session=True)
+    runs.append(leader)
+    leader.out.wait_for(b"out ")
+    return leader
+
+
+def start_joiner(runs: list[Run], place: Path, key: str = "k", *extra: str, **kw: object) -> Run:
+    joiner = Run(*run_cmd(place, key, 0, *extra), **kw)
+    runs.append(joiner)
+    if joiner.err is not None:
+        joiner.err.wait_for(b"joined")
+    return joiner
+
+
+@pytest.mark.timeout(40)
+def test_three_runs_share_one_run_output_and_exit_code(place: Path, runs: list[Run]) -> None:
+    three = [Run(*run_cmd(place, "report", 3)) for _ in range(3)]
+    runs.extend(three)
+    # Two of them join; only then may the one that leads finish.
+    end = time.monotonic() + WAIT
+    while sum(b"joined" in run.err.text for run in three if run.err) < 2:
+        assert time.monotonic() < end, [run.err.text for run in three if run.err]
+        assert all(run.proc.poll() is None for run in three)
+        time.sleep(0.01)
+    (place / "go").touch()
+    codes = [run.wait() for run in three]
+    outs = [run.out.join() for run in three]
+    errs = [run.err.join() for run in three if run.err]
+    assert codes == [3, 3, 3]
+    assert len(journal(place)) == 1
+    pid = journal(place)[0].split()[1]
+    assert outs[0] == f"out {pid}\ndone\n".encode()
+    assert outs[0] == outs[1] == outs[2]
+    # Every one wrote the leader's stderr; exactly two said they joined, naming the key.
+    assert all(f"err {pid}\n".encode() in err for err in errs)
+    assert sorted(b"joined the run of 'report'" in err for err in errs) == [False, True, True]
+    assert all(b"Traceback" not in err for err in errs)
+
+
+def test_a_joiner_gets_the_output_live_before_the_leader_ends(place: Path, runs: list[Run]) -> None:
+    leader = start_leader(runs, place)
+    joiner = start_joiner(runs, place)
+    # The leader's first line reaches the joiner while the command still waits.
+    line = joiner.out.wait_for(b"out ")
+    assert line == leader.out.text.splitlines(keepends=True)[0]
+    assert joiner.err is not None
+    joiner.err.wait_for(b"err ")
+    assert not (place / "go").exists()
+    assert joiner.proc.poll() is None
+    assert leader.proc.poll() is None
+    (place / "go").touch()
+    assert joiner.wait() == 0
+    assert leader.wait() == 0
+    assert joiner.out.join() == leader.out.join()
+    assert len(journal(place)) == 1
+
+
+def test_a_joiner_whose_leader_dies_exits_75(place: Path, runs: list[Run]) -> None:
+    leader = start_leader(runs, place)
+    joiner = start_joiner(runs, place)
+    os.killpg(leader.proc.pid, signal.SIGKILL)  # the leader's process and its command
+    assert leader.wait() == -signal.SIGKILL
+    assert joiner.wait() == 75
+    assert joiner.err is not None
+    err = joiner.err.join()
+    assert b"stopped before its run ended" in err
+    assert b"Traceback" not in err
+    assert len(journal(place)) == 1  # the joiner never ran the command itself
+
+
+def test_a_joiner_past_its_timeout_exits_124_and_the_run_goes_on(
+    place: Path, runs: list[Run]
+) -> None:
+    leader = start_leader(runs, place)
+    joiner = Run(*run_cmd(place, "k", 0, "--timeout", "0.5"))
+    runs.append(joiner)
+    started = time.monotonic()
+    assert joiner.wait() == 124
+    assert time.monotonic() - started < 10
+    assert joiner.err is not None
+    err = joiner.err.join()
+    assert b"joined" in err
+    assert b"--timeout" in err
+    assert leader.proc.poll() is None
+    (place / "go").touch()
+    assert leader.wait() == 0
+    assert leader.out.join().endswith(b"done\n")
+
+
+def test_sigint_to_a_joiner_exits_130_and_the_run_goes_on(place: Path, runs: list[Run]) -> None:
+    leader = start_leader(runs, place)
+    joiner = start_joiner(runs, place)
+    assert status(place)["flights"][0]["joiners"] == 1
+    joiner.proc.send_signal(signal.SIGINT)
+    assert joiner.wait() == 130
+    assert joiner.err is not None
+    err = joiner.err.join()
+    assert b"goes on" in err
+    assert b"Traceback" not in err
+    # The joiner withdrew; the leader's command was not touched and ends normally.
+    assert status(place)["flights"][0]["joiners"] == 0
+    assert leader.proc.poll() is None
+    (place / "go").touch()
+    assert leader.wait() == 0
+    assert b"got SIGINT" not in leader.out.join()
+
+
+def test_sigint_to_the_leader_goes_to_its_command(place: Path, runs: list[Run]) -> None:
+    leader = start_leader(runs, place)
+    joiner = start_joiner(runs, place)
+    leader.proc.send_signal(signal.SIGINT)  # the leader's process only, not its group
+    assert leader.wait() == 42
+    assert joiner.wait() == 42
+    assert b"got SIGINT" in leader.out.join()
+    assert joiner.out.join() == leader.out.text
+    assert b"got SIGINT" in joiner.out.text
+
+
+def test_a_command_killed_by_a_signal_gives_128_plus_n(place: Path) -> None:
+    proc = subprocess.run(
+        [PY, "-m", "flightgroup", "run", "--key", "k", "--dir", str(place / "d"), "--",
+         "sh", "-c", "echo before; kill -TERM $$"],
+        capture_output=True, timeout=WAIT, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert proc.stdout == b"before\n"
+    # A command that is not there: 127, as a shell says, in one line.
+    proc = subprocess.run(
+        [PY, "-m", "flightgroup", "run", "--key", "k", "--dir", str(place / "d"), "--",
+         str(place / "no-such-command")],
+        capture_output=True, timeout=WAIT, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 127
+    assert proc.stderr.count(b"\n") == 1
+    assert b"cannot run" in proc.stderr
+
+
+def test_the_spool_is_framed_private_and_bounded(place: Path) -> None:
+    directory = place / "d"
+    for _ in range(5):
+        proc = subprocess.run(
+            [PY, "-m", "flightgroup", "run", "--key", "k", "--dir", str(directory), "--",
+             "sh", "-c", "echo o; echo e >&2"],
+            capture_output=True, timeout=WAIT, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0
+    output = directory / "output"
+    assert output.stat().st_mode & 0o777 == 0o700
+    spools = sorted(output.iterdir(), key=lambda p: int(p.suffix[1:]))
+    assert len(spools) == 3  # the newest three of the key's five flights
+    assert all(spool.stat().st_mode & 0o777 == 0o600 for spool in spools)
+    data = spools[-1].read_bytes()
+    assert sorted([data[:7], data[7:]]) == [b"\x01\x00\x00\x00\x02o\n", b"\x02\x00\x00\x00\x02e\n"]
+
+
+def test_status_json_during_a_flight_and_when_idle(place: Path, runs: list[Run]) -> None:
+    assert status(place) == {"flights": []}  # no directory yet: nothing, and nothing made
+    assert not (place / "d").exists()
+    leader = start_leader(runs, place, key="build:main")
+    start_joiner(runs, place, key="build:main")
+    flights = status(place)["flights"]
+    assert len(flights) == 1
+    flight = flights[0]
+    assert list(flight) == ["key", "token", "leader_pid", "joiners", "age_s"]
+    assert flight["key"] == "build:main"
+    assert isinstance(flight["token"], int)
+    assert flight["token"] > 0
+    assert flight["leader_pid"] == leader.proc.pid
+    assert flight["joiners"] == 1
+    assert isinstance(flight["age_s"], float)
+    assert flight["age_s"] > 0
+    # The human table says the same.
+    table = subprocess.run(
+        [PY, "-m", "flightgroup", "status", "--dir", str(place / "d")],
+        capture_output=True, text=True, timeout=WAIT, check=False,
+    )  # fmt: skip
+    assert table.returncode == 0
+    assert re.search(rf"build:main\s+{flight['token']}\s+{leader.proc.pid}\s+1\s", table.stdout)
+    (place / "go").touch()
+    assert leader.wait() == 0
+    assert status(place) == {"flights": []}  # the directory exists, its flight ended
+
+
+def test_a_joiner_on_a_terminal_shows_its_progress_and_not_on_a_pipe(
+    place: Path, runs: list[Run]
+) -> None:
+    # A command that says nothing until go: its joiners wait with no output.
+    silent = f"touch {place}/started; while [ ! -e {place}/go ]; do sleep 0.01; done; echo done"
+    leader = Run("run", "--key", "k", "--dir", str(place / "d"), "--", "sh", "-c", silent)
+    runs.append(leader)
+    end = time.monotonic() + WAIT
+    while not (place / "started").exists():
+        assert time.monotonic() < end
+        time.sleep(0.01)
+    master, slave = os.openpty()
+    try:
+        on_tty = Run("run", "--key", "k", "--dir", str(place / "d"), "--", "false", stderr=slave)
+        runs.append(on_tty)
+    finally:
+        os.close(slave)
+    on_pipe = Run("run", "--key", "k", "--dir", str(place / "d"), "--", "false")
+    runs.append(on_pipe)
+    assert on_pipe.err is not None
+    on_pipe.err.wait_for(b"joined")
+    seen = b""
+    pattern = re.compile(rb"\rflightgroup: waiting for 'k' \(leader pid \d+ on [^)]+\): \d+\.\d s")
+    while len(pattern.findall(seen)) < 2:  # shown, then rewritten in place
+        assert time.monotonic() < end, seen
+        if select.select([master], [], [], 0.5)[0]:
+            seen += os.read(master, 4096)
+    assert b"joined the run of 'k'" in seen
+    time.sleep(0.3)  # as long as the tty joiner shows its line: the pipe one shows none
+    (place / "go").touch()
+    assert on_tty.wait() == 0
+    assert on_pipe.wait() == 0
+    assert leader.wait() == 0
+    rest = b""
+    while select.select([master], [], [], 0.2)[0]:  # the rest, then EIO: the slave closed
+        try:
+            data = os.read(master, 4096)
+        except OSError:
+            break
+        if not data:
+            break
+        rest += data
+    os.close(master)
+    assert b"\r\x1b[K" in rest  # the line is wiped before the output and the exit
+    assert on_tty.out.join() == on_pipe.out.join() == leader.out.join() == b"done\n"
+    err = on_pipe.err.join()
+    assert b"joined" in err
+    assert b"waiting for" not in err
+    assert b"\r" not in err
+
+
+def test_ctrl_c_on_the_leaders_terminal_reaches_its_command_once(place: Path) -> None:
+    # The leader runs in the foreground of a terminal of its own; Ctrl-C there signals
+    # the whole foreground group, CMD included, so the leader must not add a second.
+    # (Two SIGINTs close together may merge into one: three rounds show a double.)
+    count = (
+        "import signal, sys, time\n"
+        "hits = []\n"
+        "signal.signal(signal.SIGINT, lambda s, f: hits.append(s))\n"
+        "print('ready', flush=True)\n"
+        "for round in (1, 2, 3):\n"
+        "    end = time.monotonic() + 20\n"
+        "    while len(hits) < round and time.monotonic() < end: time.sleep(0.005)\n"
+        "    time.sleep(0.3)\n"  # room for a second SIGINT to arrive
+        "    print(f'round {round}: {len(hits)} sigints', flush=True)\n"
+        "sys.exit(40 + len(hits))\n"
+    )
+    take_terminal = (  # own the session's terminal (it has none yet), then be flightgroup
+        "import fcntl, os, sys, termios\n"
+        "fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
+        "os.execv(sys.executable, [sys.executable, '-m', 'flightgroup', *sys.argv[1:]])\n"
+    )
+    master, slave = os.openpty()
+    try:
+        leader = subprocess.Popen(
+            [PY, "-c", take_terminal, "run", "--key", "k", "--dir", str(place / "d"), "--",
+             PY, "-c", count],
+            stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+        )  # fmt: skip
+    finally:
+        os.close(slave)
+    seen = b""
+
+    def read_until(needle: bytes) -> None:
+        nonlocal seen
+        end = time.monotonic() + WAIT
+        while needle not in seen:
+            assert time.monotonic() < end, seen
+            if select.select([master], [], [], 0.5)[0]:
+                seen += os.read(master, 4096)
+
+    try:
+        read_until(b"ready")
+        for round in (1, 2, 3):
+            os.write(master, b"\x03")  # Ctrl-C
+            read_until(f"round {round}:".encode())
+        assert leader.wait(WAIT) == 43, seen
+        assert b"round 3: 3 sigints" in seen
+    finally:
+        if leader.poll() is None:
+            leader.kill()
+            leader.wait()
+        os.close(master)
