@@ -237,6 +237,9 @@ class Flight:
     loop: asyncio.AbstractEventLoop | None = None  # where an async work runs
     task: asyncio.Task[None] | None = None  # the work's own task: the group owns it
     started = 0  # perf_counter_ns() when the work started
+    # While stats time waits: how many joiners were timed, and their arrival times' sum.
+    timed = 0
+    joined_ns = 0
     # The wide scopes: ``wide`` is the scope's call while this process leads there;
     # ``remote``: the outcome came from elsewhere (every caller here is a joiner and
     # raises a copy of ``error``); ``joined_remote``: told it joined a flight led
@@ -465,6 +468,9 @@ class FlightTable:
             _add_waiter(flight, waiter)
             flight.joiners += 1
             stats.joins += 1
+            if stats.timing:
+                flight.timed += 1
+                flight.joined_ns += time.perf_counter_ns()
             return Role.JOIN, flight, waiter
 
     def take_kept(self, tkey: Hashable) -> Flight | Result[Any] | None:
@@ -525,6 +531,9 @@ class FlightTable:
             _add_waiter(flight, waiter)
             flight.joiners += 1
             self.stats.joins += 1
+            if self.stats.timing:
+                flight.timed += 1
+                flight.joined_ns += time.perf_counter_ns()
             return Role.JOIN, waiter
 
     def _lead(self, flight: Flight, policy: FlightPolicy) -> None:
@@ -662,12 +671,20 @@ class FlightTable:
                     self._keep(flight, size)
             elif self.detached:
                 self.detached.discard(flight)  # a forgotten flight is never kept
-            self.stats.settled(
+            stats = self.stats
+            stats.settled(
                 outcome is Outcome.ERROR or outcome is Outcome.TIMEOUT,
                 outcome is Outcome.INTERRUPTED or outcome is Outcome.LOST,
+                outcome is Outcome.LOST,
                 flight.joiners,
                 (ended - flight.started) // 1000,
             )
+            timed = flight.timed
+            if timed:
+                # Each joiner's wait is its flight's mean joiner wait: the sum and the
+                # count are exact, the spread within one flight is not kept.
+                mean = (timed * ended - flight.joined_ns) // (timed * 1000)
+                stats.wait_us.record(mean, timed)
             if fresh and not self.closed:
                 following = flights.get(tkey)
                 if following is None:
@@ -750,6 +767,18 @@ class FlightTable:
                 kept.purge()
                 self.stats.kept = len(kept)
             return self.stats.snapshot()
+
+    def recorder(self, timing: bool = False) -> Recorder:
+        """A copy of the counters and histograms, for an exporter; ``timing`` starts
+        measuring joiners' waits from now on."""
+        with self.lock:
+            kept = self.kept
+            if kept is not None:
+                kept.purge()
+                self.stats.kept = len(kept)
+            if timing:
+                self.stats.timing = True
+            return self.stats.copy()
 
 
 __all__ += ["CLOSED", "EXPIRED", "JOINED", "SETTLED", "Outcome", "Role", "Signal", "_expire"]

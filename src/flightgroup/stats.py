@@ -50,12 +50,13 @@ _LAST = (_MAX_EXP + 1) * _SUB - 1
 class Histogram:
     """A log-linear histogram of non-negative integers with bounded memory."""
 
-    __slots__ = ("_counts", "count", "max")
+    __slots__ = ("_counts", "count", "max", "total")
 
     def __init__(self) -> None:
         self._counts = [0] * ((_MAX_EXP + 1) * _SUB)
         self.count = 0
         self.max = 0
+        self.total = 0  # the sum of the observations (exact)
 
     @staticmethod
     def _lower(index: int) -> int:
@@ -64,9 +65,9 @@ class Histogram:
         exp = index // _SUB - 1
         return (_SUB | (index % _SUB)) << exp
 
-    def record(self, value: int) -> None:
-        """Count one observation of ``value`` (clamped at 0). Inlined: it runs
-        twice per flight under the table lock."""
+    def record(self, value: int, times: int = 1) -> None:
+        """Count ``times`` observations of ``value`` (clamped at 0). Inlined: it
+        runs twice per flight under the table lock."""
         if value < _SUB:
             index = value if value > 0 else 0
         else:
@@ -74,10 +75,31 @@ class Histogram:
             index = ((exp + 1) << _SUB_BITS) + ((value >> exp) & (_SUB - 1))
             if index > _LAST:
                 index = _LAST
-        self._counts[index] += 1
-        self.count += 1
+        self._counts[index] += times
+        self.count += times
+        if value > 0:
+            self.total += value * times
         if value > self.max:
             self.max = value
+
+    def copy(self) -> Histogram:
+        """A copy (for an exporter; take it under the group's lock)."""
+        made = Histogram.__new__(Histogram)
+        made._counts = list(self._counts)
+        made.count, made.max, made.total = self.count, self.max, self.total
+        return made
+
+    def at_most(self, bound: int) -> int:
+        """How many observations were at most ``bound`` (to within one bucket: a
+        bucket counts when its lower bound is at most ``bound``)."""
+        if bound < 0:
+            return 0
+        seen = 0
+        for index, count in enumerate(self._counts):
+            if self._lower(index) > bound:
+                break
+            seen += count
+        return seen
 
     def percentile(self, fraction: float) -> int:
         """The smallest bucket's lower bound at or above ``fraction`` of the counts."""
@@ -105,6 +127,9 @@ class Recorder:
         "joiners",
         "joins",
         "kept",
+        "lease_losses",
+        "timing",
+        "wait_us",
     )
 
     def __init__(self) -> None:
@@ -113,20 +138,40 @@ class Recorder:
         self.joins = 0
         self.failures = 0
         self.interrupted = 0
+        self.lease_losses = 0
         self.in_flight = 0
         self.kept = 0
         self.joiners = Histogram()
         self.flight_us = Histogram()
+        # Joiners' waits, measured only once an exporter asked (``timing``): a clock
+        # read per join is a cost the herd's hot path does not pay otherwise.
+        self.timing = False
+        self.wait_us = Histogram()
 
-    def settled(self, failed: bool, interrupted: bool, joiners: int, micros: int) -> None:
+    def settled(
+        self, failed: bool, interrupted: bool, lost: bool, joiners: int, micros: int
+    ) -> None:
         """Count a flight that ended: one call, under the group's lock."""
         self.in_flight -= 1
         if failed:
             self.failures += 1
         elif interrupted:
             self.interrupted += 1
+            if lost:
+                self.lease_losses += 1
         self.joiners.record(joiners)
         self.flight_us.record(micros)
+
+    def copy(self) -> Recorder:
+        """A copy of every counter and histogram (for an exporter; under the lock)."""
+        made = Recorder()
+        for name in ("calls", "flights", "joins", "failures", "interrupted", "lease_losses",
+                     "in_flight", "kept", "timing"):
+            setattr(made, name, getattr(self, name))
+        made.joiners = self.joiners.copy()
+        made.flight_us = self.flight_us.copy()
+        made.wait_us = self.wait_us.copy()
+        return made
 
     def snapshot(self) -> Stats:
         """A frozen copy; call it under the group's lock."""
