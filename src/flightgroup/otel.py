@@ -1,0 +1,235 @@
+"""OpenTelemetry spans for a group (extra ``flightgroup[otel]``: opentelemetry-api only).
+
+``instrument(group, tracer_provider=None)`` makes every call of the group a span:
+
+- ``flightgroup.flight`` in the leader (one per flight: the leading call's span, in
+  which the work runs, so the work's own spans are its children);
+- ``flightgroup.join`` for each call that joined a flight (or was served a kept
+  outcome), with a link to the flight's span when the flight was led in this process
+  (in other processes, ``flightgroup.token`` ties them together).
+
+Attributes: ``flightgroup.scope`` (process, directory, fleet), ``flightgroup.key_digest``
+(the first 16 hex digits of the key's SHA-256: keys can hold tenant ids, so the raw
+key is never recorded), ``flightgroup.token`` (when known), ``flightgroup.joined``,
+``flightgroup.outcome`` (value, error, timeout, interrupted, lease_lost, closed,
+cancelled, wait_timeout). A failure sets the span's status to ERROR.
+
+An uninstrumented group pays nothing: ``instrument`` switches the group to a traced
+subclass of its own, so the plain class has no tracing branch on its hot path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import threading
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, TypeVar
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanContext, Status, StatusCode, TracerProvider
+
+from .errors import (
+    FlightInterruptedError,
+    FlightTimeoutError,
+    GroupClosedError,
+    LeaseLostError,
+)
+from .group import FlightGroup, Result
+from .lease import current_lease
+from .policy import FlightPolicy
+
+__all__ = ["instrument"]
+
+T = TypeVar("T")
+
+_SCOPE_NAME = "flightgroup"
+_MAX_LINKS = 10_000  # span contexts of recent flights led here, for joiners' links
+
+
+class _Links:
+    """The span context of each recent flight led in this process, by (key, token)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._contexts: collections.OrderedDict[tuple[str, int], SpanContext] = (
+            collections.OrderedDict()
+        )
+
+    def put(self, key: str, token: int, context: SpanContext) -> None:
+        with self._lock:
+            self._contexts[(key, token)] = context
+            if len(self._contexts) > _MAX_LINKS:
+                self._contexts.popitem(last=False)
+
+    def get(self, key: str, token: int) -> SpanContext | None:
+        with self._lock:
+            return self._contexts.get((key, token))
+
+
+class _Call:
+    """One traced call: its span, and whether its own work ran (it led)."""
+
+    __slots__ = ("key", "led", "span", "token")
+
+    def __init__(self, span: trace.Span, key: str) -> None:
+        self.span = span
+        self.key = key
+        self.led = False
+        self.token: int | None = None
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _outcome_of(error: BaseException) -> str:
+    if isinstance(error, LeaseLostError):
+        return "lease_lost"
+    if isinstance(error, FlightTimeoutError):
+        return "timeout"
+    if isinstance(error, FlightInterruptedError):
+        return "interrupted"
+    if isinstance(error, GroupClosedError):
+        return "closed"
+    if isinstance(error, asyncio.CancelledError):
+        return "cancelled"
+    if isinstance(error, TimeoutError):
+        return "wait_timeout"
+    return "error"
+
+
+def instrument(group: FlightGroup, tracer_provider: TracerProvider | None = None) -> None:
+    """Trace every call of ``group`` (see the module). Instrumenting twice is a no-op."""
+    if isinstance(group, _Traced):
+        return
+    tracer = trace.get_tracer(_SCOPE_NAME, tracer_provider=tracer_provider)
+    scope = "process"
+    if group._fleet is not None:
+        scope = "fleet"
+    elif group._arbiter is not None:
+        scope = "directory"
+    traced = type(
+        "TracedFlightGroup",
+        (_Traced,),
+        {"__slots__": (), "_tracer": tracer, "_scope": scope, "_links": _Links()},
+    )
+    group.__class__ = traced
+
+
+class _Traced(FlightGroup):
+    """The methods a traced group overrides; made per instrument() call with its tracer."""
+
+    __slots__ = ()
+    _tracer: trace.Tracer
+    _scope: str
+    _links: _Links
+
+    def _begin(self, key: str) -> _Call:
+        span = self._tracer.start_span(
+            "flightgroup.call",
+            attributes={"flightgroup.scope": self._scope, "flightgroup.key_digest": _digest(key)},
+        )
+        return _Call(span, key)
+
+    def _mark(self, call: _Call) -> None:
+        """In the work (the leader): remember the flight's span for joiners' links."""
+        call.led = True
+        try:
+            token = current_lease().token
+        except LookupError:
+            return
+        call.token = token
+        self._links.put(call.key, token, call.span.get_span_context())
+
+    def _end(self, call: _Call, result: Result[Any] | None, error: BaseException | None) -> None:
+        span = call.span
+        joined = not call.led
+        token = result.token if result is not None else call.token
+        if result is not None:
+            joined = result.joined
+        span.update_name("flightgroup.join" if joined else "flightgroup.flight")
+        span.set_attribute("flightgroup.joined", joined)
+        if token is not None:
+            span.set_attribute("flightgroup.token", token)
+            if joined:
+                linked = self._links.get(call.key, token)
+                if linked is not None:
+                    span.add_link(linked)
+        if error is None:
+            span.set_attribute("flightgroup.outcome", "value")
+        else:
+            span.set_attribute("flightgroup.outcome", _outcome_of(error))
+            span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
+            if isinstance(error, Exception):
+                span.record_exception(error)
+        span.end()
+
+    def _async_work(
+        self, call: _Call, work: Callable[[], Awaitable[T]]
+    ) -> Callable[[], Awaitable[T]]:
+        def traced() -> Awaitable[T]:
+            self._mark(call)
+            return work()
+
+        return traced
+
+    def _sync_work(self, call: _Call, work: Callable[[], T]) -> Callable[[], T]:
+        def traced() -> T:
+            self._mark(call)
+            return work()
+
+        return traced
+
+    async def run(self, key: str, work: Callable[[], Awaitable[T]], **kwargs: Any) -> Result[T]:
+        if not callable(work) or type(key) is not str or not key:  # the plain checks raise
+            return await super().run(key, work, **kwargs)
+        call = self._begin(key)
+        with trace.use_span(call.span, end_on_exit=False):
+            try:
+                result = await super().run(key, self._async_work(call, work), **kwargs)
+            except BaseException as exc:
+                self._end(call, None, exc)
+                raise
+        self._end(call, result, None)
+        return result
+
+    def run_sync(self, key: str, work: Callable[[], T], **kwargs: Any) -> Result[T]:
+        if not callable(work) or type(key) is not str or not key:  # the plain checks raise
+            return super().run_sync(key, work, **kwargs)
+        call = self._begin(key)
+        with trace.use_span(call.span, end_on_exit=False):
+            try:
+                result = super().run_sync(key, self._sync_work(call, work), **kwargs)
+            except BaseException as exc:
+                self._end(call, None, exc)
+                raise
+        self._end(call, result, None)
+        return result
+
+    async def _run_op(
+        self, tkey: Hashable, key: str, work: Callable[[], Awaitable[T]], policy: FlightPolicy
+    ) -> T:
+        call = self._begin(key)
+        with trace.use_span(call.span, end_on_exit=False):
+            try:
+                value = await super()._run_op(tkey, key, self._async_work(call, work), policy)
+            except BaseException as exc:
+                self._end(call, None, exc)
+                raise
+        self._end(call, None, None)
+        return value
+
+    def _call_sync(
+        self, tkey: Hashable, key: str, work: Callable[[], T], policy: FlightPolicy
+    ) -> Result[T]:
+        call = self._begin(key)
+        with trace.use_span(call.span, end_on_exit=False):
+            try:
+                result = super()._call_sync(tkey, key, self._sync_work(call, work), policy)
+            except BaseException as exc:
+                self._end(call, None, exc)
+                raise
+        self._end(call, result, None)
+        return result

@@ -1,0 +1,182 @@
+"""flightgroup.otel: spans per flight and per joined call, checked with the SDK's
+in-memory exporter."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode, get_tracer
+
+import flightgroup
+from flightgroup import JSON, FlightGroup
+from flightgroup.otel import instrument
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def spans() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield provider, exporter
+    provider.shutdown()
+
+
+def digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
+    return [span for span in exporter.get_finished_spans() if span.name == name]
+
+
+def test_one_flight_span_and_linked_join_spans(spans: Any) -> None:
+    provider, exporter = spans
+    group = FlightGroup()
+    instrument(group, provider)
+    inner = get_tracer("test", tracer_provider=provider)
+    started = asyncio.Event()
+    gate = asyncio.Event()
+
+    async def work() -> str:
+        with inner.start_as_current_span("work-inside"):
+            started.set()
+            await gate.wait()
+        return "v"
+
+    async def main() -> list[Any]:
+        leader = asyncio.ensure_future(group.run("tenant:42", work))
+        await started.wait()
+        joiners = [asyncio.ensure_future(group.run("tenant:42", work)) for _ in range(3)]
+        await asyncio.sleep(0)
+        gate.set()
+        return await asyncio.gather(leader, *joiners)
+
+    results = asyncio.run(main())
+    token = results[0].token
+    [flight] = named(exporter, "flightgroup.flight")
+    joins = named(exporter, "flightgroup.join")
+    assert len(joins) == 3
+    assert flight.attributes is not None
+    assert dict(flight.attributes) == {
+        "flightgroup.scope": "process",
+        "flightgroup.key_digest": digest("tenant:42"),
+        "flightgroup.joined": False,
+        "flightgroup.token": token,
+        "flightgroup.outcome": "value",
+    }
+    for join in joins:
+        assert join.attributes is not None
+        assert join.attributes["flightgroup.joined"] is True
+        assert join.attributes["flightgroup.token"] == token
+        assert join.attributes["flightgroup.outcome"] == "value"
+        assert [link.context.span_id for link in join.links] == [flight.context.span_id]
+    # The work's own spans are children of the flight's span; the raw key is nowhere.
+    [inside] = named(exporter, "work-inside")
+    assert inside.parent is not None and inside.parent.span_id == flight.context.span_id
+    for span in exporter.get_finished_spans():
+        assert "tenant:42" not in str(span.attributes)
+
+
+def test_a_failure_marks_every_span_and_sync_and_decorated_calls_are_traced(spans: Any) -> None:
+    provider, exporter = spans
+    group = FlightGroup()
+    instrument(group, provider)
+    instrument(group, provider)  # twice: still one span per call
+    started, gate = threading.Event(), threading.Event()
+
+    def fail() -> None:
+        started.set()
+        gate.wait(10)
+        raise ValueError("broken")
+
+    errors: list[BaseException] = []
+
+    def joiner() -> None:
+        try:
+            group.run_sync("k", fail)
+        except BaseException as exc:
+            errors.append(exc)
+
+    leader = threading.Thread(target=joiner)
+    leader.start()
+    assert started.wait(10)
+    other = threading.Thread(target=joiner)
+    other.start()
+    while group.stats().joins < 1:
+        threading.Event().wait(0.001)
+    gate.set()
+    leader.join(10)
+    other.join(10)
+    assert sorted(type(e).__name__ for e in errors) == ["FlightFailedError", "ValueError"]
+    [flight] = named(exporter, "flightgroup.flight")
+    [join] = named(exporter, "flightgroup.join")
+    for span in (flight, join):
+        assert span.status.status_code is StatusCode.ERROR
+        assert span.attributes is not None and span.attributes["flightgroup.outcome"] == "error"
+    assert join.attributes is not None and join.attributes["flightgroup.joined"] is True
+
+    @group.coalesce(key=lambda n: f"n:{n}")
+    def double(n: int) -> int:
+        return 2 * n
+
+    assert double(4) == 8
+    flights = named(exporter, "flightgroup.flight")
+    assert len(flights) == 2
+    assert flights[-1].attributes is not None
+    assert flights[-1].attributes["flightgroup.key_digest"] == digest("n:4")
+
+
+def test_fleet_spans_carry_the_scope_and_the_shared_token(
+    spans: Any, redis_server: Any, namespace: str
+) -> None:
+    provider, exporter = spans
+    a = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON)
+    b = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON)
+    instrument(a, provider)
+    instrument(b, provider)
+    started, gate = threading.Event(), threading.Event()
+
+    def work() -> int:
+        started.set()
+        gate.wait(10)
+        return 7
+
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(a.run_sync("k", work)))
+    thread.start()
+    try:
+        assert started.wait(10)
+        joined = b.run_sync("k", work, on_join=gate.set)
+        thread.join(10)
+    finally:
+        gate.set()
+        a.close()
+        b.close()
+    assert joined.joined and joined.value == 7 and out[0].token == joined.token
+    [flight] = named(exporter, "flightgroup.flight")
+    [join] = named(exporter, "flightgroup.join")
+    assert flight.attributes is not None and join.attributes is not None
+    assert flight.attributes["flightgroup.scope"] == "fleet"
+    assert join.attributes["flightgroup.token"] == flight.attributes["flightgroup.token"]
+
+
+def test_bad_input_still_raises_at_once(spans: Any) -> None:
+    provider, exporter = spans
+    group = FlightGroup()
+    instrument(group, provider)
+    with pytest.raises(TypeError):
+        group.run_sync("k", 3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        group.run_sync("", lambda: 1)
+    assert exporter.get_finished_spans() == ()
+    assert isinstance(group, flightgroup.FlightGroup)
