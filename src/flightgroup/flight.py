@@ -47,6 +47,7 @@ from collections.abc import Hashable
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Final, Generic, NamedTuple, TypeVar
 
+from ._log import log
 from .errors import GroupClosedError, TooManyFlightsError, TooManyWaitersError
 from .lease import Lease
 from .policy import NO_POLICY, FlightPolicy
@@ -55,6 +56,8 @@ from .stats import Recorder
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
+
+    from .policy import Retention
 
 __all__ = [
     "Attempt",
@@ -362,6 +365,7 @@ class FlightTable:
 
     __slots__ = (
         "_clock",
+        "_evict_log_at",
         "_next_token",
         "closed",
         "detached",
@@ -385,6 +389,7 @@ class FlightTable:
         self.stats = Recorder()
         self.closed = False
         self._next_token = 0
+        self._evict_log_at = 0.0
 
     def use_clock(self, clock: Callable[[], float]) -> None:
         """Drive retention with ``clock`` (tests use a fake one)."""
@@ -716,7 +721,24 @@ class FlightTable:
         payload: Flight | Result[Any] = flight
         if ok and flight.data is None:
             payload = Result(flight.value, True, flight.token)
-        self.kept.put(flight.tkey, ok, payload, flight.token, ttl, size)
+        kept = self.kept
+        evicted = kept.evicted
+        kept.put(flight.tkey, ok, payload, flight.token, ttl, size)
+        if kept.evicted != evicted:
+            self._evicted(kept, retention)
+
+    def _evicted(self, kept: RetentionStore, retention: Retention) -> None:
+        """Say (at most once a minute) that the bounds evict kept outcomes: a bound
+        that is too small turns retention into a miss."""
+        now = time.monotonic()
+        if now < self._evict_log_at:
+            return
+        self._evict_log_at = now + 60.0
+        log.info(
+            "retention evicted %d kept outcomes so far (max_items=%d, max_bytes=%s); "
+            "raise the bounds if later calls should find them", kept.evicted,
+            retention.max_items, retention.max_bytes,
+        )
 
     # -- the group ------------------------------------------------------------
 

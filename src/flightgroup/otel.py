@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
 import threading
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, TypeVar
@@ -30,6 +29,7 @@ from typing import Any, TypeVar
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext, Status, StatusCode, TracerProvider
 
+from ._log import key_digest
 from .errors import (
     FlightInterruptedError,
     FlightTimeoutError,
@@ -80,10 +80,6 @@ class _Call:
         self.token: int | None = None
 
 
-def _digest(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
-
-
 def _outcome_of(error: BaseException) -> str:
     if isinstance(error, LeaseLostError):
         return "lease_lost"
@@ -129,7 +125,10 @@ class _Traced(FlightGroup):
     def _begin(self, key: str) -> _Call:
         span = self._tracer.start_span(
             "flightgroup.call",
-            attributes={"flightgroup.scope": self._scope, "flightgroup.key_digest": _digest(key)},
+            attributes={
+                "flightgroup.scope": self._scope,
+                "flightgroup.key_digest": key_digest(key),
+            },
         )
         return _Call(span, key)
 

@@ -92,7 +92,9 @@ class RetentionStore:
     ones included; none of those is ever served (R4).
     """
 
-    __slots__ = ("_bytes", "_clock", "_entries", "_heap", "_max_bytes", "_max_items", "_seq")
+    __slots__ = (
+        "_bytes", "_clock", "_entries", "_heap", "_max_bytes", "_max_items", "_seq", "evicted",
+    )
 
     def __init__(
         self,
@@ -107,6 +109,7 @@ class RetentionStore:
         ):
             raise ValueError(f"max_bytes must be None or an int >= 1, got {max_bytes!r}")
         self._max_items = max_items
+        self.evicted = 0  # entries taken out by the item or byte bound (LRU), ever
         self._max_bytes = max_bytes
         self._clock = clock
         self._entries: OrderedDict[Hashable, Kept] = OrderedDict()
@@ -243,6 +246,7 @@ class RetentionStore:
         return entry
 
     def _pop_lru(self) -> Kept:
+        self.evicted += 1
         entry = self._entries.popitem(last=False)[1]
         self._bytes -= entry.size  # R2
         return entry

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import logging
 import os
 import socket
 import threading
@@ -31,6 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from .._log import key_digest, log
 from ..errors import (
     FlightInterruptedError,
     GroupClosedError,
@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Call", "DirectoryArbiter", "Event", "Inbox", "from_wire", "to_wire"]
 
-log = logging.getLogger("flightgroup")
 
 
 _OPENING = -2  # Call.fd while the caller creates the key's file
@@ -590,6 +589,8 @@ class DirectoryArbiter:
                 first = not call.joined
                 call.joined, call.token = True, answer.token
                 if first:
+                    log.debug("%s %s: join, token %d (leader pid %d)", self.directory,
+                              key_digest(call.key), answer.token, answer.pid)
                     call.inbox.put(Event.JOINED, answer.token, answer.pid, answer.age)
         elif isinstance(answer, wire.Landed):
             call = self._calls.pop(answer.id, None)
@@ -634,6 +635,7 @@ class DirectoryArbiter:
         if call is None:  # withdrawn meanwhile: give the flight back
             self._send(wire.cancel_frame(id))
             return
+        log.debug("%s %s: lead, token %d", self.directory, key_digest(call.key), token)
         lead = call.lead
         if lead is not None:  # a new token for a retry
             if lead.retrying:
@@ -871,6 +873,8 @@ class DirectoryArbiter:
             channel = self._channel
             if frame is not None and channel is not None:
                 channel.send(frame)
+        log.debug("%s %s: land, token %d (%s)", self.directory, key_digest(call.key),
+                  lead.token, "sent" if frame is not None else "lost, nothing to land")
         self._end_lead(lead)
         if self._closing:
             self._post(self._check_closed)
