@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import logging
 import os
 import socket
 import threading
@@ -44,6 +43,7 @@ from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.crc import key_slot
 from redis.exceptions import RedisError, ResponseError
 
+from .._log import key_digest, log
 from ..directory import wire
 from ..errors import GroupClosedError, UnavailableError
 from ..wide import Event, Inbox
@@ -56,7 +56,6 @@ if TYPE_CHECKING:
 
 __all__ = ["FleetCall", "RedisArbiter"]
 
-log = logging.getLogger("flightgroup")
 
 _NO_FLIGHT_YET = 2**53  # a fresh call's first ACQUIRE: no flight that exists now is new
 _FENCE_TTL_MS = 86_400_000  # the fence key lives a day past its last use
@@ -64,6 +63,7 @@ _SLACK = 0.05  # a joiner's clock starts after the reply: wait this much past th
 _MAX_BLOCK = 30.0  # one XREAD blocks at most this long (then reads again)
 _COMMAND_TIMEOUT = 5.0  # socket timeout of the command client (redis-py's default)
 _RETRY_PAUSE = 0.05  # between tries of a step that cannot reach Redis yet
+_ANSWERS = {1: "lead", 2: "join", 3: "kept", 4: "wait for the next flight"}
 
 
 class FleetCall:
@@ -420,6 +420,8 @@ class RedisArbiter:
                 self._end(call, Event.FAILED, self._unavailable(exc))
                 return
             kind, token = int(reply[0]), int(reply[1])
+            log.debug("%s %s: %s, token %d", self.namespace, key_digest(call.key),
+                      _ANSWERS.get(kind, "?"), token)
             if kind == 1:
                 self._lead(call, names, token, sent)
                 return
@@ -547,7 +549,7 @@ class RedisArbiter:
     def _lose(self, lead: FleetLead, reason: str) -> None:
         if lead.lose():
             log.info("lost the lease of a flight of %s (token %d): %s",
-                     _digest(lead.call.key), lead.token, reason)
+                     key_digest(lead.call.key), lead.token, reason)
 
     async def _renew(self) -> None:
         """Renew every lease of this process each lease/3, in one call (per slot)."""
@@ -639,7 +641,7 @@ class RedisArbiter:
                      self._max_value_bytes],
                 )
             except ResponseError as exc:  # refused (over max_value_bytes): not landed
-                log.warning("Redis refused a landing of %s: %s", _digest(call.key), exc)
+                log.warning("Redis refused a landing of %s: %s", key_digest(call.key), exc)
                 break
             except RedisError as exc:
                 if time.monotonic() - lead.renewed_at > self._lease:
@@ -648,6 +650,8 @@ class RedisArbiter:
                 await asyncio.sleep(_RETRY_PAUSE)
                 continue
             fenced = int(reply[0]) == 0
+            log.debug("%s %s: %s, token %d", self.namespace, key_digest(call.key),
+                      "fenced" if fenced else "landed", token)
             break
         self._leads.discard(lead)
         if fenced:
@@ -730,11 +734,6 @@ class RedisArbiter:
         for client in (self._client, self._blocking):
             with contextlib.suppress(Exception):
                 await client.aclose()
-
-
-def _digest(key: str) -> str:
-    """A key as the logs show it: a short digest (keys may hold tenant ids)."""
-    return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 def _glob_escape(text: str) -> str:
