@@ -102,7 +102,8 @@ def scope_from_args(directory: str | None, redis: str | None, namespace: str | N
     if directory is not None:
         if not directory:
             raise UsageError("--dir must not be empty")
-        return Scope(directory=directory)
+        # Absolute: the value names the spool for joiners that run in other folders.
+        return Scope(directory=os.path.abspath(directory))
     return Scope(directory=default_directory(), default=True)
 
 
@@ -282,9 +283,13 @@ class _Follower:
         """After the flight: stop, then write what is left. ``path`` is the spool the
         value names: read from it if this joiner never found its spool."""
         self.stop()
-        if path is not None and path != self._path and not self.emitted:
-            self._close_fd()
-            self._path, self._reader = path, RecordReader()
+        if path is not None and path != self._path:
+            if self.emitted:  # a newer flight of the key started before our status look
+                self._clear_progress()
+                _say(f"the output above may be another run's of {self._key!r} than this one")
+            else:
+                self._close_fd()
+                self._path, self._reader = path, RecordReader()
         self._poll()
         self._clear_progress()
         self._close_fd()
