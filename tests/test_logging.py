@@ -42,40 +42,9 @@ def test_retention_evictions_are_said_once_a_minute(caplog: pytest.LogCaptureFix
     assert "max_items=2" in evictions[0].getMessage()
 
 
-def test_fleet_lead_join_land_at_debug_with_digests_only(
-    caplog: pytest.LogCaptureFixture, redis_server: Any, namespace: str
-) -> None:
-    a = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON)
-    b = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON)
-    started, gate = threading.Event(), threading.Event()
-
-    def work() -> str:
-        started.set()
-        gate.wait(10)
-        return SECRET_VALUE
-
-    with caplog.at_level(logging.DEBUG, logger="flightgroup"):
-        thread = threading.Thread(target=lambda: a.run_sync(SECRET_KEY, work))
-        thread.start()
-        try:
-            assert started.wait(10)
-            assert b.run_sync(SECRET_KEY, work, on_join=gate.set).joined
-            thread.join(10)
-        finally:
-            gate.set()
-            a.close()
-            b.close()
-    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
-    for word in ("lead", "join", "landed"):
-        assert any(word in m and digest(SECRET_KEY) in m for m in debug), (word, debug)
-    assert_private(caplog.records)
-
-
-def test_directory_lead_join_land_at_debug(
-    caplog: pytest.LogCaptureFixture, directory: str
-) -> None:
-    a = FlightGroup(directory=directory, codec=JSON)
-    b = FlightGroup(directory=directory, codec=JSON)
+def _lead_and_join(a: FlightGroup, b: FlightGroup, caplog: pytest.LogCaptureFixture) -> None:
+    """``a`` leads SECRET_KEY, ``b`` joins it (from another group: through the
+    scope), with DEBUG captured; both groups are closed after."""
     started, gate = threading.Event(), threading.Event()
 
     def work() -> str:
@@ -97,9 +66,29 @@ def test_directory_lead_join_land_at_debug(
     debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
     for word in ("lead", "join", "land"):
         assert any(word in m and digest(SECRET_KEY) in m for m in debug), (word, debug)
+    assert_private(caplog.records)
+
+
+def test_fleet_lead_join_land_at_debug_with_digests_only(
+    caplog: pytest.LogCaptureFixture, redis_server: Any, namespace: str
+) -> None:
+    _lead_and_join(
+        FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON),
+        FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON),
+        caplog,
+    )
+
+
+def test_directory_lead_join_land_at_debug(
+    caplog: pytest.LogCaptureFixture, directory: str
+) -> None:
+    _lead_and_join(
+        FlightGroup(directory=directory, codec=JSON),
+        FlightGroup(directory=directory, codec=JSON),
+        caplog,
+    )
     infos = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
     assert any("coordinating" in m for m in infos)  # the election is said at INFO
-    assert_private(caplog.records)
 
 
 def test_a_lost_lease_is_said_above_debug(
