@@ -7,6 +7,7 @@ peer before the coordinator sees it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -35,10 +36,9 @@ def _connect_as(uid: int, path: str) -> bytes:
             peer = socket.socket(socket.AF_UNIX)
             peer.settimeout(10)
             peer.connect(path)
-            try:
+            # Refused on connect, before our hello: its answer is still queued.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 peer.sendall(b'{"protocol":"flightgroup","version":1}\n')
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # refused on connect, before our hello: its answer is still queued
             try:
                 while chunk := peer.recv(4096):
                     os.write(write_end, chunk)

@@ -110,7 +110,11 @@ return out
 # -> {1, joiners} landed (also when this is a retry of a landing that went through),
 #    {0} fenced: the flight is no longer this leader's; its joiners are told `int`.
 COMPLETE = _FIND + """
-if #ARGV[3] > tonumber(ARGV[6]) then
+-- Only a value is bounded: a failure's payload (type, module, message) must land even
+-- over the limit, or a leader's ValueTooLargeError (or a long error message) was refused
+-- here: the leader got LeaseLostError and its joiners waited a lease to be interrupted
+-- (tests/test_fleet_processes.py::test_a_value_over_max_value_bytes).
+if ARGV[2] == 'ok' and #ARGV[3] > tonumber(ARGV[6]) then
   return redis.error_reply('ERR flightgroup: the outcome is over max_value_bytes')
 end
 local key, state, joiners = find(KEYS[1], KEYS[2], ARGV[1])
