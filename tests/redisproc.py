@@ -39,6 +39,22 @@ def free_port() -> int:
         return port
 
 
+def free_cluster_port() -> int:
+    """A free port for a Cluster node: at most 55535 (its cluster bus listens on
+    port + 10000) with port + 10000 free too."""
+    for _ in range(200):
+        port = free_port()
+        if port > 55535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
 class RedisServer:
     """One redis-server process on 127.0.0.1 (see the module)."""
 
@@ -47,7 +63,11 @@ class RedisServer:
         self.dir = tempfile.mkdtemp(prefix="fgredis")
         self.extra = list(extra)
         self.proc: subprocess.Popen[bytes] | None = None
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.close()  # no process or folder left behind
+            raise
 
     @property
     def url(self) -> str:
@@ -115,7 +135,7 @@ class RedisCluster:
         self.servers: list[RedisServer] = []
         try:
             for _ in range(3):
-                port = free_port()
+                port = free_cluster_port()
                 self.servers.append(RedisServer(
                     port, "--cluster-enabled", "yes",
                     "--cluster-config-file", f"nodes-{port}.conf",

@@ -41,7 +41,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.crc import key_slot
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from .._log import key_digest, log
 from ..directory import wire
@@ -261,13 +261,19 @@ class RedisArbiter:
         errors."""
         client = self._client
         try:
-            if not self._cluster:
+            if self._cluster:
+                # Discover the nodes now: the first commands of a Cluster client that
+                # run at once race its discovery, which closes connections under them
+                # (redis-py 8.1: a TypeError from the transport, not a RedisError).
+                await client.initialize()
+                await self._blocking.initialize()
+            else:
                 async with client.pipeline(transaction=False) as pipe:
                     for body in scripts.SCRIPTS.values():
                         pipe.script_load(body)
                     await pipe.execute()
             policy = await client.config_get("maxmemory-policy")
-        except RedisError:
+        except (RedisError, RedisClusterException):
             return
         value = policy.get(b"maxmemory-policy") or policy.get("maxmemory-policy")
         if isinstance(value, bytes):
@@ -368,7 +374,7 @@ class RedisArbiter:
         future = asyncio.run_coroutine_threadsafe(coro, loop)
         try:
             return future.result(timeout)
-        except RedisError as exc:
+        except (RedisError, RedisClusterException) as exc:  # (the latter: no RedisError)
             raise self._unavailable(exc) from exc
         except TimeoutError as exc:
             future.cancel()
@@ -396,6 +402,15 @@ class RedisArbiter:
         assert self._loop is not None
         self._calls.add(call)
         call.task = self._loop.create_task(self._acquire(call))
+        call.task.add_done_callback(lambda task: self._acquire_ended(call, task))
+
+    def _acquire_ended(self, call: FleetCall, task: asyncio.Task[None]) -> None:
+        """An error the steps do not expect (not a RedisError: e.g. a Cluster client's
+        RedisClusterException, or a transport's TypeError) ends the call as
+        unavailable; it never leaves its caller waiting forever."""
+        error = None if task.cancelled() else task.exception()
+        if error is not None and call.lead is None and call in self._calls:
+            self._end(call, Event.FAILED, self._unavailable(error))
 
     def _end(self, call: FleetCall, event: Event, *args: Any) -> None:
         """The call ends without leading (or its lead is given back)."""
@@ -555,6 +570,12 @@ class RedisArbiter:
         """Renew every lease of this process each lease/3, in one call (per slot)."""
         while self._leads:
             await asyncio.sleep(self._lease / 3)
+            # A renewal that hangs (a frozen server) must not keep a lease alive here
+            # while it runs out in Redis: no renewal taken for a whole lease loses it.
+            now = time.monotonic()
+            for lead in list(self._leads):
+                if not lead.lost and now - lead.renewed_at > self._lease:
+                    self._lose(lead, "no renewal reached Redis for a whole lease")
             leads = [lead for lead in self._leads if not lead.lost]
             groups: dict[int, list[tuple[FleetLead, int]]] = {}
             for lead in leads:
@@ -572,8 +593,11 @@ class RedisArbiter:
             args.append(token)
         sent = time.monotonic()
         try:
-            renewed = await self._script("renew", keys, args)
-        except RedisError as exc:
+            # Bounded: the client's own timeouts and retries of a server that does not
+            # answer take 4 x 5 s, far past the lease (found by
+            # tests/test_fleet_protocol.py::test_a_frozen_server_loses_the_leaders_lease).
+            renewed = await asyncio.wait_for(self._script("renew", keys, args), self._lease / 3)
+        except (RedisError, TimeoutError) as exc:
             now = time.monotonic()
             for lead, _ in batch:
                 if now - lead.renewed_at > self._lease:

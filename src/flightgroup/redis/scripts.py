@@ -122,7 +122,9 @@ if key and state == 'D' then return {1, joiners} end
 if not key or state ~= 'R' then
   local e = entry(KEYS[3])
   if e then
-    if field(e, 'f') == '1' then return {0} end
+    -- landed only if the entry is this flight's own landing: not a fenced or
+    -- abandoned one (f), nor a retry's `next` (the flight went on under a newer token)
+    if field(e, 'f') == '1' or field(e, 'c') == 'next' then return {0} end
     return {1, '0'}
   end
   redis.call('XADD', KEYS[3], 'MAXLEN', '1', '*', 'c', 'int', 'v',
