@@ -249,6 +249,28 @@ def test_leader_killed_joiner_interrupted_next_call_leads(
     assert [entry[0] for entry in h.runs_of("k")] == [a.pid, b.pid]
 
 
+def test_leader_killed_a_waiting_fresh_caller_leads_the_next_flight(
+    h: Harness, redis_server: RedisServer, namespace: str
+) -> None:
+    a, b, c = (fleet(h, name, redis_server, namespace, lease=SHORT) for name in "abc")
+    wait_for(lambda: blocked_readers(redis_server) == 0, "no reader of an earlier test")
+    a.call("l", "k", h.work(block=True, **{"return": "never"}))
+    started = a.expect("started", "l")
+    b.call("j", "k", h.work())
+    b.expect("joined", "j")
+    c.call("f", "k", h.work(**{"return": "fresh"}), fresh=True, mode="async")
+    wait_for(lambda: blocked_readers(redis_server) == 2, "the fresh caller to wait")
+
+    a.kill()
+    assert_error(b.expect("done", "j", timeout=10), "FlightInterruptedError")
+    # The fresh caller never joined the dead flight: it leads the next one.
+    done = c.expect("done", "f", timeout=10)
+    assert_value(done, "fresh", joined=False)
+    assert done["token"] > started["token"]
+    assert c.count("joined", "f") == 0
+    assert [entry[0] for entry in h.runs_of("k")] == [a.pid, c.pid]
+
+
 def test_a_frozen_leader_past_its_lease_is_fenced(
     h: Harness, redis_server: RedisServer, namespace: str
 ) -> None:
@@ -291,6 +313,23 @@ def test_a_frozen_leader_past_its_lease_is_fenced(
     # No outcome crossed flights: "old" reached nobody.
     for child in (a, b, c):
         assert all(e.get("value") != "old" for e in child.events if e.get("ev") == "done")
+
+
+def test_a_thawed_leader_hears_its_lease_is_lost(
+    h: Harness, redis_server: RedisServer, namespace: str
+) -> None:
+    client = redis_server.client()
+    a = fleet(h, "a", redis_server, namespace, lease=SHORT)
+    a.call("l", "k", h.work(wait_lost=True, raise_lease=True), mode="async")
+    a.expect("started", "l")
+    a.stop()
+    wait_for(lambda: not client.exists(record(namespace, "k")), "the lease to run out")
+    a.cont()
+    # Its first renewal after the thaw finds no flight: the work's lease says lost.
+    assert a.expect("lost", "l")["lost"] is True
+    done = a.expect("done", "l")
+    assert_error(done, "LeaseLostError")
+    assert done["same_as_work_error"] is True  # the work's own LeaseLostError
 
 
 @pytest.mark.timeout(40)
@@ -359,6 +398,48 @@ def test_a_kept_outcome_is_served_to_other_processes(
     assert_value(done, "new", joined=False)
     assert done["token"] > lead["token"]
     assert [entry[0] for entry in h.runs_of("k")] == [a.pid, c.pid]
+
+
+def test_a_kept_failure_and_a_fresh_call_after_a_kept_value(
+    h: Harness, redis_server: RedisServer, namespace: str
+) -> None:
+    a = fleet(h, "a", redis_server, namespace, keep_success=30.0, keep_error=30.0)
+    b = fleet(h, "b", redis_server, namespace)
+    a.call("e", "bad", h.work(**{"raise": "kept boom"}))
+    failed = a.expect("done", "e")
+    assert_error(failed, "ValueError")
+    b.call("e", "bad", h.work(**{"return": "not me"}))
+    attrs = assert_error(b.expect("done", "e"), "FlightFailedError")
+    assert attrs["error_type"] == "ValueError" and attrs["message"] == "kept boom"
+    assert len(h.runs_of("bad")) == 1
+
+    a.call("v", "good", h.work(**{"return": "kept"}))
+    kept = a.expect("done", "v")
+    # A fresh call accepts only a flight that starts after it: never the kept value.
+    b.call("f", "good", h.work(**{"return": "fresh"}), fresh=True)
+    done = b.expect("done", "f")
+    assert_value(done, "fresh", joined=False)
+    assert done["token"] > kept["token"]
+    assert [entry[0] for entry in h.runs_of("good")] == [a.pid, b.pid]
+
+
+def test_a_deadline_times_out_the_flight_in_every_process(
+    h: Harness, redis_server: RedisServer, namespace: str
+) -> None:
+    a = fleet(h, "a", redis_server, namespace, deadline=0.5)
+    b = fleet(h, "b", redis_server, namespace)
+    a.call("l", "k", h.work(block=True), mode="async")
+    a.expect("started", "l")
+    b.call("j", "k", h.work())
+    b.expect("joined", "j")  # never released: the attempt runs past its deadline
+
+    attrs = assert_error(a.expect("done", "l"), "FlightTimeoutError")
+    assert attrs["deadline"] == 0.5
+    attrs = assert_error(b.expect("done", "j"), "FlightTimeoutError")
+    assert attrs["deadline"] == 0.5 and attrs["key"] == "k"
+    b.call("n", "k", h.work(**{"return": "in time"}))
+    assert_value(b.expect("done", "n"), "in time", joined=False)
+    assert [entry[0] for entry in h.runs_of("k")] == [a.pid, b.pid]
 
 
 def test_a_fresh_caller_does_not_join_the_running_flight(
