@@ -633,8 +633,37 @@ def test_closing_a_group_interrupts_its_flights_joiners_at_once(
 
 def test_no_key_is_left_without_a_ttl(redis_server: RedisServer) -> None:
     """Runs last (file order): every key the tests above left in the module's
-    server has a TTL."""
+    server has a TTL, and so does every kind of key this test makes itself (a kept
+    record, mailboxes, the fence, a parked flight)."""
+    import threading
+
+    import flightgroup
+
+    group = flightgroup.FlightGroup(
+        redis=redis_server.url, namespace="ttl-check", codec=flightgroup.JSON,
+        retention=flightgroup.Retention(success=300.0),
+    )  # fmt: skip
+    started, gate = threading.Event(), threading.Event()
+
+    def slow() -> int:
+        started.set()
+        gate.wait(10)
+        return 2
+
+    try:
+        assert group.run_sync("kept", lambda: 1).value == 1
+        thread = threading.Thread(target=lambda: group.run_sync("parked", slow))
+        thread.start()
+        assert started.wait(10)
+        group.forget("parked")  # parks the running flight under its token
+        gate.set()
+        thread.join(10)
+    finally:
+        gate.set()
+        group.close()
     client = redis_server.client()
-    if not list(client.scan_iter(match="fg:*", count=1000)):
-        pytest.skip("no key left: run with the module's other tests")
+    names = {name.decode() for name in client.scan_iter(match="fg:*", count=1000)}
+    assert "fg:{ttl-check}:fence" in names
+    assert any(":m:" in name for name in names)  # mailboxes
+    assert any(name.startswith("fg:{ttl-check:") and name.endswith("}") for name in names)
     assert keys_without_ttl(client, "fg:*") == []
