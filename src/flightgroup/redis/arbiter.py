@@ -40,6 +40,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.connection import parse_url
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
@@ -178,6 +179,10 @@ class RedisArbiter:
         cluster: bool = False,
         max_value_bytes: int = 1024 * 1024,
     ) -> None:
+        try:
+            parse_url(url)  # type: ignore[no-untyped-call]  # a bad URL fails here, no I/O
+        except ValueError as exc:
+            raise ValueError(f"cannot use the Redis URL {_safe(url)!r}: {exc}") from None
         self.url = url
         self.namespace = namespace
         self._lease = lease
@@ -198,6 +203,7 @@ class RedisArbiter:
         self._renewer: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
+        self._fatal: Exception | None = None  # the clients could not be made
 
     # -- starting ---------------------------------------------------------------
 
@@ -222,13 +228,17 @@ class RedisArbiter:
 
     def _run_loop(self, loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
         asyncio.set_event_loop(loop)
-        self._client = self._make_client(_COMMAND_TIMEOUT, retries=3)
-        # Blocking reads: a socket timeout past the longest block, and no silent re-send.
-        self._blocking = self._make_client(_MAX_BLOCK + _COMMAND_TIMEOUT, retries=0)
-        self._scripts = {
-            name: self._client.register_script(body) for name, body in scripts.SCRIPTS.items()
-        }
-        self._ready = loop.create_task(self._startup())
+        try:
+            self._client = self._make_client(_COMMAND_TIMEOUT, retries=3)
+            # Blocking reads: a socket timeout past the longest block, and no silent re-send.
+            self._blocking = self._make_client(_MAX_BLOCK + _COMMAND_TIMEOUT, retries=0)
+            self._scripts = {
+                name: self._client.register_script(body) for name, body in scripts.SCRIPTS.items()
+            }
+        except Exception as exc:  # every call reports it (see _acquire)
+            self._fatal = exc
+        else:
+            self._ready = loop.create_task(self._startup())
         loop.call_soon(ready.set)
         try:
             loop.run_forever()
@@ -286,7 +296,7 @@ class RedisArbiter:
             )
 
     def _where(self) -> str:
-        return self.url.split("@")[-1]  # never log a password
+        return _safe(self.url)
 
     def _post(self, fn: Callable[..., object], *args: Any) -> bool:
         loop = self._loop
@@ -314,10 +324,10 @@ class RedisArbiter:
             raise GroupClosedError()
         loop = self._ensure_started()
         call = FleetCall(key, fresh)
-        try:
+        with self._start_lock:  # in order with close(): a call posted here is seen by it
+            if self._closing:
+                raise GroupClosedError()
             loop.call_soon_threadsafe(self._begin, call)
-        except RuntimeError:  # closed meanwhile
-            raise GroupClosedError() from None
         return call
 
     def bind(self, call: FleetCall, attempt: Attempt) -> None:
@@ -418,6 +428,9 @@ class RedisArbiter:
         call.inbox.put(event, *args)
 
     async def _acquire(self, call: FleetCall) -> None:
+        if self._fatal is not None:
+            self._end(call, Event.FAILED, self._unavailable(self._fatal))
+            return
         if self._ready is not None and not self._ready.done():
             await asyncio.shield(self._ready)
         names = _Names(self.namespace, call.key, self._cluster)
@@ -763,3 +776,8 @@ class RedisArbiter:
 def _glob_escape(text: str) -> str:
     return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
 
+
+def _safe(url: str) -> str:
+    """A Redis URL as messages show it: without its user and password."""
+    scheme, sep, rest = url.partition("://")
+    return scheme + sep + rest.rpartition("@")[2] if sep else url
