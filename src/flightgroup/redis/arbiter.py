@@ -65,6 +65,9 @@ _MAX_BLOCK = 30.0  # one XREAD blocks at most this long (then reads again)
 _COMMAND_TIMEOUT = 5.0  # socket timeout of the command client (redis-py's default)
 _RETRY_PAUSE = 0.05  # between tries of a step that cannot reach Redis yet
 _ANSWERS = {1: "lead", 2: "join", 3: "kept", 4: "wait for the next flight"}
+# What a step treats as "Redis is out of reach now": it tries again until its own
+# limit. (A Cluster client's errors are not RedisErrors.)
+_UNREACHABLE = (RedisError, RedisClusterException, OSError)
 
 
 class FleetCall:
@@ -444,7 +447,7 @@ class RedisArbiter:
                     [call.nonce, self._lease_ms, _FENCE_TTL_MS, min_token, self._pid,
                      self._host, call.key],
                 )
-            except RedisError as exc:
+            except _UNREACHABLE as exc:
                 self._end(call, Event.FAILED, self._unavailable(exc))
                 return
             kind, token = int(reply[0]), int(reply[1])
@@ -491,7 +494,7 @@ class RedisArbiter:
                         block=max(1, round(min(left, _MAX_BLOCK) * 1000)),
                     )
                     unreachable = None
-                except RedisError as exc:
+                except _UNREACHABLE as exc:
                     unreachable, reply = exc, None
                     await asyncio.sleep(_RETRY_PAUSE)
                 finally:
@@ -506,7 +509,7 @@ class RedisArbiter:
                         "check", [names.record, names.parked(token), names.mailbox(token)],
                         [token],
                     )
-                except RedisError as exc:
+                except _UNREACHABLE as exc:
                     if time.monotonic() > deadline + self._lease:
                         return (Event.FAILED, self._unavailable(exc))
                     await asyncio.sleep(_RETRY_PAUSE)
@@ -564,7 +567,7 @@ class RedisArbiter:
         self._leads.discard(lead)
         names = _Names(self.namespace, lead.call.key, self._cluster)
         token = lead.token
-        with contextlib.suppress(RedisError):
+        with contextlib.suppress(*_UNREACHABLE):
             await self._script(
                 "abandon", [names.record, names.parked(token), names.mailbox(token)],
                 [token, self._grace_ms(0.0), reason],
@@ -595,7 +598,12 @@ class RedisArbiter:
                 names = _Names(self.namespace, lead.call.key, self._cluster)
                 slot = key_slot(names.record.encode()) if self._cluster else 0
                 groups.setdefault(slot, []).append((lead, lead.token))
-            await asyncio.gather(*(self._renew_some(batch) for batch in groups.values()))
+            ended = await asyncio.gather(
+                *(self._renew_some(batch) for batch in groups.values()), return_exceptions=True
+            )
+            for error in ended:  # unexpected: the whole-lease check above still applies
+                if isinstance(error, Exception):
+                    log.warning("a lease renewal in %s failed: %r", self.namespace, error)
 
     async def _renew_some(self, batch: list[tuple[FleetLead, int]]) -> None:
         keys: list[str] = []
@@ -610,7 +618,7 @@ class RedisArbiter:
             # answer take 4 x 5 s, far past the lease (found by
             # tests/test_fleet_protocol.py::test_a_frozen_server_loses_the_leaders_lease).
             renewed = await asyncio.wait_for(self._script("renew", keys, args), self._lease / 3)
-        except (RedisError, TimeoutError) as exc:
+        except (*_UNREACHABLE, TimeoutError) as exc:
             now = time.monotonic()
             for lead, _ in batch:
                 if now - lead.renewed_at > self._lease:
@@ -625,6 +633,14 @@ class RedisArbiter:
                 self._lose(lead, "Redis no longer holds its flight")
 
     async def _attempt(self, call: FleetCall) -> None:
+        try:
+            await self._new_attempt(call)
+        except Exception as exc:  # unexpected: the retry must not wait forever
+            if call.lead is not None:
+                self._lose(call.lead, f"a retry's new token could not be had: {exc!r}")
+            call.inbox.put(Event.LOST, "lost")
+
+    async def _new_attempt(self, call: FleetCall) -> None:
         lead = call.lead
         assert lead is not None
         if lead.lost or self._closing:
@@ -640,7 +656,7 @@ class RedisArbiter:
                     [names.record, names.parked(old), names.fence, names.mailbox(old)],
                     [old, call.nonce, self._lease_ms, _FENCE_TTL_MS, self._grace_ms(0.0)],
                 )
-            except RedisError as exc:
+            except _UNREACHABLE as exc:
                 if time.monotonic() - lead.renewed_at > self._lease:
                     self._lose(lead, f"Redis was out of reach for a whole lease ({exc})")
                     call.inbox.put(Event.LOST, "Redis was out of reach")
@@ -669,32 +685,34 @@ class RedisArbiter:
         names = _Names(self.namespace, call.key, self._cluster)
         token = lead.token
         code, payload, keep = encode_outcome(outcome)
-        fenced = True
-        while True:
-            try:
-                reply = await self._script(
-                    "complete", [names.record, names.parked(token), names.mailbox(token)],
-                    [token, code, payload, round(keep * 1000), self._grace_ms(keep),
-                     self._max_value_bytes],
-                )
-            except ResponseError as exc:  # refused (over max_value_bytes): not landed
-                log.warning("Redis refused a landing of %s: %s", key_digest(call.key), exc)
-                break
-            except RedisError as exc:
-                if time.monotonic() - lead.renewed_at > self._lease:
-                    self._lose(lead, f"Redis was out of reach for a whole lease ({exc})")
+        fenced = True  # until Redis said it landed: whatever ends this, done() is told
+        try:
+            while True:
+                try:
+                    reply = await self._script(
+                        "complete", [names.record, names.parked(token), names.mailbox(token)],
+                        [token, code, payload, round(keep * 1000), self._grace_ms(keep),
+                         self._max_value_bytes],
+                    )
+                except ResponseError as exc:  # refused (over max_value_bytes): not landed
+                    log.warning("Redis refused a landing of %s: %s", key_digest(call.key), exc)
                     break
-                await asyncio.sleep(_RETRY_PAUSE)
-                continue
-            fenced = int(reply[0]) == 0
-            log.debug("%s %s: %s, token %d", self.namespace, key_digest(call.key),
-                      "fenced" if fenced else "landed", token)
-            break
-        self._leads.discard(lead)
-        if fenced:
-            self._lose(lead, "its landing was fenced: Redis holds a newer flight")
-        if done is not None:
-            done(fenced)
+                except _UNREACHABLE as exc:
+                    if time.monotonic() - lead.renewed_at > self._lease:
+                        self._lose(lead, f"Redis was out of reach for a whole lease ({exc})")
+                        break
+                    await asyncio.sleep(_RETRY_PAUSE)
+                    continue
+                fenced = int(reply[0]) == 0
+                log.debug("%s %s: %s, token %d", self.namespace, key_digest(call.key),
+                          "fenced" if fenced else "landed", token)
+                break
+        finally:
+            self._leads.discard(lead)
+            if fenced:
+                self._lose(lead, "its landing was fenced or could not be made")
+            if done is not None:
+                done(fenced)
 
     async def _status(self, limit: int) -> list[dict[str, Any]]:
         client = self._client
