@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .flight import Attempt
     from .policy import FlightPolicy
 
-__all__ = ["Arbiter", "Event", "Inbox", "from_wire", "to_wire"]
+__all__ = ["Arbiter", "Event", "Inbox", "LeadState", "from_wire", "to_wire"]
 
 
 class Arbiter(Protocol):
@@ -37,6 +37,44 @@ class Arbiter(Protocol):
     def forget(self, key: str) -> None: ...
     def status(self) -> list[dict[str, Any]]: ...
     def close(self) -> None: ...
+
+
+class LeadState:
+    """What a lead in a wide scope shares with the work it runs: the running attempt,
+    whether the lease is lost, whether the work has ended. ``lock`` guards them: a
+    work ends on its own thread while the arbiter's loop may lose the lease."""
+
+    __slots__ = ("attempt", "lock", "lost", "work_done")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.attempt: Attempt | None = None
+        self.lost = False
+        self.work_done = False
+
+    def lose(self, only_running: bool = False) -> bool:
+        """The lease is lost: the running attempt's work is told. With
+        ``only_running``, only if the work has not ended. Returns whether it was
+        lost now."""
+        with self.lock:
+            if self.lost or (only_running and self.work_done):
+                return False
+            self.lost = True
+            attempt = self.attempt
+        if attempt is not None:
+            attempt.revoked = True
+            attempt.lose()
+        return True
+
+    def bind(self, attempt: Attempt) -> None:
+        """``attempt``'s work runs under this lead from now on (it hears a loss,
+        also one that came before)."""
+        with self.lock:
+            self.attempt = attempt
+            lost = self.lost
+        if lost:
+            attempt.revoked = True
+            attempt.lose()
 
 
 class Event(Enum):

@@ -38,7 +38,7 @@ from ..errors import (
     UnavailableError,
     renewed,
 )
-from ..wide import Event, Inbox, from_wire, to_wire
+from ..wide import Event, Inbox, LeadState, from_wire, to_wire
 from . import fs, wire
 from .coordinator import Coordinator
 
@@ -85,34 +85,19 @@ class Call:
         self.lead: Lead | None = None
 
 
-class Lead:
-    """A flight this process leads: its key lock and its landing until acked."""
+class Lead(LeadState):
+    """A flight this process leads: its key lock and its landing until acked
+    (``lock`` also guards ``fd``)."""
 
-    __slots__ = (
-        "abandoned",
-        "acked",
-        "attempt",
-        "call",
-        "fd",
-        "landing",
-        "lock",
-        "locked",
-        "lost",
-        "retrying",
-        "token",
-        "work_done",
-    )
+    __slots__ = ("abandoned", "acked", "call", "fd", "landing", "locked", "retrying", "token")
 
     def __init__(self, call: Call, token: int, fd: int) -> None:
+        super().__init__()
         self.call = call
         self.token = token
         self.fd = fd  # the key lock; -1 once released
-        self.lock = threading.Lock()
-        self.attempt: Attempt | None = None
         self.landing: bytes | None = None  # the land frame, kept until acked
-        self.work_done = False
         self.acked = False
-        self.lost = False
         self.locked = False  # the key lock is held (the work may start)
         self.abandoned = False  # given up before it was locked (closed or withdrawn)
         self.retrying = False  # an `attempt` request is out
@@ -123,20 +108,6 @@ class Lead:
             fd, self.fd = self.fd, -1
         if fd >= 0:
             os.close(fd)
-
-    def lose(self, only_running: bool = False) -> bool:
-        """The lease is lost: the running attempt's work is told. With
-        ``only_running``, only if the work has not ended (atomically with land()).
-        Returns whether it was lost now."""
-        with self.lock:
-            if self.lost or (only_running and self.work_done):
-                return False
-            self.lost = True
-            attempt = self.attempt
-        if attempt is not None:
-            attempt.revoked = True
-            attempt.lose()
-        return True
 
 
 class Channel:
@@ -800,12 +771,7 @@ class DirectoryArbiter:
         """The attempt whose work runs under ``call``'s lead (it hears a loss)."""
         lead = call.lead
         assert lead is not None
-        with lead.lock:
-            lead.attempt = attempt
-            lost = lead.lost
-        if lost:
-            attempt.revoked = True
-            attempt.lose()
+        lead.bind(attempt)
 
     def retry(self, call: Call) -> None:
         """Ask a new token for the next attempt; the inbox hears LEAD or LOST."""

@@ -47,7 +47,7 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from .._log import key_digest, log
 from ..directory import wire
 from ..errors import GroupClosedError, UnavailableError
-from ..wide import Event, Inbox
+from ..wide import Event, Inbox, LeadState
 from . import scripts
 
 if TYPE_CHECKING:
@@ -86,35 +86,18 @@ class FleetCall:
         self.withdrawn = False
 
 
-class FleetLead:
+class FleetLead(LeadState):
     """A flight this process leads: its token, its lease, its landing."""
 
-    __slots__ = ("attempt", "call", "landing", "lock", "lost", "renewed_at", "token", "work_done")
+    __slots__ = ("call", "landing", "renewed_at", "token")
 
     def __init__(self, call: FleetCall, token: int, renewed_at: float) -> None:
+        super().__init__()
         self.call = call
         self.token = token
         # When the last renewal that Redis took was sent: the record lives a lease past it.
         self.renewed_at = renewed_at
-        self.lock = threading.Lock()
-        self.attempt: Attempt | None = None
-        self.lost = False
-        self.work_done = False
         self.landing: asyncio.Task[None] | None = None
-
-    def lose(self, only_running: bool = False) -> bool:
-        """The lease is lost: the running attempt's work is told. With
-        ``only_running``, only if the work has not ended. Returns whether it was
-        lost now."""
-        with self.lock:
-            if self.lost or (only_running and self.work_done):
-                return False
-            self.lost = True
-            attempt = self.attempt
-        if attempt is not None:
-            attempt.revoked = True
-            attempt.lose()
-        return True
 
 
 class _Names:
@@ -337,12 +320,7 @@ class RedisArbiter:
         """The attempt whose work runs under ``call``'s lead (it hears a loss)."""
         lead = call.lead
         assert lead is not None
-        with lead.lock:
-            lead.attempt = attempt
-            lost = lead.lost
-        if lost:
-            attempt.revoked = True
-            attempt.lose()
+        lead.bind(attempt)
 
     def retry(self, call: FleetCall) -> None:
         """Ask a new token for the next attempt; the inbox hears LEAD or LOST."""
