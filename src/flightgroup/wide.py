@@ -12,6 +12,7 @@ import collections
 import contextlib
 import threading
 from _thread import LockType, allocate_lock
+from collections.abc import Callable
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -23,7 +24,9 @@ if TYPE_CHECKING:
     from .flight import Attempt
     from .policy import FlightPolicy
 
-__all__ = ["Arbiter", "Event", "Inbox", "LeadState", "from_wire", "to_wire"]
+__all__ = [
+    "Arbiter", "Event", "Inbox", "LeadState", "from_wire", "post", "start_loop", "to_wire",
+]
 
 
 class Arbiter(Protocol):
@@ -37,6 +40,49 @@ class Arbiter(Protocol):
     def forget(self, key: str) -> None: ...
     def status(self) -> list[dict[str, Any]]: ...
     def close(self) -> None: ...
+
+
+def start_loop(
+    name: str, setup: Callable[[asyncio.AbstractEventLoop], None]
+) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    """A group's background thread: a new event loop running in a daemon thread named
+    ``name``; ``setup(loop)`` runs first, on that thread. Returns once the loop runs.
+    When the loop is stopped, its tasks are cancelled and awaited, then it closes."""
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            setup(loop)
+        finally:
+            loop.call_soon(ready.set)
+        try:
+            loop.run_forever()
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    ready.wait()
+    return loop, thread
+
+
+def post(loop: asyncio.AbstractEventLoop | None, fn: Callable[..., object], *args: Any) -> bool:
+    """Run ``fn(*args)`` on ``loop`` (from any thread); False if there is no loop or
+    it closed."""
+    if loop is None:
+        return False
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the loop closed
+        return False
+    return True
 
 
 class LeadState:

@@ -38,7 +38,7 @@ from ..errors import (
     UnavailableError,
     renewed,
 )
-from ..wide import Event, Inbox, LeadState, from_wire, to_wire
+from ..wide import Event, Inbox, LeadState, from_wire, post, start_loop, to_wire
 from . import fs, wire
 from .coordinator import Coordinator
 
@@ -297,45 +297,19 @@ class DirectoryArbiter:
             except BaseException as exc:
                 self._fatal = exc
                 raise
-            loop = asyncio.new_event_loop()
-            ready = threading.Event()
-            self._thread = threading.Thread(
-                target=self._run_loop, args=(loop, ready), name="flightgroup-directory",
-                daemon=True,
-            )
-            self._thread.start()
-            ready.wait()
+            loop, self._thread = start_loop("flightgroup-directory", self._setup)
             self._loop = loop
             threading.Thread(
                 target=self._campaign, name="flightgroup-election", daemon=True
             ).start()
             return loop
 
-    def _run_loop(self, loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
-        asyncio.set_event_loop(loop)
+    def _setup(self, loop: asyncio.AbstractEventLoop) -> None:
         self._kick = asyncio.Event()
         loop.create_task(self._maintain())
-        loop.call_soon(ready.set)
-        try:
-            loop.run_forever()
-            # Closing: let the connection tasks see their sockets close, then stop.
-            tasks = asyncio.all_tasks(loop)
-            for task in tasks:
-                task.cancel()
-            if tasks:
-                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-        finally:
-            loop.close()
 
     def _post(self, fn: Callable[..., object], *args: Any) -> bool:
-        loop = self._loop
-        if loop is None:
-            return False
-        try:
-            loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # the loop closed
-            return False
-        return True
+        return post(self._loop, fn, *args)
 
     # -- the election -----------------------------------------------------------
 

@@ -47,7 +47,7 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from .._log import key_digest, log
 from ..directory import wire
 from ..errors import GroupClosedError, UnavailableError
-from ..wide import Event, Inbox, LeadState
+from ..wide import Event, Inbox, LeadState, post, start_loop
 from . import scripts
 
 if TYPE_CHECKING:
@@ -202,18 +202,11 @@ class RedisArbiter:
                 raise GroupClosedError()
             if self._loop is not None:
                 return self._loop
-            loop = asyncio.new_event_loop()
-            ready = threading.Event()
-            self._thread = threading.Thread(
-                target=self._run_loop, args=(loop, ready), name="flightgroup-fleet", daemon=True
-            )
-            self._thread.start()
-            ready.wait()
+            loop, self._thread = start_loop("flightgroup-fleet", self._setup)
             self._loop = loop
             return loop
 
-    def _run_loop(self, loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
-        asyncio.set_event_loop(loop)
+    def _setup(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
             self._client = self._make_client(_COMMAND_TIMEOUT, retries=3)
             # Blocking reads: a socket timeout past the longest block, and no silent re-send.
@@ -225,16 +218,6 @@ class RedisArbiter:
             self._fatal = exc
         else:
             self._ready = loop.create_task(self._startup())
-        loop.call_soon(ready.set)
-        try:
-            loop.run_forever()
-            tasks = asyncio.all_tasks(loop)
-            for task in tasks:
-                task.cancel()
-            if tasks:
-                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-        finally:
-            loop.close()
 
     def _make_client(self, socket_timeout: float, retries: int) -> Any:
         retry = (
@@ -285,14 +268,7 @@ class RedisArbiter:
         return _safe(self.url)
 
     def _post(self, fn: Callable[..., object], *args: Any) -> bool:
-        loop = self._loop
-        if loop is None:
-            return False
-        try:
-            loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # the loop closed
-            return False
-        return True
+        return post(self._loop, fn, *args)
 
     async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return await self._scripts[name](keys=keys, args=args, client=self._client)
