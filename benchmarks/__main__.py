@@ -1,6 +1,8 @@
-"""``python -m benchmarks [--quick] [--write PATH] [--only directory]``: run the suite,
-print the report. ``--only directory`` runs and prints the directory scope's section
-alone (see benchmarks/directory.py)."""
+"""``python -m benchmarks [--quick] [--write PATH] [--only directory|fleet]
+[--update PATH]``: run the suite, print the report. ``--only directory`` (``--only
+fleet``) runs and prints the directory (fleet) scope's section alone (see
+benchmarks/directory.py, benchmarks/fleet.py); ``--update PATH`` puts the fleet scope's
+section into the Markdown file PATH in place of its old text, keeping the rest."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from . import directory
+from . import directory, fleet
 from .peers import ASYNC_LIBS, NONE_ASYNC, NONE_SYNC, THREAD_LIBS
 from .report import engine, flightgroup_ok, render, render_only, src_digest, targets
 from .scenarios import FULL, QUICK, run
@@ -24,8 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", metavar="PATH", help="also write the report to PATH")
     parser.add_argument(
         "--only",
-        choices=["directory"],
-        help="run only this section (the directory scope) and print it alone",
+        choices=["directory", "fleet"],
+        help="run only this section (the directory or the fleet scope) and print it alone",
+    )
+    parser.add_argument(
+        "--update",
+        metavar="PATH",
+        help="put the fleet scope's section (with its targets) into the Markdown file PATH, "
+        "replacing its old text and keeping every other section",
     )
     args = parser.parse_args(argv)
     command = shlex.join(["scripts/dev", "bench", *(sys.argv[1:] if argv is None else argv)])
@@ -33,21 +41,41 @@ def main(argv: list[str] | None = None) -> int:
     source, digest = engine(), src_digest()
     if args.only is None:
         report = run(ASYNC_LIBS, NONE_ASYNC, THREAD_LIBS, NONE_SYNC, QUICK if args.quick else FULL)
-    wide = directory.run(directory.QUICK if args.quick else directory.FULL)
+    wide = wide_found = fleet_out = None
+    if args.only in (None, "directory"):
+        wide = directory.run(directory.QUICK if args.quick else directory.FULL)
+        wide_found = directory.targets(wide)
+    if args.only in (None, "fleet"):
+        fleet_out = fleet.run(fleet.QUICK if args.quick else fleet.FULL)
     if src_digest() != digest:
         source += " (src/ changed while the run went on: run it again)"
-    wide_found = directory.targets(wide)
+    fleet_found = fleet.targets(fleet_out) if fleet_out is not None else []
+    ok = True
     if args.only is None:
+        assert wide is not None
+        assert wide_found is not None
+        assert fleet_out is not None
         found = targets(report)
-        text = render(report, found + wide_found, command, source, directory.section(wide))
+        sections = [*directory.section(wide), *fleet.section(fleet_out)]
+        text = render(report, found + wide_found + fleet_found, command, source, sections)
         ok = flightgroup_ok(report, found)
-    else:
+    elif args.only == "directory":
+        assert wide is not None
+        assert wide_found is not None
         text = render_only("directory scope", directory.section(wide), wide_found, command, source)
-        ok = True
+    else:
+        assert fleet_out is not None
+        text = render_only("fleet scope", fleet.section(fleet_out), fleet_found, command, source)
     print(text)
     if args.write:
         Path(args.write).write_text(text, encoding="utf-8")
-    return 0 if ok and directory.ok(wide, wide_found) else 1
+    if args.update and fleet_out is not None:
+        fleet.update(args.update, fleet.section(fleet_out, fleet_found, command, source))
+    if wide is not None and wide_found is not None and not directory.ok(wide, wide_found):
+        ok = False
+    if fleet_out is not None and not fleet.ok(fleet_out, fleet_found):
+        ok = False
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
