@@ -1216,7 +1216,8 @@ def _herd_lines(out: FleetReport) -> list[str]:
         "`await g.run(key, work)` in asyncio tasks and `g.run_sync(key, work)` in threads; "
         "cashews 7 with its Redis backend, `cache.setup(URL)` and "
         "`@cache(ttl=600, key=\"fgbench:{key}\", lock=True)` on the work (tasks; its lock "
-        "is SET NX with a retry loop, and `protected=True` shares one call per process); "
+        "is a SET NX tried again at once while it fails (`check_interval=0`, a PING "
+        "between tries), and `protected=True` shares one call per process); "
         "dogpile.cache's `make_region().configure(\"dogpile.cache.redis\", "
         "expiration_time=600, arguments={\"url\": URL, \"redis_expiration_time\": 900, "
         "\"distributed_lock\": True, \"thread_local_lock\": False})` and "
@@ -1281,7 +1282,7 @@ def _server_summary(deltas: Sequence[dict[str, int]]) -> str:
     mid = sorted(range(len(deltas)), key=lambda i: totals[i])[(len(deltas) - 1) // 2]
     top = sorted(deltas[mid].items(), key=lambda item: -item[1])[:3]
     names = ", ".join(f"{name.upper()} {n:,}" for name, n in top)
-    return f"{totals[mid]:,} ({names})"
+    return f"{totals[mid]:,} ({names})" if names else f"{totals[mid]:,}"
 
 
 def _raised(series: Herd) -> str:
