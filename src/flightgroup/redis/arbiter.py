@@ -546,7 +546,10 @@ class RedisArbiter:
             for lead in list(self._leads):
                 if not lead.lost and now - lead.renewed_at > self._lease:
                     self._lose(lead, "no renewal reached Redis for a whole lease")
-            leads = [lead for lead in self._leads if not lead.lost]
+            # A flight younger than lease/3 needs no renewal yet (at the next tick it
+            # is younger than 2/3 of its lease): a short flight costs two round trips.
+            due = now - self._lease / 3
+            leads = [lead for lead in self._leads if not lead.lost and lead.renewed_at <= due]
             groups: dict[int, list[tuple[FleetLead, int]]] = {}
             for lead in leads:
                 names = _Names(self.namespace, lead.call.key, self._cluster)
