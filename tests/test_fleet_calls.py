@@ -1,0 +1,124 @@
+"""The fleet scope in one process: a caller's own timeout and cancel, the default
+outcome bound, bad construction arguments."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from flightgroup import JSON, FlightFailedError, FlightGroup, ValueTooLargeError
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_a_joiners_timeout_and_cancel_withdraw_only_itself(
+    redis_server: Any, namespace: str
+) -> None:
+    a = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON)
+    b = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON)
+    started, gate = threading.Event(), threading.Event()
+    runs: list[int] = []
+
+    def work() -> str:
+        runs.append(1)
+        started.set()
+        gate.wait(10)
+        return "v"
+
+    results: list[Any] = []
+    leader = threading.Thread(target=lambda: results.append(a.run_sync("k", work)))
+    leader.start()
+    try:
+        assert started.wait(10)
+        joined = threading.Event()
+        with pytest.raises(TimeoutError):
+            b.run_sync("k", work, timeout=0.2, on_join=joined.set)
+        assert joined.is_set()  # it had joined, then gave up alone
+
+        async def cancelled_joiner() -> None:
+            entered = asyncio.Event()
+            task = asyncio.ensure_future(b.run("k", _never, on_join=entered.set))
+            await entered.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(cancelled_joiner())
+        # The flight went on: a later joiner still gets its value.
+        late: list[Any] = []
+        joiner = threading.Thread(target=lambda: late.append(b.run_sync("k", work)))
+        joiner.start()
+        # b's local flight (which follows a's) has the cancelled joiner and this one.
+        while b.stats().joins < 2:
+            threading.Event().wait(0.005)
+        gate.set()
+        leader.join(10)
+        joiner.join(10)
+    finally:
+        gate.set()
+        a.close()
+        b.close()
+    assert runs == [1]
+    assert results[0].value == "v" and not results[0].joined
+    assert late[0].value == "v" and late[0].joined and late[0].token == results[0].token
+
+
+async def _never() -> str:
+    raise AssertionError("a joiner's work never runs")
+
+
+def test_the_default_bound_is_one_mebibyte(redis_server: Any, namespace: str) -> None:
+    a = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON)
+    b = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON)
+    try:
+        assert a.run_sync("fits", lambda: "x" * (1024 * 1024 - 2)).value == "x" * (1024 * 1024 - 2)
+        started, gate = threading.Event(), threading.Event()
+
+        def big() -> str:
+            started.set()
+            gate.wait(10)
+            return "x" * (1024 * 1024)  # 2 bytes of quotes over the bound
+
+        errors: list[BaseException] = []
+
+        def lead() -> None:
+            try:
+                a.run_sync("big", big)
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=lead)
+        thread.start()
+        assert started.wait(10)
+        with pytest.raises(FlightFailedError) as joined:
+            b.run_sync("big", big, on_join=gate.set)
+        thread.join(10)
+    finally:
+        a.close()
+        b.close()
+    assert joined.value.error_type == "ValueTooLargeError"
+    assert isinstance(errors[0], ValueTooLargeError)
+    assert errors[0].size == 1024 * 1024 + 2 and errors[0].limit == 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"redis": "http://127.0.0.1:6379/0", "namespace": "n", "codec": JSON}, ValueError),
+        ({"redis": "redis://127.0.0.1:port/0", "namespace": "n", "codec": JSON}, ValueError),
+        ({"redis": "redis://127.0.0.1:6379/0", "namespace": "", "codec": JSON}, ValueError),
+        ({"redis": "redis://127.0.0.1:6379/0", "namespace": "n"}, TypeError),
+        ({"redis": "redis://127.0.0.1:6379/0", "namespace": "n", "codec": JSON, "lease": 0},
+         ValueError),
+        ({"redis": "redis://127.0.0.1:6379/0", "namespace": "n", "codec": JSON,
+          "cluster": "yes"}, TypeError),
+        ({"redis": "redis://127.0.0.1:6379/0", "directory": "/tmp/x", "namespace": "n",
+          "codec": JSON}, ValueError),
+    ],
+)
+def test_bad_arguments_fail_at_construction(kwargs: dict[str, Any], error: type) -> None:
+    with pytest.raises(error):
+        FlightGroup(**kwargs)
