@@ -9,7 +9,9 @@ benchmark suite of a source checkout. Bad usage exits 2 with one line on stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,6 +32,8 @@ from .command import (
 from .errors import FlightError
 
 __all__ = ["main"]
+
+EXIT_SIGPIPE = 128 + signal.SIGPIPE  # 141, as a shell reports a command SIGPIPE killed
 
 
 def _run_epilog() -> str:
@@ -181,6 +185,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("flightgroup: interrupted", file=sys.stderr)
         return EXIT_SIGINT
+    except BrokenPipeError:
+        # Our reader left (`flightgroup status --watch --json | head -1`): end as a
+        # command killed by SIGPIPE would, without a traceback. Python ignores SIGPIPE,
+        # so the write raised instead; stdout goes to /dev/null so that the flush at
+        # exit does not raise again.
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_SIGPIPE
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from typing import Any
 
@@ -83,7 +84,11 @@ def status_command(scope: Scope, as_json: bool, watch: bool) -> int:
                 text = _table(flights, fleet)
                 if watch:
                     stamp = time.strftime("%H:%M:%S")
-                    text = f"\x1b[H\x1b[2Jflightgroup status ({stamp}, Ctrl-C to stop)\n\n{text}"
+                    text = f"flightgroup status ({stamp}, Ctrl-C to stop)\n\n{text}\n"
+                    # Clear the screen on a terminal only: into a pipe or a file the
+                    # escape codes are noise, so each draw simply follows the last.
+                    if sys.stdout.isatty():
+                        text = "\x1b[H\x1b[2J" + text
             print(text, flush=True)
             if not watch:
                 return 0
