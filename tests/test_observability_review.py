@@ -3,21 +3,24 @@ test failed before its fix."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pty
 import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+import flightgroup
 from flightgroup import JSON, FlightGroup
 from flightgroup._log import key_digest
 from flightgroup.otel import instrument
@@ -146,3 +149,110 @@ def test_status_into_a_closed_pipe_has_no_traceback(directory: str, watch: bool)
     assert b"Traceback" not in proc.stderr, proc.stderr
     assert b"Exception ignored" not in proc.stderr, proc.stderr
     assert proc.returncode == 141  # 128 + SIGPIPE, as a shell reports a command it killed
+
+
+# -- OpenTelemetry: the span path never changes a call's outcome ------------------------
+
+
+class _Broken(SpanProcessor):
+    """A span processor that raises (a buggy exporter plugin)."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if self.where == "start":
+            raise RuntimeError("broken on_start")
+
+    def on_end(self, span: Any) -> None:
+        if self.where == "end":
+            raise RuntimeError("broken on_end")
+
+
+@pytest.mark.parametrize("where", ["start", "end"])
+def test_a_raising_span_processor_changes_no_call(where: str) -> None:
+    provider = TracerProvider()
+    provider.add_span_processor(_Broken(where))
+    group = FlightGroup()
+    instrument(group, provider)
+    assert group.run_sync("k", lambda: 7).value == 7
+
+    def fails() -> int:
+        raise KeyError("mine")
+
+    with pytest.raises(KeyError, match="mine"):
+        group.run_sync("k", fails)
+
+    async def work() -> int:
+        return 8
+
+    assert asyncio.run(group.run("k", work)).value == 8
+
+    @group.coalesce(key=lambda n: str(n))
+    def double(n: int) -> int:
+        return 2 * n
+
+    @group.coalesce(key=lambda n: str(n))
+    async def triple(n: int) -> int:
+        return 3 * n
+
+    assert double(4) == 8
+    assert asyncio.run(triple(4)) == 12
+
+
+def test_no_span_records_the_raw_key(spans: Any) -> None:
+    # A flightgroup error's message names the key ("The flight of 'tenant:secret-42'
+    # failed: ..."); recorded as the span's exception event it put the raw key in the
+    # trace, which the docs say never happens.
+    provider, exporter = spans
+    key = "tenant:secret-42"
+    group = FlightGroup(deadline=0.05)
+    instrument(group, provider)
+    started, gate = threading.Event(), threading.Event()
+
+    def fails() -> int:
+        started.set()
+        gate.wait(10)
+        raise ValueError("boom")
+
+    def lead() -> None:
+        with pytest.raises(ValueError):
+            group.run_sync(key, fails)
+
+    leader = threading.Thread(target=lead)
+    leader.start()
+    assert started.wait(10)
+    with pytest.raises(TimeoutError):  # the builtin: this caller's own wait
+        group.run_sync(key, fails, timeout=0.01)
+    errors: list[BaseException] = []
+
+    def join() -> None:
+        try:
+            group.run_sync(key, fails, on_join=gate.set)
+        except BaseException as exc:
+            errors.append(exc)
+
+    joiner = threading.Thread(target=join)
+    joiner.start()
+    joiner.join(10)
+    leader.join(10)
+    assert errors and isinstance(errors[0], flightgroup.FlightFailedError)
+
+    def slow() -> int:
+        time.sleep(0.5)
+        return 1
+
+    with pytest.raises(flightgroup.FlightTimeoutError):
+        group.run_sync(key, slow)
+    finished = exporter.get_finished_spans()
+    outcomes = sorted(str((s.attributes or {})["flightgroup.outcome"]) for s in finished)
+    assert outcomes == ["error", "error", "timeout", "wait_timeout"], outcomes
+    for span in finished:
+        texts = [str(v) for v in (span.attributes or {}).values()]
+        for event in span.events:
+            texts += [str(v) for v in (event.attributes or {}).values()]
+        texts.append(str(span.status.description))
+        assert not any(key in text for text in texts), (span.name, texts)
+    # The events still say what happened, with the key's digest.
+    events = [e for s in finished for e in s.events if e.name == "exception"]
+    assert any(key_digest(key) in str((e.attributes or {})["exception.message"]) for e in events)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
+import traceback
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, TypeVar
 
@@ -96,6 +97,22 @@ def _outcome_of(error: BaseException) -> str:
     return "error"
 
 
+def _private(error: BaseException, key: str) -> dict[str, str] | None:
+    """The message and stack trace of an exception event, with the key's repr (which
+    flightgroup's own messages hold: "The flight of 'tenant:42' failed: ...") shown
+    as its digest, since a span never records the raw key. None: nothing to hide."""
+    shown = repr(key)
+    text = str(error)
+    stack = "".join(traceback.format_exception(error))
+    if shown not in text and shown not in stack:
+        return None
+    digest = f"<key {key_digest(key)}>"
+    return {
+        "exception.message": text.replace(shown, digest),
+        "exception.stacktrace": stack.replace(shown, digest),
+    }
+
+
 def instrument(group: FlightGroup, tracer_provider: TracerProvider | None = None) -> None:
     """Trace every call of ``group`` (see the module). Instrumenting twice is a no-op."""
     if isinstance(group, _Traced):
@@ -123,13 +140,18 @@ class _Traced(FlightGroup):
     _links: _Links
 
     def _begin(self, key: str) -> _Call:
-        span = self._tracer.start_span(
-            "flightgroup.call",
-            attributes={
-                "flightgroup.scope": self._scope,
-                "flightgroup.key_digest": key_digest(key),
-            },
-        )
+        try:
+            span = self._tracer.start_span(
+                "flightgroup.call",
+                attributes={
+                    "flightgroup.scope": self._scope,
+                    "flightgroup.key_digest": key_digest(key),
+                },
+            )
+        except Exception:
+            # Tracing must never change a call: a span processor that raises in
+            # on_start (the SDK does not catch it) leaves this call untraced.
+            span = trace.INVALID_SPAN
         return _Call(span, key)
 
     def _mark(self, call: _Call) -> None:
@@ -137,12 +159,23 @@ class _Traced(FlightGroup):
         call.led = True
         try:
             token = current_lease().token
-        except LookupError:
+            call.token = token
+            self._links.put(call.key, token, call.span.get_span_context())
+        except Exception:  # (or LookupError) this runs inside the work: never fail it
             return
-        call.token = token
-        self._links.put(call.key, token, call.span.get_span_context())
 
     def _end(self, call: _Call, result: Result[Any] | None, error: BaseException | None) -> None:
+        # Tracing must never change a call: whatever the span path raises (a span
+        # processor's on_end, an exporter plugin) is dropped, the call returns or
+        # raises what it would untraced.
+        try:
+            self._finish(call, result, error)
+        except Exception:
+            return
+
+    def _finish(
+        self, call: _Call, result: Result[Any] | None, error: BaseException | None
+    ) -> None:
         span = call.span
         joined = not call.led
         token = result.token if result is not None else call.token
@@ -162,7 +195,7 @@ class _Traced(FlightGroup):
             span.set_attribute("flightgroup.outcome", _outcome_of(error))
             span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
             if isinstance(error, Exception):
-                span.record_exception(error)
+                span.record_exception(error, attributes=_private(error, call.key))
         span.end()
 
     def _async_work(
@@ -185,7 +218,8 @@ class _Traced(FlightGroup):
         if not callable(work) or type(key) is not str or not key:  # the plain checks raise
             return await super().run(key, work, **kwargs)
         call = self._begin(key)
-        with trace.use_span(call.span, end_on_exit=False):
+        with trace.use_span(call.span, end_on_exit=False, record_exception=False,
+                            set_status_on_exception=False):
             try:
                 result = await super().run(key, self._async_work(call, work), **kwargs)
             except BaseException as exc:
@@ -198,7 +232,8 @@ class _Traced(FlightGroup):
         if not callable(work) or type(key) is not str or not key:  # the plain checks raise
             return super().run_sync(key, work, **kwargs)
         call = self._begin(key)
-        with trace.use_span(call.span, end_on_exit=False):
+        with trace.use_span(call.span, end_on_exit=False, record_exception=False,
+                            set_status_on_exception=False):
             try:
                 result = super().run_sync(key, self._sync_work(call, work), **kwargs)
             except BaseException as exc:
@@ -211,7 +246,8 @@ class _Traced(FlightGroup):
         self, tkey: Hashable, key: str, work: Callable[[], Awaitable[T]], policy: FlightPolicy
     ) -> T:
         call = self._begin(key)
-        with trace.use_span(call.span, end_on_exit=False):
+        with trace.use_span(call.span, end_on_exit=False, record_exception=False,
+                            set_status_on_exception=False):
             try:
                 value = await super()._run_op(tkey, key, self._async_work(call, work), policy)
             except BaseException as exc:
@@ -224,7 +260,8 @@ class _Traced(FlightGroup):
         self, tkey: Hashable, key: str, work: Callable[[], T], policy: FlightPolicy
     ) -> Result[T]:
         call = self._begin(key)
-        with trace.use_span(call.span, end_on_exit=False):
+        with trace.use_span(call.span, end_on_exit=False, record_exception=False,
+                            set_status_on_exception=False):
             try:
                 result = super()._call_sync(tkey, key, self._sync_work(call, work), policy)
             except BaseException as exc:
