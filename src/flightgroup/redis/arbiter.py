@@ -64,6 +64,13 @@ _SLACK = 0.05  # a joiner's clock starts after the reply: wait this much past th
 _MAX_BLOCK = 30.0  # one XREAD blocks at most this long (then reads again)
 _COMMAND_TIMEOUT = 5.0  # socket timeout of the command client (redis-py's default)
 _RETRY_PAUSE = 0.05  # between tries of a step that cannot reach Redis yet
+# Connections per client (per node on a Cluster): no limit of the client's own. redis-py
+# 6+ bounds an asyncio pool at 100 by default and then raises MaxConnectionsError at once
+# (no wait, no retry): the 101st concurrent ACQUIRE failed with UnavailableError, and past
+# 100 keys waited on, each read failed and polled CHECK (ADR 0011: each waited key holds
+# one blocked connection). The server's maxclients is the bound that matters
+# (tests/test_fleet_review.py::test_two_hundred_keys_at_once_all_lead).
+_MAX_CONNECTIONS = 2**31
 _ANSWERS = {1: "lead", 2: "join", 3: "kept", 4: "wait for the next flight"}
 # What a step treats as "Redis is out of reach now": it tries again until its own
 # limit. (A Cluster client's errors are not RedisErrors.)
@@ -229,6 +236,7 @@ class RedisArbiter:
             "socket_timeout": socket_timeout,
             "socket_connect_timeout": _COMMAND_TIMEOUT,
             "retry": retry,
+            "max_connections": _MAX_CONNECTIONS,
         }
         if self._cluster:
             return RedisCluster.from_url(self.url, **options)

@@ -1,0 +1,161 @@
+"""Review findings of the fleet scope (Redis): each test forces one interleaving
+(events and patched steps, no sleeps) that the first version got wrong."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from flightgroup import (
+    JSON,
+    FlightGroup,
+    Retry,
+)
+from flightgroup.redis.arbiter import RedisArbiter
+
+from .support import wait_until
+
+pytestmark = pytest.mark.timeout(40)
+
+_RETRY_NOW = Retry(attempts=2, backoff=0.0, jitter=False)
+
+
+def _fleet(group: FlightGroup) -> RedisArbiter:
+    arbiter = group._fleet
+    assert arbiter is not None
+    return arbiter
+
+
+def _hold_script(
+    arbiter: RedisArbiter,
+    name: str,
+    *,
+    ran: threading.Event,
+    release: threading.Event,
+    replies: list[Any] | None = None,
+    after: Callable[[Any], bool] = lambda reply: True,
+) -> None:
+    """Patch ``arbiter`` so that script ``name`` runs in Redis, then its reply is held
+    (``ran`` is set) until ``release`` is set: the client has not heard it yet."""
+    original = arbiter._script
+
+    async def script(which: str, keys: Any, args: Any) -> Any:
+        reply = await original(which, keys, args)
+        if which == name:
+            if replies is not None:
+                replies.append(reply)
+            if after(reply):
+                ran.set()
+                await asyncio.get_running_loop().run_in_executor(None, release.wait, 20)
+        return reply
+
+    arbiter._script = script  # type: ignore[method-assign]
+
+
+def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """Run ``fn`` in a thread; its result or exception lands in the list."""
+    box: list[Any] = []
+
+    def body() -> None:
+        try:
+            box.append(fn())
+        except BaseException as exc:
+            box.append(exc)
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread, box
+
+
+# -- 1. the connection pools of redis-py 8 hold 100 connections by default -----------
+
+
+def test_two_hundred_keys_at_once_all_lead(redis_server: Any, namespace: str) -> None:
+    """redis-py 8's asyncio pool makes at most 100 connections and then raises
+    MaxConnectionsError at once (no wait, no retry): the 101st concurrent ACQUIRE
+    failed with UnavailableError while Redis was fine."""
+    group = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON)
+
+    async def main() -> list[Any]:
+        async def work(i: int) -> int:
+            await asyncio.sleep(0.01)
+            return i
+
+        return await asyncio.gather(
+            *(group.run(f"k{i}", lambda i=i: work(i)) for i in range(200)),
+            return_exceptions=True,
+        )
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        group.close()
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert errors == []
+    assert [r.value for r in results] == list(range(200))
+
+
+def test_a_hundred_and_fifty_keys_waited_on_at_once_each_read_their_mailbox(
+    redis_server: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each waiting key holds one blocked XREAD connection (ADR 0011): past 100 the
+    reads failed with MaxConnectionsError, and each such joiner polled CHECK every
+    50 ms for the whole flight instead of being pushed its outcome."""
+    n = 150
+    lead = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON, lease=30)
+    join = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON, lease=30)
+    started = [0]
+    gate = threading.Event()
+    read_errors: list[BaseException] = []
+    reading = [0]
+    original_xread = redis.asyncio.Redis.xread
+
+    async def xread(self: Any, *args: Any, **kwargs: Any) -> Any:
+        reading[0] += 1
+        try:
+            return await original_xread(self, *args, **kwargs)
+        except BaseException as exc:
+            read_errors.append(exc)
+            raise
+
+    monkeypatch.setattr(redis.asyncio.Redis, "xread", xread)
+
+    def work(i: int) -> Callable[[], int]:
+        def body() -> int:
+            started[0] += 1
+            gate.wait(20)
+            return i
+
+        return body
+
+    leaders = [_in_thread(lambda i=i: lead.run_sync(f"k{i}", work(i))) for i in range(n)]
+    try:
+        wait_until(lambda: started[0] == n, "every lead")
+
+        async def joiners() -> list[Any]:
+            return await asyncio.gather(
+                *(join.run(f"k{i}", _never) for i in range(n)), return_exceptions=True
+            )
+
+        thread, box = _in_thread(lambda: asyncio.run(joiners()))
+        wait_until(lambda: reading[0] >= n or bool(read_errors), "every joiner's read")
+        assert read_errors == []
+        gate.set()
+        thread.join(20)
+        assert [r.value for r in box[0]] == list(range(n))
+    finally:
+        gate.set()
+        for leader, _ in leaders:
+            leader.join(10)
+        lead.close()
+        join.close()
+
+
+async def _never() -> Any:
+    raise AssertionError("a joiner's work never runs")
+
