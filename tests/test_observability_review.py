@@ -256,3 +256,28 @@ def test_no_span_records_the_raw_key(spans: Any) -> None:
     # The events still say what happened, with the key's digest.
     events = [e for s in finished for e in s.events if e.name == "exception"]
     assert any(key_digest(key) in str((e.attributes or {})["exception.message"]) for e in events)
+
+
+def test_instrument_keeps_a_subclass_of_the_group(spans: Any) -> None:
+    # instrument() swapped any group to a subclass of FlightGroup itself: a subclass
+    # with a __dict__ raised TypeError (layout differs), a slotted one lost its methods.
+    provider, exporter = spans
+
+    class Mine(FlightGroup):
+        def hello(self) -> str:
+            return "hi"
+
+    class Slotted(FlightGroup):
+        __slots__ = ()
+
+        def hello(self) -> str:
+            return "hi"
+
+    for cls in (Mine, Slotted):
+        group = cls()
+        instrument(group, provider)
+        instrument(group, provider)  # twice is a no-op
+        assert isinstance(group, cls)
+        assert group.hello() == "hi"
+        assert group.run_sync("k", lambda: 1).value == 1
+    assert [s.name for s in exporter.get_finished_spans()] == ["flightgroup.flight"] * 2

@@ -123,11 +123,16 @@ def instrument(group: FlightGroup, tracer_provider: TracerProvider | None = None
         scope = "fleet"
     elif group._arbiter is not None:
         scope = "directory"
-    traced = type(
-        "TracedFlightGroup",
-        (_Traced,),
-        {"__slots__": (), "_tracer": tracer, "_scope": scope, "_links": _Links()},
-    )
+    # A subclass of FlightGroup stays one: the traced class derives from it too (else a
+    # subclass with a __dict__ cannot take the swap, and a slotted one loses its methods).
+    # It comes first so that the traced class's layout is its own (the swap needs that);
+    # its overrides run around the traced methods, which they reach through super().
+    base = type(group)
+    bases: tuple[type, ...] = (_Traced,) if base is FlightGroup else (base, _Traced)
+    namespace: dict[str, Any] = {"_tracer": tracer, "_scope": scope, "_links": _Links()}
+    if not base.__dictoffset__:  # slotted like FlightGroup: the same layout, no __dict__
+        namespace["__slots__"] = ()
+    traced = type(f"Traced{base.__name__}", bases, namespace)
     group.__class__ = traced
 
 
