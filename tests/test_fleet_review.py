@@ -14,9 +14,10 @@ import redis
 from flightgroup import (
     JSON,
     FlightGroup,
+    FlightInterruptedError,
     Retry,
 )
-from flightgroup.redis.arbiter import RedisArbiter
+from flightgroup.redis.arbiter import RedisArbiter, _Names
 
 from .support import wait_until
 
@@ -158,4 +159,111 @@ def test_a_hundred_and_fifty_keys_waited_on_at_once_each_read_their_mailbox(
 
 async def _never() -> Any:
     raise AssertionError("a joiner's work never runs")
+
+
+def _record(server: Any, namespace: str, key: str) -> dict[bytes, bytes]:
+    client = redis.Redis.from_url(server.url)
+    try:
+        found: dict[bytes, bytes] = client.hgetall(_Names(namespace, key, False).record)
+        return found
+    finally:
+        client.close()
+
+
+def _never_sync() -> Any:
+    raise AssertionError("a joiner's work never runs")
+
+
+# -- 3. close() while a retry's ATTEMPT is in flight --------------------------------
+
+
+def test_closing_during_a_retrys_attempt_interrupts_the_joiners_elsewhere_at_once(
+    redis_server: Any, namespace: str
+) -> None:
+    """close() abandoned the flight under the token it had; the ATTEMPT that Redis had
+    already run moved the flight to a new token, which nobody abandoned or renewed:
+    the joiners elsewhere, following `next`, waited a whole lease."""
+    a = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON, lease=30,
+                    retry=_RETRY_NOW)
+    b = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON, lease=30)
+    ran, release = threading.Event(), threading.Event()
+    fleet = _fleet(a)
+    _hold_script(fleet, "attempt", ran=ran, release=release)
+    abandoned = threading.Event()
+    original_abandon = fleet._abandon
+
+    async def abandon(lead: Any, reason: str) -> None:
+        await original_abandon(lead, reason)
+        abandoned.set()
+
+    fleet._abandon = abandon  # type: ignore[method-assign]
+    joined, fail = threading.Event(), threading.Event()
+    calls = 0
+
+    def work() -> str:
+        nonlocal calls
+        calls += 1
+        fail.wait(20)
+        raise ValueError(f"attempt {calls}")
+
+    leader, _ = _in_thread(lambda: a.run_sync("k", work))
+    try:
+        wait_until(lambda: calls == 1, "the lead")
+        there, there_box = _in_thread(lambda: b.run_sync("k", _never_sync, on_join=joined.set))
+        assert joined.wait(10)
+        fail.set()
+        assert ran.wait(10)  # Redis moved the flight to a new token; the leader waits
+        closing, _ = _in_thread(a.close)
+        assert abandoned.wait(10)
+        release.set()
+        closing.join(20)
+        there.join(10)
+        assert not there.is_alive(), "the joiner elsewhere waits for the lease"
+        assert isinstance(there_box[0], FlightInterruptedError)
+        assert _record(redis_server, namespace, "k").get(b"s") != b"R"
+    finally:
+        fail.set()
+        release.set()
+        a.close()
+        b.close()
+        leader.join(10)
+
+
+# -- 4. close() while an ACQUIRE that leads is in flight -----------------------------
+
+
+def test_closing_during_an_acquire_that_leads_gives_the_lead_back(
+    redis_server: Any, namespace: str
+) -> None:
+    """An ACQUIRE answered "lead" after close() had begun: the abandon it started was
+    not waited for, and the loop stopped under it: the record stayed, and the
+    joiners elsewhere waited a whole lease."""
+    a = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON, lease=30)
+    b = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON, lease=30)
+    fleet = _fleet(a)
+    ran, release = threading.Event(), threading.Event()
+    _hold_script(fleet, "acquire", ran=ran, release=release)
+    original_close = fleet._close
+
+    async def close() -> None:
+        release.set()  # the held ACQUIRE is heard once close() has begun
+        await original_close()
+
+    fleet._close = close  # type: ignore[method-assign]
+    joined = threading.Event()
+    caller, _ = _in_thread(lambda: a.run_sync("k", lambda: "never runs"))
+    try:
+        assert ran.wait(10)
+        there, there_box = _in_thread(lambda: b.run_sync("k", _never_sync, on_join=joined.set))
+        assert joined.wait(10)
+        a.close()
+        assert _record(redis_server, namespace, "k").get(b"s") != b"R"
+        there.join(10)
+        assert not there.is_alive(), "the joiner elsewhere waits for the lease"
+        assert isinstance(there_box[0], FlightInterruptedError)
+    finally:
+        release.set()
+        a.close()
+        b.close()
+        caller.join(10)
 

@@ -446,6 +446,11 @@ class RedisArbiter:
         deadline = time.monotonic() + max(pttl, 0) / 1000 + _SLACK
         unreachable: BaseException | None = None
         while True:
+            if call.withdrawn:
+                # Withdrawn while a CHECK ran (only a read is cancelled): stop here, or
+                # the read went on, holding its connection, to the flight's end, and
+                # close() waited for it.
+                return (Event.INTERRUPTED, "withdrawn")
             fields: dict[bytes, bytes] | None = None
             left = deadline - time.monotonic()
             if left > 0:
@@ -634,6 +639,15 @@ class RedisArbiter:
             call.inbox.put(Event.LOST, "lost")
             return
         lead.token, lead.renewed_at = int(reply[1]), sent
+        if call.withdrawn or self._closing or lead.work_done:
+            # The flight ended here (withdrawn, closed, or landed under the old token)
+            # while Redis moved it to this token: nobody else gives it back, and its
+            # joiners, following `next`, waited a whole lease (tests/test_fleet_review.py::
+            # test_closing_during_a_retrys_attempt_interrupts_the_joiners_elsewhere_at_once).
+            self._leads.discard(lead)
+            await self._abandon(lead, "its leader stopped during a retry")
+            call.inbox.put(Event.LOST, "the group closed" if self._closing else "withdrawn")
+            return
         call.inbox.put(Event.LEAD, lead.token)
 
     async def _land(
@@ -734,6 +748,12 @@ class RedisArbiter:
             self._thread.join(5)
 
     async def _close(self) -> None:
+        # Steps already sent (an ACQUIRE, a retry's ATTEMPT) may still win a lead; each
+        # gives it back itself once it hears (the call is withdrawn, the group closing).
+        # Wait for them and for what they spawn, or the loop stopped under them and the
+        # lead stayed for its joiners to wait a lease out (tests/test_fleet_review.py::
+        # test_closing_during_an_acquire_that_leads_gives_the_lead_back).
+        pending = {call.task for call in self._calls if call.task is not None}
         for call in list(self._calls):
             if call.lead is None:
                 self._calls.discard(call)
@@ -741,14 +761,13 @@ class RedisArbiter:
                     call.task.cancel()
                 call.withdrawn = True
                 call.inbox.put(Event.FAILED, GroupClosedError())
-        abandons = []
-        landings = []
         for lead in list(self._leads):
-            if lead.landing is not None:
-                landings.append(lead.landing)
-            elif lead.lose(only_running=True):
-                abandons.append(self._abandon(lead, "its leader's group closed"))
-        await asyncio.gather(*abandons, *landings, return_exceptions=True)
+            if lead.landing is None and lead.lose(only_running=True):
+                self._spawn(self._abandon(lead, "its leader's group closed"))
+        pending |= self._tasks
+        while pending := {task for task in pending if not task.done()}:
+            await asyncio.wait(pending)
+            pending = set(self._tasks)
         if self._renewer is not None:
             self._renewer.cancel()
         for client in (self._client, self._blocking):
