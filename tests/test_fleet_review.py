@@ -174,6 +174,60 @@ def _never_sync() -> Any:
     raise AssertionError("a joiner's work never runs")
 
 
+# -- 2. the leader's loop stops while a retry asks Redis for its new token -----------
+
+
+def test_a_leaders_loop_stopping_during_a_retry_ends_the_flight_for_everyone(
+    redis_server: Any, namespace: str
+) -> None:
+    """The engine awaited the retry's answer (LEAD or LOST) outside any guard: when the
+    leader's task was cancelled there (its loop shut down), the flight never landed:
+    its local joiners (other threads) waited forever and the lead stayed renewed in
+    Redis, so joiners elsewhere waited as long as the process lived."""
+    a = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON, lease=30,
+                    retry=_RETRY_NOW)
+    b = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON, lease=30)
+    asked, release = threading.Event(), threading.Event()
+    _hold_script(_fleet(a), "attempt", ran=asked, release=release)
+    joined_here, joined_there, fail = threading.Event(), threading.Event(), threading.Event()
+    started = threading.Event()
+
+    async def work() -> str:
+        started.set()
+        await asyncio.get_running_loop().run_in_executor(None, fail.wait, 20)
+        raise ValueError("first attempt")
+
+    async def leader() -> None:
+        caller = asyncio.ensure_future(a.run("k", work))
+        await asyncio.get_running_loop().run_in_executor(None, asked.wait, 20)
+        assert not caller.done()
+        # returns: asyncio.run cancels the leading caller and the flight's own task
+
+    lead_thread, _ = _in_thread(lambda: asyncio.run(leader()))
+    try:
+        assert started.wait(10)  # it leads in Redis
+        here, here_box = _in_thread(lambda: a.run_sync("k", _never_sync, on_join=joined_here.set))
+        there, there_box = _in_thread(
+            lambda: b.run_sync("k", _never_sync, on_join=joined_there.set)
+        )
+        assert joined_here.wait(10) and joined_there.wait(10)
+        fail.set()
+        assert asked.wait(10)
+        lead_thread.join(10)
+        release.set()  # the ATTEMPT's answer comes after the flight's task ended
+        here.join(10)
+        there.join(10)
+        assert not here.is_alive(), "the local joiner waits forever"
+        assert not there.is_alive(), "the joiner elsewhere waits for the lease"
+        assert isinstance(here_box[0], FlightInterruptedError)
+        assert isinstance(there_box[0], FlightInterruptedError)
+    finally:
+        fail.set()
+        release.set()
+        a.close()
+        b.close()
+
+
 # -- 3. close() while a retry's ATTEMPT is in flight --------------------------------
 
 

@@ -775,7 +775,17 @@ class FlightGroup:
 
                 assert self._arbiter is not None
                 self._arbiter.retry(call)
-                event, args = await call.inbox.get()
+                try:
+                    event, args = await call.inbox.get()
+                except BaseException as exc:
+                    # Its loop shut down while the scope answers: land the flight (the
+                    # arbiter gives back a token it gets now). Unguarded, the flight
+                    # never landed: its local joiners waited forever and its lead was
+                    # renewed on (tests/test_fleet_review.py::
+                    # test_a_leaders_loop_stopping_during_a_retry_ends_the_flight_for_everyone).
+                    following.lose()
+                    outcome, value, error = Outcome.INTERRUPTED, None, exc
+                    break
                 if event is not Event.LEAD:  # the lease was lost meanwhile
                     following.revoked = True
                     following.lose()
@@ -840,7 +850,12 @@ class FlightGroup:
 
                 assert self._arbiter is not None
                 self._arbiter.retry(call)
-                event, args = call.inbox.get_sync()
+                try:
+                    event, args = call.inbox.get_sync()
+                except BaseException as exc:  # KeyboardInterrupt: as in _drive_async
+                    following.lose()
+                    outcome, value, error = Outcome.INTERRUPTED, None, exc
+                    break
                 if event is not Event.LEAD:  # the lease was lost meanwhile
                     following.revoked = True
                     following.lose()
