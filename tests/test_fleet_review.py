@@ -15,6 +15,7 @@ from flightgroup import (
     JSON,
     FlightGroup,
     FlightInterruptedError,
+    Retention,
     Retry,
 )
 from flightgroup.redis.arbiter import RedisArbiter, _Names
@@ -321,3 +322,51 @@ def test_closing_during_an_acquire_that_leads_gives_the_lead_back(
         b.close()
         caller.join(10)
 
+
+# -- 5. fresh=True, a retry during its wait, and a kept outcome ----------------------
+
+
+def test_a_fresh_caller_never_takes_the_kept_outcome_of_a_flight_that_retried(
+    redis_server: Any, namespace: str
+) -> None:
+    """A fresh caller waits for the running flight's end, then asks again from the
+    token after it. It asked from the token it first saw, not from the token the
+    flight ended under after a retry: the flight's kept outcome was past it, and the
+    fresh caller took it (an outcome of a flight that began before its call)."""
+    a = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON, lease=30)
+    b = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON, lease=30,
+                    retry=_RETRY_NOW, retention=Retention(success=30))
+    replies: list[Any] = []
+    waiting, never = threading.Event(), threading.Event()
+    _hold_script(_fleet(a), "acquire", ran=waiting, release=never, replies=replies,
+                 after=lambda reply: False)
+    gates = [threading.Event(), threading.Event()]
+    calls = 0
+
+    def old() -> str:
+        nonlocal calls
+        calls += 1
+        gates[calls - 1].wait(20)
+        if calls == 1:
+            raise ValueError("first attempt")
+        return "old"
+
+    leader, lead_box = _in_thread(lambda: b.run_sync("k", old))
+    try:
+        wait_until(lambda: calls == 1, "the lead")
+        fresh, fresh_box = _in_thread(lambda: a.run_sync("k", lambda: "new", fresh=True))
+        wait_until(lambda: bool(replies), "the fresh caller's first answer")
+        assert int(replies[0][0]) == 4  # wait for the running flight's end
+        gates[0].set()
+        wait_until(lambda: calls == 2, "the retry")
+        gates[1].set()
+        leader.join(10)
+        fresh.join(10)
+        assert lead_box[0].value == "old"
+        assert fresh_box[0].value == "new" and not fresh_box[0].joined
+        assert fresh_box[0].token > lead_box[0].token
+    finally:
+        for gate in gates:
+            gate.set()
+        a.close()
+        b.close()

@@ -432,10 +432,16 @@ class RedisArbiter:
                 return
             # kind 4 (fresh): the flight that runs began before this call; after its
             # end, the first flight from the next token on is this call's.
-            await self._read_outcome(call, names, token, int(reply[2]), follow=False)
+            ended = await self._read_outcome(call, names, token, int(reply[2]), follow=False)
             if call.withdrawn:
                 self._calls.discard(call)
                 return
+            if ended[0] is Event.LANDED:
+                # It ended under the token of its last retry: ask from past that one, or
+                # its kept outcome (past the first token) was taken as a newer flight's
+                # (tests/test_fleet_review.py::
+                # test_a_fresh_caller_never_takes_the_kept_outcome_of_a_flight_that_retried).
+                token = max(token, ended[1])
             min_token = token + 1
 
     async def _read_outcome(
