@@ -370,3 +370,57 @@ def test_a_fresh_caller_never_takes_the_kept_outcome_of_a_flight_that_retried(
             gate.set()
         a.close()
         b.close()
+
+
+# -- 6. a renewal that crosses a retry's ATTEMPT ------------------------------------
+
+
+def test_a_renewal_that_crosses_a_retrys_attempt_does_not_lose_the_lease(
+    redis_server: Any, namespace: str
+) -> None:
+    """A RENEW sent with the token the lead had ran in Redis after a retry's ATTEMPT
+    had moved the flight on: it answered 0 for the old token, and its reply, heard
+    before the ATTEMPT's, lost the lease of a healthy flight (the leader got
+    LeaseLostError, its joiners FlightInterruptedError)."""
+    a = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON, lease=1.5,
+                    retry=_RETRY_NOW)
+    fleet = _fleet(a)
+    ran, release = threading.Event(), threading.Event()
+    _hold_script(fleet, "attempt", ran=ran, release=release)
+    renew_sent, renewed = threading.Event(), threading.Event()
+    held = fleet._script
+
+    async def script(which: str, keys: Any, args: Any) -> Any:
+        if which != "renew" or renew_sent.is_set():
+            return await held(which, keys, args)
+        renew_sent.set()  # sent now; it reaches Redis after the ATTEMPT
+        await asyncio.get_running_loop().run_in_executor(None, ran.wait, 20)
+        reply = await held(which, keys, args)
+        renewed.set()
+        return reply
+
+    fleet._script = script  # type: ignore[method-assign]
+    fail = threading.Event()
+    calls = 0
+
+    def work() -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            fail.wait(20)
+            raise ValueError("first attempt")
+        return "v"
+
+    leader, box = _in_thread(lambda: a.run_sync("k", work))
+    try:
+        assert renew_sent.wait(10)
+        fail.set()
+        assert ran.wait(10)
+        assert renewed.wait(10)  # its reply is heard before the ATTEMPT's
+        release.set()
+        leader.join(10)
+        assert box[0].value == "v", box
+    finally:
+        fail.set()
+        release.set()
+        a.close()

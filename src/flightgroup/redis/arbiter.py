@@ -96,12 +96,15 @@ class FleetCall:
 class FleetLead(LeadState):
     """A flight this process leads: its token, its lease, its landing."""
 
-    __slots__ = ("call", "landing", "renewed_at", "token")
+    __slots__ = ("call", "landing", "moves", "renewed_at", "token")
 
     def __init__(self, call: FleetCall, token: int, renewed_at: float) -> None:
         super().__init__()
         self.call = call
         self.token = token
+        # ATTEMPTs sent plus ATTEMPTs heard: odd while one is in flight. A renewal that
+        # crossed one answers for a token Redis may have moved on from: it must not count.
+        self.moves = 0
         # When the last renewal that Redis took was sent: the record lives a lease past it.
         self.renewed_at = renewed_at
         self.landing: asyncio.Task[None] | None = None
@@ -568,12 +571,16 @@ class RedisArbiter:
             # A flight younger than lease/3 needs no renewal yet (at the next tick it
             # is younger than 2/3 of its lease): a short flight costs two round trips.
             due = now - self._lease / 3
-            leads = [lead for lead in self._leads if not lead.lost and lead.renewed_at <= due]
-            groups: dict[int, list[tuple[FleetLead, int]]] = {}
+            # (A lead whose retry's ATTEMPT is in flight is renewed by that ATTEMPT.)
+            leads = [
+                lead for lead in self._leads
+                if not lead.lost and lead.renewed_at <= due and not lead.moves % 2
+            ]
+            groups: dict[int, list[tuple[FleetLead, int, int]]] = {}
             for lead in leads:
                 names = _Names(self.namespace, lead.call.key, self._cluster)
                 slot = key_slot(names.record.encode()) if self._cluster else 0
-                groups.setdefault(slot, []).append((lead, lead.token))
+                groups.setdefault(slot, []).append((lead, lead.token, lead.moves))
             ended = await asyncio.gather(
                 *(self._renew_some(batch) for batch in groups.values()), return_exceptions=True
             )
@@ -581,10 +588,10 @@ class RedisArbiter:
                 if isinstance(error, Exception):
                     log.warning("a lease renewal in %s failed: %r", self.namespace, error)
 
-    async def _renew_some(self, batch: list[tuple[FleetLead, int]]) -> None:
+    async def _renew_some(self, batch: list[tuple[FleetLead, int, int]]) -> None:
         keys: list[str] = []
         args: list[Any] = [self._lease_ms]
-        for lead, token in batch:
+        for lead, token, _ in batch:
             names = _Names(self.namespace, lead.call.key, self._cluster)
             keys += [names.record, names.parked(token)]
             args.append(token)
@@ -596,12 +603,17 @@ class RedisArbiter:
             renewed = await asyncio.wait_for(self._script("renew", keys, args), self._lease / 3)
         except (*_UNREACHABLE, TimeoutError) as exc:
             now = time.monotonic()
-            for lead, _ in batch:
+            for lead, _, _ in batch:
                 if now - lead.renewed_at > self._lease:
                     self._lose(lead, f"Redis was out of reach for a whole lease ({exc})")
             return
-        for (lead, token), ok in zip(batch, renewed, strict=True):
-            if lead.token != token:  # a retry moved it meanwhile: its own reply counts
+        for (lead, token, moves), ok in zip(batch, renewed, strict=True):
+            # A retry's ATTEMPT sent meanwhile may have run first in Redis (RENEW then
+            # answers 0 for the old token) and be heard after this reply: only its own
+            # reply counts. (Comparing tokens alone lost the lease of a healthy flight:
+            # tests/test_fleet_review.py::
+            # test_a_renewal_sent_while_a_retry_moves_the_flight_does_not_lose_its_lease.)
+            if lead.token != token or lead.moves != moves:
                 continue
             if int(ok):
                 lead.renewed_at = max(lead.renewed_at, sent)
@@ -624,27 +636,31 @@ class RedisArbiter:
             return
         names = _Names(self.namespace, call.key, self._cluster)
         old = lead.token
-        while True:
-            sent = time.monotonic()
-            try:
-                reply = await self._script(
-                    "attempt",
-                    [names.record, names.parked(old), names.fence, names.mailbox(old)],
-                    [old, call.nonce, self._lease_ms, _FENCE_TTL_MS, self._grace_ms(0.0)],
-                )
-            except _UNREACHABLE as exc:
-                if time.monotonic() - lead.renewed_at > self._lease:
-                    self._lose(lead, f"Redis was out of reach for a whole lease ({exc})")
-                    call.inbox.put(Event.LOST, "Redis was out of reach")
-                    return
-                await asyncio.sleep(_RETRY_PAUSE)
-                continue
-            break
-        if int(reply[0]) == 0:
-            self._lose(lead, "Redis no longer holds its flight")
-            call.inbox.put(Event.LOST, "lost")
-            return
-        lead.token, lead.renewed_at = int(reply[1]), sent
+        lead.moves += 1  # odd: an ATTEMPT is in flight (see FleetLead.moves)
+        try:
+            while True:
+                sent = time.monotonic()
+                try:
+                    reply = await self._script(
+                        "attempt",
+                        [names.record, names.parked(old), names.fence, names.mailbox(old)],
+                        [old, call.nonce, self._lease_ms, _FENCE_TTL_MS, self._grace_ms(0.0)],
+                    )
+                except _UNREACHABLE as exc:
+                    if time.monotonic() - lead.renewed_at > self._lease:
+                        self._lose(lead, f"Redis was out of reach for a whole lease ({exc})")
+                        call.inbox.put(Event.LOST, "Redis was out of reach")
+                        return
+                    await asyncio.sleep(_RETRY_PAUSE)
+                    continue
+                break
+            if int(reply[0]) == 0:
+                self._lose(lead, "Redis no longer holds its flight")
+                call.inbox.put(Event.LOST, "lost")
+                return
+            lead.token, lead.renewed_at = int(reply[1]), sent
+        finally:
+            lead.moves += 1
         if call.withdrawn or self._closing or lead.work_done:
             # The flight ended here (withdrawn, closed, or landed under the old token)
             # while Redis moved it to this token: nobody else gives it back, and its
