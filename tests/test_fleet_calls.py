@@ -122,3 +122,18 @@ def test_the_default_bound_is_one_mebibyte(redis_server: Any, namespace: str) ->
 def test_bad_arguments_fail_at_construction(kwargs: dict[str, Any], error: type) -> None:
     with pytest.raises(error):
         FlightGroup(**kwargs)
+
+
+def test_a_key_with_a_lone_surrogate_is_a_key_like_any_other(
+    redis_server: Any, namespace: str
+) -> None:
+    """A non-UTF-8 byte of argv becomes a lone surrogate (flightgroup run --key): the
+    fleet scope names and stores it like the directory scope does."""
+    key = "report-\udcff"
+    a = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON)
+    try:
+        first = a.run_sync(key, lambda: 1)
+        assert first.value == 1 and not first.joined
+        assert a.run_sync(key + "x", lambda: 2).value == 2
+    finally:
+        a.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 
-__all__ = ["key_digest", "log"]
+__all__ = ["DigestOf", "key_digest", "log"]
 
 log = logging.getLogger("flightgroup")
 
@@ -18,3 +18,16 @@ def key_digest(key: str) -> str:
     # log call on the directory's loop (the call never ended) and in a traced call.
     # Any other key gives the same digest as before.
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+class DigestOf:
+    """A key's digest, computed only if a log record is formatted (DEBUG lines are
+    built on every lead, join and landing, and are mostly off)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __str__(self) -> str:
+        return key_digest(self.key)

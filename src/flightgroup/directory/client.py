@@ -30,7 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from .._log import key_digest, log
+from .._log import DigestOf, log
 from ..errors import (
     FlightInterruptedError,
     GroupClosedError,
@@ -535,7 +535,7 @@ class DirectoryArbiter:
                 call.joined, call.token = True, answer.token
                 if first:
                     log.debug("%s %s: join, token %d (leader pid %d)", self.directory,
-                              key_digest(call.key), answer.token, answer.pid)
+                              DigestOf(call.key), answer.token, answer.pid)
                     call.inbox.put(Event.JOINED, answer.token, answer.pid, answer.age)
         elif isinstance(answer, wire.Landed):
             call = self._calls.pop(answer.id, None)
@@ -580,7 +580,7 @@ class DirectoryArbiter:
         if call is None:  # withdrawn meanwhile: give the flight back
             self._send(wire.cancel_frame(id))
             return
-        log.debug("%s %s: lead, token %d", self.directory, key_digest(call.key), token)
+        log.debug("%s %s: lead, token %d", self.directory, DigestOf(call.key), token)
         lead = call.lead
         if lead is not None:  # a new token for a retry
             if lead.retrying:
@@ -813,7 +813,7 @@ class DirectoryArbiter:
             channel = self._channel
             if frame is not None and channel is not None:
                 channel.send(frame)
-        log.debug("%s %s: land, token %d (%s)", self.directory, key_digest(call.key),
+        log.debug("%s %s: land, token %d (%s)", self.directory, DigestOf(call.key),
                   lead.token, "sent" if frame is not None else "lost, nothing to land")
         self._end_lead(lead)
         if self._closing:

@@ -44,7 +44,7 @@ from redis.connection import parse_url
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from .._log import key_digest, log
+from .._log import DigestOf, key_digest, log
 from ..directory import wire
 from ..errors import GroupClosedError, UnavailableError
 from ..wide import Event, Inbox, LeadState, post, start_loop
@@ -116,7 +116,7 @@ class _Names:
     __slots__ = ("fence", "record")
 
     def __init__(self, namespace: str, key: str, cluster: bool) -> None:
-        digest = hashlib.sha256(key.encode()).hexdigest()
+        digest = hashlib.sha256(key.encode(errors="surrogatepass")).hexdigest()
         self.record = f"fg:{{{namespace}:{digest}}}"
         self.fence = f"{self.record}:f" if cluster else f"fg:{{{namespace}}}:fence"
 
@@ -410,13 +410,13 @@ class RedisArbiter:
                     "acquire",
                     [names.record, names.fence],
                     [call.nonce, self._lease_ms, _FENCE_TTL_MS, min_token, self._pid,
-                     self._host, call.key],
+                     self._host, call.key.encode("utf-8", "surrogatepass")],
                 )
             except _UNREACHABLE as exc:
                 self._end(call, Event.FAILED, self._unavailable(exc))
                 return
             kind, token = int(reply[0]), int(reply[1])
-            log.debug("%s %s: %s, token %d", self.namespace, key_digest(call.key),
+            log.debug("%s %s: %s, token %d", self.namespace, DigestOf(call.key),
                       _ANSWERS.get(kind, "?"), token)
             if kind == 1:
                 self._lead(call, names, token, sent)
@@ -705,7 +705,7 @@ class RedisArbiter:
                     await asyncio.sleep(_RETRY_PAUSE)
                     continue
                 fenced = int(reply[0]) == 0
-                log.debug("%s %s: %s, token %d", self.namespace, key_digest(call.key),
+                log.debug("%s %s: %s, token %d", self.namespace, DigestOf(call.key),
                           "fenced" if fenced else "landed", token)
                 break
         finally:
