@@ -36,7 +36,6 @@ import contextlib
 import dbm
 import importlib.util
 import math
-import multiprocessing
 import os
 import select
 import shutil
@@ -53,6 +52,7 @@ from multiprocessing.synchronize import Barrier
 from statistics import median
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .procs import WAIT, Proc, context, gather
 from .scenarios import quiet
 
 if TYPE_CHECKING:
@@ -82,7 +82,6 @@ TASKS_CONCURRENT = 16
 T = TypeVar("T")
 
 LATENCY_GOAL_US = 150.0
-WAIT = 120.0  # seconds a command may take before the run gives up on a worker
 
 
 @dataclass(frozen=True)
@@ -591,65 +590,13 @@ def _worker_main(conn: Connection, barrier: Barrier | None) -> None:
 # -----------------------------------------------------------------------------
 
 
-def _context() -> BaseContext:
-    try:
-        ctx = multiprocessing.get_context("forkserver")
-    except ValueError:
-        return multiprocessing.get_context("spawn")
-    # The forkserver imports these once; each worker forks from it ready to run.
-    ctx.set_forkserver_preload(["flightgroup", __name__])
-    return ctx
-
-
-class _Proc:
-    """A worker process and its pipe."""
-
-    def __init__(self, ctx: BaseContext, barrier: Barrier | None) -> None:
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(  # type: ignore[attr-defined]
-            target=_worker_main, args=(child, barrier), daemon=True
-        )
-        self.process.start()
-        child.close()
-
-    @property
-    def pid(self) -> int:
-        pid: int = self.process.pid
-        return pid
-
-    def send(self, command: str, *args: Any) -> None:
-        self.conn.send((command, *args))
-
-    def recv(self) -> Any:
-        if not self.conn.poll(WAIT):
-            raise TimeoutError(f"worker {self.pid} did not answer in {WAIT:g} s")
-        status, value = self.conn.recv()
-        if status == "error":
-            raise RuntimeError(f"worker {self.pid}: {value}")
-        return value
-
-    def ask(self, command: str, *args: Any) -> Any:
-        self.send(command, *args)
-        return self.recv()
-
-    def stop(self) -> None:
-        if self.process.is_alive():
-            with contextlib.suppress(OSError):
-                self.send("exit")
-            self.process.join(10)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(10)
-        self.conn.close()
-
-
 @contextlib.contextmanager
-def _workers(ctx: BaseContext, count: int, barrier: bool = False) -> Iterator[list[_Proc]]:
+def _workers(ctx: BaseContext, count: int, barrier: bool = False) -> Iterator[list[Proc]]:
     gate = ctx.Barrier(count) if barrier else None
-    procs: list[_Proc] = []
+    procs: list[Proc] = []
     try:
         for _ in range(count):
-            procs.append(_Proc(ctx, gate))
+            procs.append(Proc(ctx, _worker_main, gate))
         yield procs
     finally:
         for proc in procs:
@@ -691,7 +638,7 @@ def _lock_holder(directory: str) -> int | None:
     return None
 
 
-def _open_all(procs: Sequence[_Proc], directory: str) -> None:
+def _open_all(procs: Sequence[Proc], directory: str) -> None:
     """Connect each worker in turn: the first one coordinates (checked)."""
     for proc in procs:
         proc.ask("open", directory)
@@ -812,12 +759,6 @@ def _journal_runs(journal: str) -> int:
         return 0
 
 
-def _gather(procs: Sequence[_Proc], command: str, *args: Any) -> list[Any]:
-    for proc in procs:
-        proc.send(command, *args)
-    return [proc.recv() for proc in procs]
-
-
 def _measure_herds(ctx: BaseContext, sizes: DirSizes, out: DirectoryReport) -> None:
     """(2) the big herd of tasks and (5) the herd of threads with the peers, on the
     same 8 processes."""
@@ -833,7 +774,7 @@ def _measure_herds(ctx: BaseContext, sizes: DirSizes, out: DirectoryReport) -> N
             series = out.herd[name]
             key, journal = f"herd:{r}", os.path.join(files, f"herd-{r}")
             try:
-                done = _gather(procs, "herd", key, sizes.herd_tasks, pause, journal,
+                done = gather(procs, "herd", key, sizes.herd_tasks, pause, journal,
                                name == HERD_FLOOR)
             except Exception as exc:
                 series.error = f"{type(exc).__name__}: {exc}"
@@ -856,7 +797,7 @@ def _measure_herds(ctx: BaseContext, sizes: DirSizes, out: DirectoryReport) -> N
             key = f"peer-{r}-{PEERS.index(lib)}"
             journal = os.path.join(files, f"journal-{key}")
             try:
-                done = _gather(procs, "threads", lib, key, sizes.peer_threads, pause, journal)
+                done = gather(procs, "threads", lib, key, sizes.peer_threads, pause, journal)
             except Exception as exc:
                 series.error = f"{type(exc).__name__}: {exc}"
                 if lib == FLIGHTGROUP:
@@ -891,7 +832,7 @@ def _measure_throughput(ctx: BaseContext, sizes: DirSizes, out: DirectoryReport)
         }
         for r, tasks in _rotations(list(out.throughput), sizes.throughput_rounds):
             series = out.throughput[tasks]
-            done = _gather(procs, "throughput", f"tp:{r}:{tasks}", sizes.throughput_calls, tasks)
+            done = gather(procs, "throughput", f"tp:{r}:{tasks}", sizes.throughput_calls, tasks)
             series.seconds.append((max(d[1] for d in done) - min(d[0] for d in done)) / 1e9)
             series.runs.append(sum(d[2] for d in done))
 
@@ -929,7 +870,7 @@ MEASUREMENTS: tuple[tuple[str, Callable[[BaseContext, DirSizes, DirectoryReport]
 
 
 def run(sizes: DirSizes) -> DirectoryReport:
-    ctx = _context()
+    ctx = context(["flightgroup", __name__])
     out = DirectoryReport(sizes, start_method=ctx.get_start_method(), dbm=_dbm_module())
     for name, measure in MEASUREMENTS:
         _progress(name)

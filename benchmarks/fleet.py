@@ -43,7 +43,6 @@ import asyncio
 import contextlib
 import importlib.util
 import math
-import multiprocessing
 import os
 import re
 import shutil
@@ -65,6 +64,7 @@ from pathlib import Path
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
+from .procs import WAIT, Proc, context, gather
 from .scenarios import quiet
 
 if TYPE_CHECKING:
@@ -88,7 +88,6 @@ PEER_MODULES = {CASHEWS: "cashews", DOGPILE: "dogpile.cache"}
 NAMESPACE = "bench"
 LEADER_GOAL = 2
 JOINER_GOAL = 2
-WAIT = 120.0  # seconds a command may take before the run gives up on a worker
 
 
 @dataclass(frozen=True)
@@ -627,72 +626,17 @@ def _worker_main(conn: Connection, barrier: Barrier, started: MpEvent, joined: M
 # -----------------------------------------------------------------------------
 
 
-def _context() -> BaseContext:
-    try:
-        return multiprocessing.get_context("forkserver")
-    except ValueError:
-        return multiprocessing.get_context("spawn")
-
-
-class _Proc:
-    """A worker process and its pipe."""
-
-    def __init__(self, ctx: BaseContext, *shared: Any) -> None:
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(  # type: ignore[attr-defined]
-            target=_worker_main, args=(child, *shared), daemon=True
-        )
-        self.process.start()
-        child.close()
-
-    @property
-    def pid(self) -> int:
-        pid: int = self.process.pid
-        return pid
-
-    def send(self, command: str, *args: Any) -> None:
-        self.conn.send((command, *args))
-
-    def recv(self) -> Any:
-        if not self.conn.poll(WAIT):
-            raise TimeoutError(f"worker {self.pid} did not answer in {WAIT:g} s")
-        status, value = self.conn.recv()
-        if status == "error":
-            raise RuntimeError(f"worker {self.pid}: {value}")
-        return value
-
-    def ask(self, command: str, *args: Any) -> Any:
-        self.send(command, *args)
-        return self.recv()
-
-    def stop(self) -> None:
-        if self.process.is_alive():
-            with contextlib.suppress(OSError):
-                self.send("exit")
-            self.process.join(10)
-        if self.process.is_alive():
-            self.process.kill()  # by its pid
-            self.process.join(10)
-        self.conn.close()
-
-
 @contextlib.contextmanager
-def _workers(ctx: BaseContext, count: int) -> Iterator[tuple[list[_Proc], MpEvent, MpEvent]]:
+def _workers(ctx: BaseContext, count: int) -> Iterator[tuple[list[Proc], MpEvent, MpEvent]]:
     barrier, started, joined = ctx.Barrier(count), ctx.Event(), ctx.Event()
-    procs: list[_Proc] = []
+    procs: list[Proc] = []
     try:
         for _ in range(count):
-            procs.append(_Proc(ctx, barrier, started, joined))
+            procs.append(Proc(ctx, _worker_main, barrier, started, joined))
         yield procs, started, joined
     finally:
         for proc in procs:
             proc.stop()
-
-
-def _gather(procs: Sequence[_Proc], command: str, *args: Any) -> list[Any]:
-    for proc in procs:
-        proc.send(command, *args)
-    return [proc.recv() for proc in procs]
 
 
 # -----------------------------------------------------------------------------
@@ -785,7 +729,7 @@ def _loadavg() -> str:
     return f"{one:.2f}, {five:.2f}, {fifteen:.2f} (1, 5, 15 min), {os.cpu_count()} cores"
 
 
-def _measure_rounds(procs: Sequence[_Proc], started: MpEvent, joined: MpEvent, client: Any,
+def _measure_rounds(procs: Sequence[Proc], started: MpEvent, joined: MpEvent, client: Any,
                     sizes: FleetSizes, out: FleetReport) -> None:
     """(1) and (2): rounds of one leader and one joiner, the roles swapping each round;
     floor rounds interleaved."""
@@ -830,7 +774,7 @@ def _measure_rounds(procs: Sequence[_Proc], started: MpEvent, joined: MpEvent, c
                 rounds.floor.append((returned - sent) / 1e3)
 
 
-def _measure_herds(procs: Sequence[_Proc], client: Any, url: str, files: str,
+def _measure_herds(procs: Sequence[Proc], client: Any, url: str, files: str,
                    sizes: FleetSizes, out: FleetReport) -> None:
     """(3) and (4): herds of every library, their order rotating; one untimed herd of
     each first (connections, threads, the peers' scripts). dogpile.cache's herd runs
@@ -839,7 +783,7 @@ def _measure_herds(procs: Sequence[_Proc], client: Any, url: str, files: str,
     4,000 threads on a few cores may not get through in minutes; the callers still
     waiting then are counted, and their processes are stopped after it."""
     callers = sizes.herd_callers
-    ready = set(_gather(procs, "setup_peers", url, callers)[0])
+    ready = set(gather(procs, "setup_peers", url, callers)[0])
     libs = [lib for lib in HERD_LIBS if lib not in PEER_OF or lib in ready]
     out.herds = {lib: Herd(callers=len(procs) * callers) for lib in libs}
     rotating = [lib for lib in libs if lib != DOGPILE]
@@ -859,7 +803,7 @@ def _measure_herds(procs: Sequence[_Proc], client: Any, url: str, files: str,
         before = _commandstats(client)
         try:
             budget = sizes.dogpile_budget if lib == DOGPILE else WAIT
-            done = _gather(procs, "herd", lib, key, callers, sizes.work, journal, budget)
+            done = gather(procs, "herd", lib, key, callers, sizes.work, journal, budget)
         except Exception as exc:
             series.error = f"{type(exc).__name__}: {exc}"
             if lib in MINE:
@@ -886,7 +830,7 @@ def _measure_herds(procs: Sequence[_Proc], client: Any, url: str, files: str,
 
 
 def run(sizes: FleetSizes) -> FleetReport:
-    ctx = _context()
+    ctx = context()
     out = FleetReport(sizes, start_method=ctx.get_start_method(), load=_loadavg())
     binary = shutil.which("redis-server")
     if binary is None:
