@@ -1,9 +1,10 @@
-"""The benchmark harness runs (quick sizes) and its must-checks hold: one run per herd,
-one run per failure wave, an empty table afterwards; in the directory scope's section
-(real processes), one run per cross-process herd and every caller served; in the fleet
-scope's (real processes and a redis-server of the run's own), one run per herd, every
-caller served, one ACQUIRE per process, two round trips per leader and per joiner. Speed
-targets are not asserted: tests never assert wall-clock times."""
+"""The benchmark harness runs (quick sizes, as `flightgroup bench --quick`) and its
+must-checks hold: one run per herd, one run per failure wave, an empty table afterwards;
+in the directory scope's section (real processes), one run per cross-process herd and
+every caller served; in the fleet scope's (real processes and a redis-server of the run's
+own), one run per herd, every caller served, one ACQUIRE per process, two round trips per
+leader and per joiner. Speed targets are not asserted: tests never assert wall-clock
+times."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.timeout(100)
 def test_quick_benchmark_runs_and_its_must_checks_pass() -> None:
+    # Through the command a user types (`flightgroup bench --quick` runs `python -m
+    # benchmarks --quick` in the checkout), from another directory.
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick"],
-        cwd=ROOT,
+        [sys.executable, "-m", "flightgroup", "bench", "--quick"],
+        cwd=ROOT / "docs",
         capture_output=True,
         text=True,
         timeout=95,
