@@ -1096,7 +1096,11 @@ class FlightGroup:
             outcome, error = self._land_wide(flight, flight.wide, outcome, data, error)
             if outcome is Outcome.LOST:
                 data = None
-        self._settle_landed(flight, outcome, value, error, data)
+        retention = flight.policy.retention
+        if retention is None or retention.max_bytes is None:  # no size to measure
+            self._settle(flight, outcome, value, error, data)
+        else:
+            self._settle_landed(flight, outcome, value, error, data)
         return error if outcome is Outcome.INTERRUPTED else None
 
     def _settle_landed(
