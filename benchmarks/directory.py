@@ -52,7 +52,7 @@ from multiprocessing.synchronize import Barrier
 from statistics import median
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .procs import WAIT, Proc, context, gather
+from .procs import WAIT, Proc, context, gather, serve
 from .scenarios import quiet
 
 if TYPE_CHECKING:
@@ -567,22 +567,7 @@ async def _kill_and_call(
 
 
 def _worker_main(conn: Connection, barrier: Barrier | None) -> None:
-    worker = _Worker(barrier)
-    try:
-        while True:
-            try:
-                command, *args = conn.recv()
-            except EOFError:
-                return
-            if command == "exit":
-                return
-            try:
-                conn.send(("ok", getattr(worker, command)(*args)))
-            except Exception as exc:
-                conn.send(("error", f"{type(exc).__name__}: {exc}"))
-    finally:
-        worker.close()
-        conn.close()
+    serve(conn, _Worker(barrier))
 
 
 # -----------------------------------------------------------------------------

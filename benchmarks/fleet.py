@@ -64,7 +64,7 @@ from pathlib import Path
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
-from .procs import WAIT, Proc, context, gather
+from .procs import WAIT, Proc, context, gather, serve
 from .scenarios import quiet
 
 if TYPE_CHECKING:
@@ -603,22 +603,7 @@ class _Worker:
 
 
 def _worker_main(conn: Connection, barrier: Barrier, started: MpEvent, joined: MpEvent) -> None:
-    worker = _Worker(barrier, started, joined)
-    try:
-        while True:
-            try:
-                command, *args = conn.recv()
-            except EOFError:
-                return
-            if command == "exit":
-                return
-            try:
-                conn.send(("ok", getattr(worker, command)(*args)))
-            except Exception as exc:
-                conn.send(("error", f"{type(exc).__name__}: {exc}"))
-    finally:
-        worker.close()
-        conn.close()
+    serve(conn, _Worker(barrier, started, joined))
 
 
 # -----------------------------------------------------------------------------

@@ -6,10 +6,11 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from typing import Any
 
-__all__ = ["WAIT", "Proc", "context", "gather"]
+__all__ = ["WAIT", "Proc", "context", "gather", "serve"]
 
 WAIT = 120.0  # seconds a command may take before the run gives up on a worker
 
@@ -73,3 +74,23 @@ def gather(procs: Sequence[Proc], command: str, *args: Any) -> list[Any]:
     for proc in procs:
         proc.send(command, *args)
     return [proc.recv() for proc in procs]
+
+
+def serve(conn: Connection, worker: Any) -> None:
+    """A worker process's loop: run ``worker.<command>(*args)`` for each command on
+    ``conn`` and answer, until "exit" or the parent is gone; then ``worker.close()``."""
+    try:
+        while True:
+            try:
+                command, *args = conn.recv()
+            except EOFError:
+                return
+            if command == "exit":
+                return
+            try:
+                conn.send(("ok", getattr(worker, command)(*args)))
+            except Exception as exc:
+                conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        worker.close()
+        conn.close()
