@@ -64,6 +64,7 @@ from pathlib import Path
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
+from .directory import Herd as DirectoryHerd
 from .procs import WAIT, Proc, context, gather, serve
 from .scenarios import quiet
 
@@ -657,15 +658,9 @@ class Rounds:
 
 
 @dataclass
-class Herd:
-    """One library's herds: a sample per herd."""
+class Herd(DirectoryHerd):
+    """One library's herds (a sample per herd), with what Redis saw."""
 
-    callers: int = 0
-    walls: list[float] = field(default_factory=list)  # s, first start to last end
-    runs: list[int] = field(default_factory=list)
-    got: list[int] = field(default_factory=list)
-    errors: list[int] = field(default_factory=list)
-    first_error: str = ""
     acquires: list[int] = field(default_factory=list)  # ACQUIREs the arbiters sent
     sent: list[int] = field(default_factory=list)  # requests the arbiters sent in all
     server: list[dict[str, int]] = field(default_factory=list)  # commandstats delta
@@ -673,23 +668,10 @@ class Herd:
     spread: list[float] = field(default_factory=list)  # s, start -> the last caller called
     late: list[int] = field(default_factory=list)  # callers after their process's landing
     budget: float = 0.0  # s, when a herd is cut
-    error: str | None = None
 
     @property
     def cut(self) -> bool:
         return any(self.waiting)
-
-    @property
-    def usable(self) -> bool:
-        return self.error is None and bool(self.walls)
-
-    @property
-    def served(self) -> bool:
-        return self.usable and all(g == self.callers for g in self.got)
-
-    @property
-    def once(self) -> bool:
-        return self.usable and all(r == 1 for r in self.runs)
 
 
 @dataclass
