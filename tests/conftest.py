@@ -53,9 +53,17 @@ def redis_server() -> Iterator[Any]:
     kill, freeze or restart it use one of their own: see tests/redisproc.py)."""
     from .redisproc import RedisServer
 
+    from .redisproc import keys_without_ttl
+
     server = RedisServer()
     try:
         yield server
+        # Every key the library wrote in this module has a TTL (set by the script that
+        # created it): checked on every module's own server, after its last test.
+        if server.proc is not None and server.proc.poll() is None:
+            server.cont()  # a test may have left it frozen
+            left = keys_without_ttl(server.client())
+            assert not left, f"keys without a TTL on this module's redis-server: {left[:10]}"
     finally:
         server.close()
 
