@@ -349,8 +349,9 @@ class FlightGroup:
 
     async def _run_op(
         self, tkey: Hashable, key: str, work: Callable[[], Awaitable[T]], policy: FlightPolicy
-    ) -> T:
-        """``run`` for a decorated function: ``tkey`` is its namespaced key."""
+    ) -> Result[T]:
+        """``run`` for a decorated function: ``tkey`` is its namespaced key. Returns the
+        Result (the wrapper takes its value; a traced group reads its token)."""
         if self._closed:
             raise GroupClosedError()
         loop = events.get_running_loop()
@@ -370,14 +371,11 @@ class FlightGroup:
         if role is Role.LEAD:
             self._start_async(flight, work, loop)
             if flight.outcome is not None:
-                value: T = self._deliver(flight, True).value
-                return value
+                return self._deliver(flight, True)
             role = Role.LEADING
         elif role is Role.KEPT:
-            kept: T = self._deliver(flight, False).value
-            return kept
-        result = await self._follow(role, flight, waiter, work, None, None, loop, policy)
-        return result.value
+            return self._deliver(flight, False)
+        return await self._follow(role, flight, waiter, work, None, None, loop, policy)
 
     def _admit(
         self, key: object, work: object, on_join: object, timeout: object, fresh: object
@@ -1439,7 +1437,7 @@ def _make_coalesce(
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 tkey, op = op_key(args, kwargs)
-                return await group._run_op(tkey, op, lambda: fn(*args, **kwargs), policy)
+                return (await group._run_op(tkey, op, lambda: fn(*args, **kwargs), policy)).value
 
             wrapper: Any = async_wrapper
         else:

@@ -249,17 +249,17 @@ class _Traced(FlightGroup):
 
     async def _run_op(
         self, tkey: Hashable, key: str, work: Callable[[], Awaitable[T]], policy: FlightPolicy
-    ) -> T:
+    ) -> Result[T]:
         call = self._begin(key)
         with trace.use_span(call.span, end_on_exit=False, record_exception=False,
                             set_status_on_exception=False):
             try:
-                value = await super()._run_op(tkey, key, self._async_work(call, work), policy)
+                result = await super()._run_op(tkey, key, self._async_work(call, work), policy)
             except BaseException as exc:
                 self._end(call, None, exc)
                 raise
-        self._end(call, None, None)
-        return value
+        self._end(call, result, None)
+        return result
 
     def _call_sync(
         self, tkey: Hashable, key: str, work: Callable[[], T], policy: FlightPolicy

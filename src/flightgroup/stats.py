@@ -16,12 +16,14 @@ __all__ = ["Histogram", "Recorder", "Stats"]
 
 @dataclass(frozen=True, slots=True)
 class Stats:
-    """A snapshot of one group's counters, as this process sees them.
+    """A snapshot of one group's counters, as this group sees them (in the wide scopes,
+    a call of a flight led elsewhere is a join here, and that flight's failure or
+    interruption is counted here too: docs/observability.md).
 
     ``calls``: calls made; ``flights``: times a work ran (attempts included);
     ``joins``: calls that joined a flight or were served a kept outcome;
-    ``failures``: flights whose work failed; ``interrupted``: flights that ended
-    with no outcome; ``in_flight``: flights running now; ``kept``: outcomes kept
+    ``failures``: flights whose work failed or timed out; ``interrupted``: flights that
+    ended with no outcome; ``in_flight``: flights running now; ``kept``: outcomes kept
     for later calls; ``coalescing_ratio``: flights / calls (0.0 before any call);
     ``joiners_*``: joiners per flight; ``flight_seconds_*``: how long flights ran.
     """

@@ -43,6 +43,17 @@ __all__ = ["Coordinator"]
 
 log = logging.getLogger("flightgroup")
 
+
+def _raised_at(exc: BaseException) -> str:
+    """Where ``exc`` was raised: ``file:line`` of its innermost frame (no content)."""
+    tb = exc.__traceback__
+    if tb is None:
+        return "?"
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
+
+
 _PEERCRED = struct.Struct("3i")
 _KEPT_MAX_ITEMS = 10_000
 _KEPT_MAX_BYTES = 256 * 1024 * 1024
@@ -194,7 +205,12 @@ class Coordinator:
                 session.send(wire.error_frame(exc.id, exc.message))
                 continue
             except Exception as exc:  # a request the checks did not foresee: that peer only
-                log.warning("dropped pid %d: its request broke the parser: %r", session.pid, exc)
+                # The exception's type and where it was raised, never its message or
+                # repr: they can quote the request (a key can hold a tenant id).
+                log.warning(
+                    "dropped pid %d: its request broke the parser: %s at %s",
+                    session.pid, type(exc).__qualname__, _raised_at(exc),
+                )
                 session.transport.abort()
                 return
             self._dispatch(session, request)
