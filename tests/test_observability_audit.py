@@ -430,11 +430,6 @@ def test_stats_of_the_leading_and_the_joining_group(pair: tuple[str, Any], fail:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(
-    strict=True,
-    reason="flight.py counts a flight joined elsewhere as a flight until its outcome "
-    "arrives (FlightTable.ran_elsewhere runs at settling): flights steps down by one",
-)
 def test_a_flight_joined_elsewhere_is_never_counted_as_a_flight(pair: tuple[str, Any]) -> None:
     _scope, make = pair
     a, b = make(), make()

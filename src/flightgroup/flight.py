@@ -366,6 +366,7 @@ class FlightTable:
     __slots__ = (
         "_clock",
         "_evict_log_at",
+        "_lead_counts",
         "_next_token",
         "closed",
         "detached",
@@ -379,6 +380,10 @@ class FlightTable:
     def __init__(self, wide: bool = False) -> None:
         # A wide scope keeps outcomes where every process reaches them, not here.
         self.wide = wide
+        # A wide group counts a flight when the scope says its work runs here (ran_here),
+        # never before: a flight joined elsewhere must not count as one, then stop counting
+        # (counters only grow).
+        self._lead_counts = 0 if wide else 1
         self.lock = threading.Lock()
         self.flights: dict[Hashable, Flight] = {}
         # flights that left the table by forget() but still run
@@ -432,7 +437,7 @@ class FlightTable:
                 if policy is not NO_POLICY:
                     self._check_flights(key, policy)
                 stats.calls += 1
-                stats.flights += 1
+                stats.flights += self._lead_counts
                 stats.in_flight += 1
                 self._next_token += 1
                 token = self._next_token
@@ -549,7 +554,7 @@ class FlightTable:
         flight.attempt = Attempt(flight, flight.token)
         flight.policy = policy
         stats = self.stats
-        stats.flights += 1
+        stats.flights += self._lead_counts
         stats.in_flight += 1
         flight.started = time.perf_counter_ns()
 
@@ -578,18 +583,25 @@ class FlightTable:
             flight.leader_waiter = waiter
             return True
 
-    def ran_elsewhere(self, flight: Flight) -> None:
-        """(Wide scopes) ``flight``'s work did not run here: its leading caller counts
-        as a join, not a flight."""
+    def ran_here(self, flight: Flight) -> None:
+        """(Wide scopes) the scope let ``flight``'s work run here: count the flight."""
         with self.lock:
-            self.stats.flights -= 1
-            self.stats.joins += 1
+            self.stats.flights += 1
+
+    def ran_elsewhere(self, flight: Flight) -> None:
+        """(Wide scopes) ``flight`` ended with an outcome from elsewhere: its leading
+        caller counts as a join, unless it was counted when the flight joined."""
+        with self.lock:
+            if not flight.joined_remote:
+                self.stats.joins += 1
 
     def joined_remote(self, flight: Flight) -> Waiter | None:
         """(Wide scopes) ``flight`` joined a flight led elsewhere: mark it, and detach
         the leading caller's waiter if it waits, to wake it with JOINED."""
         with self.lock:
-            flight.joined_remote = True
+            if not flight.joined_remote:  # a rejoin after a failover is the same join
+                flight.joined_remote = True
+                self.stats.joins += 1
             waiter = flight.leader_waiter
             if waiter is not None and flight.waiters.pop(waiter, False) is None:
                 flight.leader_waiter = None

@@ -968,6 +968,7 @@ class FlightGroup:
         flight.token = token
         attempt = flight.attempt = Attempt(flight, token)
         flight.wide = call
+        self._table.ran_here(flight)
         self._arbiter.bind(call, attempt)
 
     def _joined_remote(self, flight: Flight, token: int) -> None:
