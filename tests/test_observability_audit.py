@@ -385,6 +385,7 @@ def test_a_lost_directory_lease_is_said_at_warning_without_the_key(
     lost = said(caplog.records, "lost the lease of a flight")
     assert [r.levelno for r in lost] == [logging.WARNING]
     assert "no coordinator could be reached" in lost[0].getMessage()
+    assert key_digest(KEY) in lost[0].getMessage()  # which flight, by digest
     failover = said(caplog.records, "lost the coordinator")
     assert failover and all(r.levelno == logging.INFO for r in failover)
     assert_private(caplog.records)

@@ -671,7 +671,8 @@ class DirectoryArbiter:
     def _lose(self, lead: Lead, reason: str) -> None:
         if lead.lost or lead.acked:
             return
-        log.warning("lost the lease of a flight (token %d): %s", lead.token, reason)
+        log.warning("lost the lease of a flight of %s (token %d): %s",
+                    DigestOf(lead.call.key), lead.token, reason)
         lead.lose()
         if lead.retrying:
             lead.retrying = False
