@@ -9,6 +9,9 @@
   command whose bytes contain a marker, lets the server answer, and then cuts the
   client's connection without passing the answer on: the client sees a dropped
   reply after the server acted, and redis-py re-sends the command.
+- :class:`HoldingCutProxy`: a CutProxy that also holds back the connections opened
+  after ``arm`` (the one redis-py re-sends on) until ``release()``: the test acts on
+  the server between the first send and the re-send.
 - :func:`keys_without_ttl`: every key of a namespace that has no TTL.
 """
 
@@ -244,6 +247,48 @@ class CutProxy:
         for sock in self._socks:
             with contextlib.suppress(OSError):
                 sock.close()
+
+
+class HoldingCutProxy(CutProxy):
+    """A :class:`CutProxy` whose connections opened after ``arm`` wait at the proxy
+    (not yet connected to the server) until ``release()``; ``held`` is set when one
+    waits: after a cut, that is the client's re-send, sent and not yet passed on."""
+
+    def __init__(self, target_port: int) -> None:
+        self._gate = threading.Event()
+        self._gate.set()
+        self.held = threading.Event()
+        super().__init__(target_port)
+
+    def arm(self, marker: bytes) -> None:
+        self._gate.clear()
+        super().arm(marker)
+
+    def release(self) -> None:
+        self._gate.set()
+
+    def close(self) -> None:
+        self._gate.set()
+        super().close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._open, args=(client,), daemon=True).start()
+
+    def _open(self, client: socket.socket) -> None:
+        if not self._gate.is_set():
+            self.held.set()
+            self._gate.wait()
+        if self._closed:
+            client.close()
+            return
+        server = socket.create_connection(("127.0.0.1", self.target_port))
+        self._socks += [client, server]
+        self._pump(client, server)
 
 
 def keys_without_ttl(client: Any, pattern: str = "fg:*") -> list[bytes]:

@@ -62,7 +62,13 @@ _NO_FLIGHT_YET = 2**53  # a fresh call's first ACQUIRE: no flight that exists no
 _FENCE_TTL_MS = 86_400_000  # the fence key lives a day past its last use
 _SLACK = 0.05  # a joiner's clock starts after the reply: wait this much past the lease
 _MAX_BLOCK = 30.0  # one XREAD blocks at most this long (then reads again)
-_COMMAND_TIMEOUT = 5.0  # socket timeout of the command client (redis-py's default)
+# The command client's socket timeout: a quarter of the lease, within these bounds.
+# redis-py tries a command 4 times (3 retries), so a server that takes connections but
+# does not answer (frozen, SIGSTOP) fails a call in about a lease, not in 4 x 5 s
+# whatever the lease (tests/test_fleet_audit.py::test_a_frozen_server_ends_new_calls_and_joiners).
+_COMMAND_TIMEOUT = 5.0  # the most (redis-py's default)
+_MIN_COMMAND_TIMEOUT = 1.0  # the least: a busy server is not "out of reach"
+_FORGET_MEMORY_MS = 60_000  # a FORGET's nonce key: past every re-send of that FORGET
 _RETRY_PAUSE = 0.05  # between tries of a step that cannot reach Redis yet
 # Connections per client (per node on a Cluster): no limit of the client's own. redis-py
 # 6+ bounds an asyncio pool at 100 by default and then raises MaxConnectionsError at once
@@ -126,6 +132,9 @@ class _Names:
     def mailbox(self, token: int) -> str:
         return f"{self.record}:m:{token}"
 
+    def forgot(self, nonce: str) -> str:
+        return f"{self.record}:g:{nonce}"
+
 
 def _fields(flat: Sequence[Any]) -> dict[bytes, bytes]:
     """A stream entry's or a hash's flat [name, value, ...] reply as a dict."""
@@ -183,6 +192,7 @@ class RedisArbiter:
         self.namespace = namespace
         self._lease = lease
         self._lease_ms = max(1, round(lease * 1000))
+        self._timeout = min(_COMMAND_TIMEOUT, max(_MIN_COMMAND_TIMEOUT, lease / 4))
         self._cluster = cluster
         self._max_value_bytes = max_value_bytes
         self._pid = os.getpid()
@@ -218,9 +228,10 @@ class RedisArbiter:
 
     def _setup(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
-            self._client = self._make_client(_COMMAND_TIMEOUT, retries=3)
-            # Blocking reads: a socket timeout past the longest block, and no silent re-send.
-            self._blocking = self._make_client(_MAX_BLOCK + _COMMAND_TIMEOUT, retries=0)
+            self._client = self._make_client(self._timeout, retries=3)
+            # Blocking reads: a socket timeout past the longest block, and no silent
+            # re-send (each read is also bounded by its own block: see _read_outcome).
+            self._blocking = self._make_client(_MAX_BLOCK + self._timeout, retries=0)
             self._scripts = {
                 name: self._client.register_script(body) for name, body in scripts.SCRIPTS.items()
             }
@@ -237,7 +248,7 @@ class RedisArbiter:
         )
         options: dict[str, Any] = {
             "socket_timeout": socket_timeout,
-            "socket_connect_timeout": _COMMAND_TIMEOUT,
+            "socket_connect_timeout": self._timeout,
             "retry": retry,
             "max_connections": _MAX_CONNECTIONS,
         }
@@ -334,13 +345,19 @@ class RedisArbiter:
         """The flight's driver stopped before the call ended: give it back."""
         self._post(self._withdraw, call)
 
-    def forget(self, key: str, timeout: float = _COMMAND_TIMEOUT + 1) -> None:
+    def forget(self, key: str, timeout: float | None = None) -> None:
         """The next call of ``key`` leads a new flight; a kept outcome is dropped, a
         running flight runs on for its joiners (parked under its token)."""
         if self._closing:
             return
-        self._wait(self._script("forget", [_Names(self.namespace, key, self._cluster).record], []),
-                   timeout)
+        names = _Names(self.namespace, key, self._cluster)
+        # The nonce makes a FORGET that redis-py re-sends (its reply was lost) answer
+        # as the first send did, instead of parking the flight led in the gap.
+        nonce = uuid.uuid4().hex
+        self._wait(
+            self._script("forget", [names.record, names.forgot(nonce)], [_FORGET_MEMORY_MS]),
+            timeout if timeout is not None else 4 * self._timeout + 1,
+        )
 
     def status(self, timeout: float = 10.0, limit: int = 10_000) -> list[dict[str, Any]]:
         """The flights in progress in the namespace (a bounded SCAN, never KEYS)."""
@@ -464,10 +481,18 @@ class RedisArbiter:
             left = deadline - time.monotonic()
             if left > 0:
                 call.reading = True
+                block = min(left, _MAX_BLOCK)
                 try:
-                    reply = await self._blocking.xread(
-                        {names.mailbox(token): b"0"}, count=1,
-                        block=max(1, round(min(left, _MAX_BLOCK) * 1000)),
+                    # Bounded by its own block (plus a command's time), not by the
+                    # client's socket timeout past the longest block: a frozen server
+                    # held a joiner 35 s whatever the lease. A read cut short is
+                    # disconnected by redis-py, never reused with its reply pending.
+                    reply = await asyncio.wait_for(
+                        self._blocking.xread(
+                            {names.mailbox(token): b"0"}, count=1,
+                            block=max(1, round(block * 1000)),
+                        ),
+                        block + self._timeout,
                     )
                     unreachable = None
                 except _UNREACHABLE as exc:
@@ -598,7 +623,8 @@ class RedisArbiter:
         sent = time.monotonic()
         try:
             # Bounded: the client's own timeouts and retries of a server that does not
-            # answer take 4 x 5 s, far past the lease (found by
+            # answer take 4 command timeouts (4 x 5 s before they followed the lease),
+            # past lease/3 (found by
             # tests/test_fleet_protocol.py::test_a_frozen_server_loses_the_leaders_lease).
             renewed = await asyncio.wait_for(self._script("renew", keys, args), self._lease / 3)
         except (*_UNREACHABLE, TimeoutError) as exc:

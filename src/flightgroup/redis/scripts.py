@@ -18,6 +18,9 @@ tag, so one flight's keys live in one Cluster slot):
   code (``ok``, ``err``, ``tmo``, ``int``, or ``next``: a retry moved the flight to the
   token in ``v``), ``v`` the payload, ``f`` = 1 when it was written for a flight that did
   not land (fenced or abandoned). TTL: the grace time.
+- ``fg:{ns:d}:g:<nonce>``: a FORGET's answer, under the nonce of that ``forget``: a
+  re-sent FORGET answers it again instead of acting twice. TTL: a minute, past
+  redis-py's re-sends.
 - ``fg:{ns}:fence`` (``fg:{ns:d}:f`` on a Cluster): the last token given out. TTL: a day.
 
 Tokens are ``max(last + 1, server time in µs)``: they grow per key and across keys of
@@ -202,17 +205,30 @@ redis.call('PEXPIRE', KEYS[4], ARGV[5])
 return {1, tok}
 """
 
-# KEYS: record. -> 0 nothing to forget, 1 a kept outcome dropped, 2 a running flight
-# parked (it runs on for its joiners; the next call leads a new flight).
+# KEYS: record, and the forget's own nonce key (``fg:{ns:d}:g:<nonce>``; the arbiter
+# always sends it). ARGV: how long the nonce key is kept, ms.
+# -> 0 nothing to forget, 1 a kept outcome dropped, 2 a running flight parked (it runs
+# on for its joiners; the next call leads a new flight).
+# A re-sent FORGET (its reply was lost; redis-py sends it again) finds its nonce and
+# answers as the first send did, acting on nothing: the flight it would find now is
+# another caller's newer one (led, or landed and kept, in the gap), which it must not
+# park or delete (tests/test_fleet_audit.py::test_a_resent_forget_leaves_the_next_flight_alone).
 FORGET = """
-local v = redis.call('HMGET', KEYS[1], 't', 's')
-if not v[1] then return 0 end
-if v[2] == 'D' then
-  redis.call('DEL', KEYS[1])
-  return 1
+if KEYS[2] then
+  local seen = redis.call('GET', KEYS[2])
+  if seen then return tonumber(seen) end
 end
-redis.call('RENAME', KEYS[1], KEYS[1] .. ':x:' .. v[1])
-return 2
+local answer = 0
+local v = redis.call('HMGET', KEYS[1], 't', 's')
+if v[1] and v[2] == 'D' then
+  redis.call('DEL', KEYS[1])
+  answer = 1
+elseif v[1] then
+  redis.call('RENAME', KEYS[1], KEYS[1] .. ':x:' .. v[1])
+  answer = 2
+end
+if KEYS[2] then redis.call('SET', KEYS[2], answer, 'PX', ARGV[1]) end
+return answer
 """
 
 SCRIPTS = {
