@@ -223,16 +223,18 @@ def test_a_joiner_whose_leader_dies_exits_75(place: Path, runs: list[Run]) -> No
 def test_a_joiner_past_its_timeout_exits_124_and_the_run_goes_on(
     place: Path, runs: list[Run]
 ) -> None:
+    # The timeout also covers connecting to the group, so it leaves a loaded machine
+    # room for that; the go file holds the run far past it, so 124 is forced.
     leader = start_leader(runs, place)
-    joiner = Run(*run_cmd(place, "k", 0, "--timeout", "0.5"))
-    runs.append(joiner)
     started = time.monotonic()
-    assert joiner.wait() == 124
-    assert time.monotonic() - started < 10
+    joiner = Run(*run_cmd(place, "k", 0, "--timeout", "4"))
+    runs.append(joiner)
     assert joiner.err is not None
+    joiner.err.wait_for(b"joined")
+    assert joiner.wait() == 124
+    assert 4 <= time.monotonic() - started < 4 + WAIT
     err = joiner.err.join()
-    assert b"joined" in err
-    assert b"--timeout" in err
+    assert b"after 4 s (--timeout)" in err
     assert leader.proc.poll() is None
     (place / "go").touch()
     assert leader.wait() == 0

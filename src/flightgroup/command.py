@@ -309,6 +309,8 @@ class _Follower:
 class _Run:
     """One ``flightgroup run``: the leader's work and the joiner's side."""
 
+    leader_unknown = False  # the join line could not name the leader (set in on_join)
+
     def __init__(self, group: FlightGroup, scope: Scope, key: str, cmd: Sequence[str]) -> None:
         self.group = group
         self.scope = scope
@@ -419,8 +421,9 @@ class _Run:
     # -- a joiner ---------------------------------------------------------------
 
     def on_join(self) -> None:
-        """Say that this call joined, then follow the leader's output."""
-        flight = self._flight()
+        """Say that this call joined (the key, the leader's pid and host, how long it
+        has run: from the group's status), then follow the leader's output."""
+        flight, why = self._flight()
         leader, age, path = "", 0.0, None
         line = f"joined the run of {self.key!r} in flight"
         if flight is not None:
@@ -430,23 +433,28 @@ class _Run:
             line += f"{leader[:-1]}, running for {age:.1f} s)"
             if self.scope.directory is not None and isinstance(flight.get("token"), int):
                 path = spool_path(self.scope.directory, self.key, flight["token"])
+        else:  # the value names the leader at the end (finish_joined)
+            self.leader_unknown = True
+            line += f" (leader unknown: {why})"
         _say(line)
         self.follower = _Follower(self.key, path, age, leader)
         self.follower.start()
 
-    def _flight(self) -> dict[str, Any] | None:
-        """The running flight of our key, from the group's status request."""
+    def _flight(self) -> tuple[dict[str, Any] | None, str]:
+        """The running flight of our key, from the group's status request; else None
+        and why not."""
         arbiter = self.group._arbiter
         if arbiter is None:
-            return None
+            return None, "this scope has no status"
         try:
             flights = arbiter.status()
-        except Exception:  # the line loses its details, the run goes on
-            return None
+        except Exception as exc:  # the line says so, the run goes on
+            text = " ".join(str(exc).split())
+            return None, f"the status request failed: {type(exc).__name__}: {text}"
         for flight in flights:
             if flight.get("key") == self.key:
-                return flight
-        return None
+                return flight, ""
+        return None, "its flight is not in the group's status: it may have just ended"
 
     def finish_joined(self, value: Any) -> int:
         """Write the rest of the leader's output; its exit code."""
@@ -461,6 +469,8 @@ class _Run:
             follower.emit(decode_records(output))
             if value.get("dropped"):
                 _say(f"the first {value['dropped']} bytes of the leader's output were dropped")
+        if self.leader_unknown and value.get("pid") is not None:
+            _say(f"the run of {self.key!r} was led by pid {value['pid']} on {value.get('host')}")
         exit_code: int = value["exit"]
         return exit_code
 

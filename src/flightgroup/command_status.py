@@ -71,11 +71,12 @@ def _table(flights: list[dict[str, Any]], fleet: bool) -> str:
 def status_command(scope: Scope, as_json: bool, watch: bool) -> int:
     """``flightgroup status``; the exit code. Raises UsageError and FlightError."""
     fleet = scope.redis is not None
-    # A directory that does not exist has no flights: say so without creating it.
-    group = open_group(scope, create=False)
+    group: FlightGroup | None = None
     try:
         while True:
-            if group is None and watch:  # the directory may come while we watch
+            if group is None:  # (again while we watch: the directory may come)
+                # A directory that does not exist has no flights: say so without
+                # creating it.
                 group = open_group(scope, create=False)
             flights = _flights(group, fleet)
             if as_json:
