@@ -51,9 +51,7 @@ def directory() -> Iterator[str]:
 def redis_server() -> Iterator[Any]:
     """A redis-server of this module's own, on a free loopback port (tests that
     kill, freeze or restart it use one of their own: see tests/redisproc.py)."""
-    from .redisproc import RedisServer
-
-    from .redisproc import keys_without_ttl
+    from .redisproc import RedisServer, keys_without_ttl
 
     server = RedisServer()
     try:
