@@ -1,8 +1,8 @@
 """``flightgroup run`` and ``status`` where an audit found the tests thin: what a
 joiner's line says (the leader's pid and host, the run's age, or why it cannot say),
 ``--fresh`` against a run in flight, and ``status --watch`` while a flight comes and
-goes; and a landing lost when the coordinator changes under a leader that is
-closing (a known failure, marked xfail). Real processes, as in tests/test_cli_run.py
+goes; and a landing made while the coordinator changes under a leader that then
+closes (it was lost: closing stopped reconnecting). Real processes, as in tests/test_cli_run.py
 (whose helpers these are).
 
 Interleavings are forced, never slept into: a command waits for a "go" file that the
@@ -290,12 +290,6 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="directory client: close() stops reconnecting (_maintain ends once _closing), "
-    "so a landing made while no coordinator was connected is never delivered; the "
-    "joiners exit 75 once the leader's process ends",
-)
 @pytest.mark.timeout(60)
 def test_a_landing_made_while_the_coordinator_changes_reaches_the_joiners(
     place: Path, runs: list[Run]

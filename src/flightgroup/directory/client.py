@@ -370,11 +370,13 @@ class DirectoryArbiter:
     # -- the connection ---------------------------------------------------------
 
     async def _maintain(self) -> None:
-        """Keep a connection to the coordinator of the moment, for ever."""
+        """Keep a connection to the coordinator of the moment, until closed. A group
+        that closes goes on reconnecting until its landings are acknowledged (or time
+        is up): a landing made while no coordinator served must still reach one."""
         assert self._kick is not None
         backoff = 0.0005
         down_since = time.monotonic()
-        while not self._closing:
+        while not self._finishing:
             try:
                 sock = await self._connect()
             except ProtocolVersionError as exc:
@@ -384,6 +386,9 @@ class DirectoryArbiter:
             except (EOFError, TimeoutError, wire.WireError):
                 pass
             else:
+                if self._finishing:  # closed while it connected
+                    sock.close()
+                    return
                 backoff = 0.0005
                 lost = asyncio.get_running_loop().create_future()
                 self._connected(sock, lost)
