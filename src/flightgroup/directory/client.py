@@ -575,7 +575,8 @@ class DirectoryArbiter:
                 if call.lead is not None:
                     self._lose(call.lead, answer.message)
                 else:
-                    call.inbox.put(
+                    _finish(
+                        call,
                         Event.FAILED,
                         FlightInterruptedError(call.key, f"the coordinator said: {answer.message}"),
                     )
@@ -839,7 +840,11 @@ class DirectoryArbiter:
             with lead.lock:
                 lead.abandoned = True
             lead.release()
-        if call.sent:
+        else:
+            _drop_fd(call)  # the key's file it opened ahead, in case it led
+        # A lead reasserted after a failover is known to the coordinator although its
+        # run was never sent on this connection: it is cancelled too.
+        if call.sent or lead is not None:
             self._send(wire.cancel_frame(call.id))
 
     def forget(self, key: str, timeout: float = 5.0) -> None:

@@ -1,0 +1,75 @@
+"""The directory scope where an audit found bugs: a withdrawn call that waited (fresh,
+or on a key lock) kept the key-lock file it had opened ahead, for as long as the
+process lived."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from flightgroup import JSON, FlightGroup
+
+
+def key_files_open() -> int:
+    """This process's open descriptors of key-lock files."""
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if "execution-locks" in os.readlink(f"/proc/self/fd/{name}"):
+                count += 1
+        except OSError:
+            pass  # the listing's own descriptor, gone already
+    return count
+
+
+def wait_until(predicate: Callable[[], bool], what: str) -> None:
+    """Poll a condition nothing announces (a count of descriptors), for at most 20 s."""
+    end = time.monotonic() + 20
+    while not predicate():
+        assert time.monotonic() < end, f"never: {what}"
+        time.sleep(0.002)
+
+
+@pytest.mark.timeout(60)
+def test_a_withdrawn_fresh_call_closes_the_key_file_it_opened(directory: str) -> None:
+    leader, joiner = (FlightGroup(directory=directory, codec=JSON) for _ in range(2))
+    started, release = threading.Event(), threading.Event()
+
+    def work() -> int:
+        started.set()
+        release.wait()
+        return 1
+
+    thread = threading.Thread(target=leader.run_sync, args=("k", work))
+    thread.start()
+    try:
+        assert started.wait(20)
+        held = key_files_open()  # the leader's key lock
+        assert held == 1
+
+        async def other() -> int:
+            return 2
+
+        for _ in range(5):
+            async def abandon() -> None:
+                task = asyncio.ensure_future(joiner.run("k", other, fresh=True))
+                # The call opened the key's file ahead (it may lead after this flight):
+                # the state that leaked. Its loop then ends, which withdraws it.
+                await asyncio.to_thread(wait_until, lambda: key_files_open() == held + 1,
+                                        "the fresh call's file")
+                assert not task.done()
+
+            asyncio.run(abandon())
+            # The withdrawal runs on the group's background loop: wait for its close.
+            wait_until(lambda: key_files_open() == held, "the file closed")
+    finally:
+        release.set()
+        thread.join(20)
+        leader.close()
+        joiner.close()
+    assert key_files_open() == 0
