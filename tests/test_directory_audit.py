@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from flightgroup import JSON, FlightGroup
+from flightgroup import JSON, FlightFailedError, FlightGroup, ValueTooLargeError
 
 
 def key_files_open() -> int:
@@ -73,3 +73,57 @@ def test_a_withdrawn_fresh_call_closes_the_key_file_it_opened(directory: str) ->
         leader.close()
         joiner.close()
     assert key_files_open() == 0
+
+
+def test_a_value_bound_that_no_frame_can_carry_is_refused(directory: str) -> None:
+    with pytest.raises(ValueError, match="max_value_bytes"):
+        FlightGroup(directory=directory, codec=JSON, max_value_bytes=1 << 20,
+                    max_frame_bytes=1 << 20)
+    FlightGroup(directory=directory, codec=JSON, max_value_bytes=(1 << 20) - (64 << 10),
+                max_frame_bytes=1 << 20).close()
+
+
+@pytest.mark.timeout(60)
+def test_a_smaller_frame_makes_the_default_value_bound_fit(directory: str) -> None:
+    # A value as big as the frame once made every coordinator drop the leader's
+    # connection at each landing, sent again on each reconnect, for ever.
+    group = FlightGroup(directory=directory, codec=JSON, max_frame_bytes=1 << 20)
+    try:
+        with pytest.raises(ValueTooLargeError):
+            group.run_sync("big", lambda: "x" * (1 << 20))
+        assert group.run_sync("big", lambda: "small").value == "small"  # the key is free
+    finally:
+        group.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_failure_message_crosses_processes_cut_to_a_bounded_text(directory: str) -> None:
+    leader, joiner = (FlightGroup(directory=directory, codec=JSON) for _ in range(2))
+    running, joined = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        running.set()  # the coordinator made this group lead: a call now joins
+        assert joined.wait(20)
+        raise ValueError("é" * 100_000)
+
+    def lead() -> None:
+        with pytest.raises(ValueError):
+            leader.run_sync("k", work)
+
+    try:
+        lead_thread = threading.Thread(target=lead)
+        lead_thread.start()
+        assert running.wait(20)
+        try:
+            joiner.run_sync("k", lambda: None, on_join=joined.set)
+        except FlightFailedError as exc:
+            errors.append(exc)
+        lead_thread.join(30)
+    finally:
+        leader.close()
+        joiner.close()
+    (error,) = errors
+    assert isinstance(error, FlightFailedError)
+    assert error.error_type == "ValueError"
+    assert error.message == "é" * 8192 + f"... ({100_000 - 8192} more characters)"

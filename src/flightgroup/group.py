@@ -88,6 +88,8 @@ _EAGER = sys.version_info >= (3, 12)
 _WAIT_MAX = threading.TIMEOUT_MAX
 _SOCKET_PATH_LIMIT = 103  # bytes of UTF-8; macOS allows 104 with the NUL, Linux 108
 _DIRECTORY_MAX_VALUE = 64 * 1024 * 1024
+# A landing's frame holds the value and a small header: the value leaves it this much room.
+_FRAME_HEADROOM = 64 * 1024
 _FLEET_MAX_VALUE = 1024 * 1024
 
 
@@ -251,8 +253,16 @@ class FlightGroup:
             self._arbiter = DirectoryArbiter(
                 path, max_frame=max_frame_bytes, reconnect_timeout=reconnect_timeout
             )
+            # A value must fit in a frame, or its landing would be refused by every
+            # coordinator (the connection dropped, the landing sent again, for ever).
+            room = max_frame_bytes - min(_FRAME_HEADROOM, max_frame_bytes // 2)
             if max_value_bytes is None:
-                max_value_bytes = _DIRECTORY_MAX_VALUE
+                max_value_bytes = min(_DIRECTORY_MAX_VALUE, room)
+            elif max_value_bytes > room:
+                raise ValueError(
+                    f"max_value_bytes ({max_value_bytes}) must leave room for a frame's "
+                    f"header in max_frame_bytes ({max_frame_bytes}): at most {room}"
+                )
         self._max_value_bytes = max_value_bytes
         self._table = FlightTable(wide=self._arbiter is not None)
         self._closed = False

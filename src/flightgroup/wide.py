@@ -194,6 +194,9 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
+_MESSAGE_MAX = 8192  # characters of a failure's message that cross processes
+
+
 def to_wire(
     key: str, outcome: Outcome, data: bytes | None, error: BaseException | None,
     policy: FlightPolicy,
@@ -206,6 +209,9 @@ def to_wire(
     assert error is not None
     if outcome is Outcome.ERROR:
         kind, module, message, _ = FlightFailedError.describe(key, error)
+        if len(message) > _MESSAGE_MAX:  # the frame (or Redis entry) carries a bounded text
+            cut = len(message) - _MESSAGE_MAX
+            message = f"{message[:_MESSAGE_MAX]}... ({cut} more characters)"
         keep = retention.error if retention is not None else None
         return wire.Failure(kind, module, message, keep or None)
     if outcome is Outcome.TIMEOUT and isinstance(error, FlightTimeoutError):
