@@ -5,14 +5,24 @@ process lived."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 
 import pytest
 
-from flightgroup import JSON, FlightFailedError, FlightGroup, ValueTooLargeError
+from flightgroup import (
+    JSON,
+    FlightFailedError,
+    FlightGroup,
+    FlightInterruptedError,
+    ValueTooLargeError,
+)
 
 
 def key_files_open() -> int:
@@ -127,3 +137,69 @@ def test_a_failure_message_crosses_processes_cut_to_a_bounded_text(directory: st
     assert isinstance(error, FlightFailedError)
     assert error.error_type == "ValueError"
     assert error.message == "é" * 8192 + f"... ({100_000 - 8192} more characters)"
+
+
+FORKING_LEADER = r"""
+import os, sys, threading, warnings
+from flightgroup import JSON, FlightGroup
+warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads: on purpose
+group = FlightGroup(directory=sys.argv[1], codec=JSON)
+group.run_sync("warm", lambda: 0)  # this process coordinates
+running = threading.Event()
+def work():
+    running.set()
+    threading.Event().wait()  # leads "k" (its key lock held) until killed
+threading.Thread(target=group.run_sync, args=("k", work), daemon=True).start()
+running.wait()
+child = os.fork()
+if child == 0:  # holds copies of every descriptor the parent had, until killed
+    os.read(0, 1)
+    os._exit(0)
+print(child, flush=True)
+threading.Event().wait()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_child_holds_no_lock_or_connection_of_its_parent(directory: str) -> None:
+    """A coordinator that leads a flight forks a child, then is killed: while the child
+    lives, the joiner is interrupted at once, a new coordinator is elected and a new call
+    of the key leads (the child's copies of the election lock, the key lock and the
+    sockets were pointed at /dev/null when it was forked)."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", FORKING_LEADER, directory],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )
+    child = 0
+    group = FlightGroup(directory=directory, codec=JSON, reconnect_timeout=60)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        joined = threading.Event()
+        outcome: list[BaseException | object] = []
+
+        def join() -> None:
+            try:
+                outcome.append(group.run_sync("k", lambda: "joiner ran", on_join=joined.set))
+            except BaseException as exc:
+                outcome.append(exc)
+
+        joiner = threading.Thread(target=join)
+        joiner.start()
+        assert joined.wait(20)
+        parent.kill()
+        parent.wait(20)
+        joiner.join(40)  # with the child's copy of the connection, it waited for the child
+        assert len(outcome) == 1 and isinstance(outcome[0], FlightInterruptedError), outcome
+        result = group.run_sync("k", lambda: "led here")
+        assert (result.value, result.joined) == ("led here", False)
+        assert result.token >> 32 == 2  # a new term: this process won the election
+        os.kill(child, 0)  # the child still lives (and holds nothing of the group)
+    finally:
+        group.close()
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(20)
+        if child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)

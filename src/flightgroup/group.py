@@ -248,8 +248,10 @@ class FlightGroup:
                 redis, namespace, lease=lease, cluster=cluster, max_value_bytes=max_value_bytes
             )
         if directory is not None:
+            from .directory import forked
             from .directory.client import DirectoryArbiter
 
+            forked.watch(path)  # a forked child lets go of this directory's locks
             self._arbiter = DirectoryArbiter(
                 path, max_frame=max_frame_bytes, reconnect_timeout=reconnect_timeout
             )
