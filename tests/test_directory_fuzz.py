@@ -75,6 +75,7 @@ HELD_VALUE = "the value"
 STATE_REFUSALS = {"this id is already in use", "this connection already leads the flight"}
 REQUEST_OPS = ("run", "land", "attempt", "cancel", "reassert", "forget", "status")
 ID_LIMIT = 2**63
+EARLIER_LIMIT = 64  # the most tokens an "earlier" list holds
 SENTINEL = 7_777_777_777_777  # the id of the status that closes a stream under test
 
 
@@ -611,6 +612,10 @@ def _optional(header: dict[str, Any], name: str, ok: Any) -> bool:
     return header.get(name) is None or bool(ok(header[name]))
 
 
+def _is_earlier(value: Any) -> bool:
+    return type(value) is list and len(value) <= EARLIER_LIMIT and all(map(_is_id, value))
+
+
 def is_bad_request(header: dict[str, Any], payload: bytes | None) -> bool:
     """True if the spec answers this parseable request with an ``error`` frame."""
     op = header["op"]
@@ -624,9 +629,14 @@ def is_bad_request(header: dict[str, Any], payload: bytes | None) -> bool:
             _is_key(get("key"))
             and _optional(header, "fresh", lambda v: type(v) is bool)
             and _optional(header, "flight", _is_id)
+            and _optional(header, "earlier", _is_earlier)
         )
     if op == "reassert":
-        return not (_is_key(get("key")) and _is_id(get("token")))
+        return not (
+            _is_key(get("key"))
+            and _is_id(get("token"))
+            and _optional(header, "earlier", _is_earlier)
+        )
     if op == "forget":  # an optional id asks for an ack (the code has it; the doc not yet)
         return not (_is_key(get("key")) and _optional(header, "id", _is_id))
     if op == "land":
@@ -837,6 +847,19 @@ WEIRD = st.one_of(
     st.sampled_from(DEEP),
 )
 WEIRD_SAFE = WEIRD.filter(lambda v: v != HELD)
+EARLIER = st.one_of(
+    st.none(),
+    st.lists(GOOD_ID, max_size=4),
+    st.lists(GOOD_ID, min_size=EARLIER_LIMIT - 2, max_size=EARLIER_LIMIT),
+)
+# lists an "earlier" field must not hold: too long, or with an item that is no token
+EARLIER_BAD = st.one_of(
+    st.lists(GOOD_ID, min_size=EARLIER_LIMIT + 1, max_size=EARLIER_LIMIT + 1),
+    st.lists(GOOD_ID, min_size=EARLIER_LIMIT + 2, max_size=EARLIER_LIMIT + 4),
+    st.tuples(st.lists(GOOD_ID, max_size=3), WEIRD.filter(lambda v: not _is_id(v))).map(
+        lambda pair: [*pair[0], pair[1]]
+    ),
+)
 
 FIELDS: dict[str, list[tuple[str, st.SearchStrategy[Any]]]] = {
     "run": [
@@ -844,6 +867,7 @@ FIELDS: dict[str, list[tuple[str, st.SearchStrategy[Any]]]] = {
         ("key", KEY),
         ("fresh", st.sampled_from([None, False, True])),
         ("flight", st.one_of(st.none(), GOOD_ID)),
+        ("earlier", EARLIER),
     ],
     "land": [
         ("id", GOOD_ID),
@@ -856,7 +880,7 @@ FIELDS: dict[str, list[tuple[str, st.SearchStrategy[Any]]]] = {
     ],
     "attempt": [("id", GOOD_ID)],
     "cancel": [("id", GOOD_ID)],
-    "reassert": [("id", GOOD_ID), ("key", SAFE_KEY), ("token", GOOD_ID)],
+    "reassert": [("id", GOOD_ID), ("key", SAFE_KEY), ("token", GOOD_ID), ("earlier", EARLIER)],
     "forget": [("key", SAFE_KEY), ("id", st.one_of(st.none(), GOOD_ID))],
     "status": [("id", GOOD_ID)],
 }
@@ -884,7 +908,10 @@ def headers(draw: st.DrawFn, valid: bool = False) -> dict[str, Any]:
             header[name] = draw(good)
         elif choice == 1:
             safe = name == "key" and op in ("reassert", "forget")
-            header[name] = draw(WEIRD_SAFE if safe else WEIRD)
+            if name == "earlier":
+                header[name] = draw(EARLIER_BAD | WEIRD)
+            else:
+                header[name] = draw(WEIRD_SAFE if safe else WEIRD)
         # choice 0 or 2: the field is missing
     if not valid:
         extras = draw(st.integers(0, 3))  # one header in four has extra fields
@@ -1007,6 +1034,28 @@ def r_key(rng: random.Random, safe: bool = False) -> str:
     return "fz" if safe and key == HELD else key
 
 
+def r_earlier(rng: random.Random) -> Any:
+    pick = rng.randrange(8)
+    if pick < 3:
+        return None
+    if pick == 3:
+        return [r_id(rng) for _ in range(rng.randint(EARLIER_LIMIT - 2, EARLIER_LIMIT))]
+    return [r_id(rng) for _ in range(rng.randrange(5))]
+
+
+def r_bad_earlier(rng: random.Random) -> Any:
+    """An "earlier" field that is bad: too long, an item that is no token, or no list."""
+    pick = rng.randrange(3)
+    if pick == 0:  # one over the limit, mostly
+        return [r_id(rng) for _ in range(EARLIER_LIMIT + 1 + rng.choice([0, 0, 0, 1, 5]))]
+    if pick == 1:
+        bad = rng.choice([True, False, -1, 2**63, 1.0, "1", None, [1], {"a": 1}])
+        items: list[Any] = [r_id(rng) for _ in range(rng.randrange(3))]
+        items.insert(rng.randrange(len(items) + 1), bad)
+        return items
+    return r_weird(rng)
+
+
 def r_positive(rng: random.Random) -> Any:
     return (
         rng.choice(
@@ -1050,6 +1099,7 @@ _R_FIELDS: dict[str, list[tuple[str, Any]]] = {
         ("key", r_key),
         ("fresh", lambda rng: rng.choice([None, False, True])),
         ("flight", lambda rng: None if rng.random() < 0.5 else r_id(rng)),
+        ("earlier", r_earlier),
     ],
     "land": [
         ("id", r_id),
@@ -1062,7 +1112,12 @@ _R_FIELDS: dict[str, list[tuple[str, Any]]] = {
     ],
     "attempt": [("id", r_id)],
     "cancel": [("id", r_id)],
-    "reassert": [("id", r_id), ("key", lambda rng: r_key(rng, safe=True)), ("token", r_id)],
+    "reassert": [
+        ("id", r_id),
+        ("key", lambda rng: r_key(rng, safe=True)),
+        ("token", r_id),
+        ("earlier", r_earlier),
+    ],
     "forget": [
         ("key", lambda rng: r_key(rng, safe=True)),
         ("id", lambda rng: None if rng.random() < 0.5 else r_id(rng)),
@@ -1090,7 +1145,7 @@ def r_header(rng: random.Random, valid: bool = False) -> dict[str, Any]:
         if choice >= 3:
             header[name] = good(rng)
         elif choice == 1:
-            value = r_weird(rng)
+            value = r_bad_earlier(rng) if name == "earlier" else r_weird(rng)
             safe = name == "key" and op in ("reassert", "forget")
             header[name] = "fz" if safe and value == HELD else value
     if not valid and rng.randrange(4) == 0:
@@ -1445,7 +1500,7 @@ def exercise_delivery(live: Live, case: Delivery) -> tuple[int, int]:
     try:
         leader.send(wire.run_frame(1, key))
         (answer,) = leader.sync()
-        token = _lead_token(live, answer, 1)
+        token = first_token = _lead_token(live, answer, 1)
         for joiner in joiners:
             joiner.send(wire.run_frame(1, key))
             (answer,) = joiner.sync()
@@ -1469,6 +1524,15 @@ def exercise_delivery(live: Live, case: Delivery) -> tuple[int, int]:
         (mine,) = [f for f in _status_of(leader) if f["key"] == key]
         assert mine["token"] == token and mine["leader_pid"] == pid, mine
         assert mine["joiners"] == len(staying), (mine, len(staying))
+        # A rejoin by the flight's first token (one that missed the retries' `joined`)
+        # joins it, whatever token it names beside it: every token of the flight names it.
+        rejoiner = Peer(live)
+        peers.append(rejoiner)
+        stranger = 2**62 + live.counters.examples  # tokens no flight had
+        earlier = [first_token, *range(stranger + 1, stranger + EARLIER_LIMIT)]  # the most
+        rejoiner.send(wire.run_frame(1, key, flight=stranger, earlier=earlier))
+        (answer,) = rejoiner.sync()
+        assert answer[0]["op"] == "joined" and answer[0]["token"] == token, answer
         header, payload = land_header(1, token, case.outcome)
         if case.wrong_land == "token":
             leader.send(frame_of({**header, "token": token - 1}, payload, ascii_only=True))
@@ -1492,6 +1556,11 @@ def exercise_delivery(live: Live, case: Delivery) -> tuple[int, int]:
             if answer[0]["op"] == "landed":
                 assert answer[0]["token"] == token and answer[0]["kept"] is False, answer
             _same_outcome(answer, case.outcome)
+        (answer,) = rejoiner.sync()
+        assert answer[0]["id"] == 1, answer
+        if answer[0]["op"] == "landed":
+            assert answer[0]["token"] == token, answer
+        _same_outcome(answer, case.outcome)
         for joiner in joiners:
             if joiner not in staying:
                 assert joiner.sync() == [], "a cancelled joiner got an answer"
@@ -1588,7 +1657,16 @@ def exercise_soup(live: Live, actions: list[tuple[Any, ...]]) -> tuple[int, int]
             id = peer.next_id()
             if kind in ("run", "fresh", "rejoin"):
                 flight = tokens[ref % len(tokens)] if kind == "rejoin" else None
-                peer.send(wire.run_frame(id, keys[k], fresh=kind == "fresh", flight=flight))
+                earlier = [tokens[(ref + 1 + i) % len(tokens)] for i in range(offset % 3)]
+                peer.send(
+                    wire.run_frame(
+                        id,
+                        keys[k],
+                        fresh=kind == "fresh",
+                        flight=flight,
+                        earlier=earlier if flight is not None else (),
+                    )
+                )
                 sent[p].append(id)
             elif kind in ("land", "attempt") and leads:
                 lp, lid, ltoken = leads[ref % len(leads)]
@@ -1607,7 +1685,8 @@ def exercise_soup(live: Live, actions: list[tuple[Any, ...]]) -> tuple[int, int]
                 rid = id
                 if sent[p] and ref % 2:
                     rid = sent[p][ref % len(sent[p])]  # an id that may be in use
-                peer.send(wire.reassert_frame(rid, keys[k], token))
+                earlier = [tokens[(ref + 1 + i) % len(tokens)] for i in range(ref % 3)]
+                peer.send(wire.reassert_frame(rid, keys[k], token, earlier))
                 peer.may_refuse.add(rid)  # e.g. a flight this connection already leads
                 leads.append((p, rid, token))
             elif kind == "forget":
@@ -1737,6 +1816,10 @@ def test_unknown_op_and_bad_fields_are_answered_and_the_connection_stays(live: L
         ({"op": "land", "id": 11, "token": 1, "outcome": "error", "error": {"type": "E"}}, 11),
         ({"op": "forget", "key": 3}, None),
         ({"op": "status", "id": 1.0}, None),
+        ({"op": "run", "id": 12, "key": "fz", "flight": 1, "earlier": [1] * 65}, 12),
+        ({"op": "run", "id": 13, "key": "fz", "flight": 1, "earlier": [True]}, 13),
+        ({"op": "reassert", "id": 14, "key": "fz", "token": 9, "earlier": [-1]}, 14),
+        ({"op": "reassert", "id": 15, "key": "fz", "token": 9, "earlier": "1"}, 15),
     ]
     with live.connect() as conn:
         assert conn.handshake()

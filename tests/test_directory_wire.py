@@ -446,6 +446,44 @@ def test_run_round_trips_and_matches_the_generic_encoder(
     assert b"\n" not in body_of(frame)  # no raw newline in a header, whatever the key
 
 
+earliers = st.lists(ids, max_size=wire.MAX_EARLIER)
+
+
+@prop
+@given(ids, keys, ids, earliers)
+@example(TOP, 'k"\n', TOP, [TOP] * wire.MAX_EARLIER)
+@example(0, "k", 0, [0])
+def test_a_rejoin_with_earlier_tokens_round_trips_and_matches_the_generic_encoder(
+    id: int, key: str, flight: int, earlier: list[int]
+) -> None:
+    frame = wire.run_frame(id, key, flight=flight, earlier=earlier)
+    assert request_of(frame) == Run(id, key, False, flight, tuple(earlier))
+    header: dict[str, Any] = {"op": "run", "id": id, "key": key, "flight": flight}
+    if earlier:
+        header["earlier"] = earlier
+    assert frame == wire.encode_frame(header)
+
+
+@prop
+@given(ids, keys, ids, earliers)
+@example(TOP, '"', TOP, [TOP] * wire.MAX_EARLIER)
+def test_a_reassert_with_earlier_tokens_round_trips(
+    id: int, key: str, token: int, earlier: list[int]
+) -> None:
+    frame = wire.reassert_frame(id, key, token, earlier)
+    assert request_of(frame) == Reassert(id, key, token, tuple(earlier))
+    if not earlier:  # no field at all: the frame an older peer of version 1 sends
+        assert frame == wire.encode_frame({"op": "reassert", "id": id, "key": key, "token": token})
+
+
+def test_builders_refuse_more_earlier_tokens_than_a_frame_may_hold() -> None:
+    too_many = list(range(wire.MAX_EARLIER + 1))
+    with pytest.raises(ValueError):
+        wire.run_frame(1, "k", flight=2, earlier=too_many)
+    with pytest.raises(ValueError):
+        wire.reassert_frame(1, "k", 2, too_many)
+
+
 @prop
 @given(ids, ids, outcomes)
 @example(TOP, TOP, Value(b"\n", None))
@@ -599,6 +637,11 @@ def test_unknown_fields_and_unused_payloads_are_ignored() -> None:
 
 def test_null_optional_fields_are_their_defaults() -> None:
     assert parse({"op": "run", "id": 1, "key": "k", "fresh": None, "flight": None}) == Run(1, "k")
+    run_header = {"op": "run", "id": 1, "key": "k", "flight": 2, "earlier": None}
+    assert parse(run_header) == Run(1, "k", flight=2)
+    reassert = {"op": "reassert", "id": 1, "key": "k", "token": 2, "earlier": None}
+    assert parse(reassert) == Reassert(1, "k", 2)
+    assert parse({**reassert, "earlier": []}) == Reassert(1, "k", 2)
     land = {"op": "land", "id": 1, "token": 2, "outcome": "value", "keep": None}
     assert parse(land, b"") == Land(1, 2, Value(b"", None))
 
@@ -663,6 +706,13 @@ def bad_requests() -> list[Any]:
         case({**RUN, "fresh": value}, "fresh")
     for value in ["t", True, -1, 2**63, 1.5]:
         case({**RUN, "flight": value}, "flight")
+    bad_earlier: list[Any] = [
+        5, "1", True, {"0": 1}, [True], [False], [-1], [2**63], [1.0], ["1"], [None], [[1]],
+        [1, 2, -3], list(range(wire.MAX_EARLIER + 1)),
+    ]  # fmt: skip
+    for header in ({**RUN, "flight": 2}, RUN, requests["reassert"]):
+        for value in bad_earlier:
+            case({**header, "earlier": value}, "earlier")
     for header in (LAND, requests["reassert"]):
         case(without(header, "token"), "token")
         for value in BAD_IDS:

@@ -26,8 +26,9 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .._log import DigestOf, log
@@ -56,6 +57,7 @@ class Call:
     """One local flight's request to the directory (its id is reused for the lead)."""
 
     __slots__ = (
+        "earlier",
         "fd",
         "fresh",
         "id",
@@ -82,6 +84,9 @@ class Call:
         self.sent = False  # went out on the current connection
         self.joined = False  # heard `joined`: after a reconnect it rejoins by token
         self.token = 0
+        # The flight's tokens heard before ``token`` (it retried), oldest first: a rejoin
+        # names them too, in case the next coordinator never heard of ``token``.
+        self.earlier: tuple[int, ...] = ()
         self.lead: Lead | None = None
 
 
@@ -89,12 +94,17 @@ class Lead(LeadState):
     """A flight this process leads: its key lock and its landing until acked
     (``lock`` also guards ``fd``)."""
 
-    __slots__ = ("abandoned", "acked", "call", "fd", "landing", "locked", "retrying", "token")
+    __slots__ = (
+        "abandoned", "acked", "call", "earlier", "fd", "landing", "locked", "retrying", "token",
+    )  # fmt: skip
 
     def __init__(self, call: Call, token: int, fd: int) -> None:
         super().__init__()
         self.call = call
         self.token = token
+        # The tokens of its earlier attempts, oldest first: a reassert names them, so a
+        # joiner that missed the `joined` of a retry still finds its flight.
+        self.earlier: tuple[int, ...] = ()
         self.fd = fd  # the key lock; -1 once released
         self.landing: bytes | None = None  # the land frame, kept until acked
         self.acked = False
@@ -443,7 +453,8 @@ class DirectoryArbiter:
             for lead in list(self._leads.values()):
                 if lead.lost or lead.acked:
                     continue
-                channel.send(wire.reassert_frame(lead.call.id, lead.call.key, lead.token))
+                reassert = partial(wire.reassert_frame, lead.call.id, lead.call.key, lead.token)
+                channel.send(_fitting(reassert, lead.earlier, self._max_frame))
                 if lead.landing is not None:
                     channel.send(lead.landing)
                 elif lead.retrying:  # the new token it asked for never came
@@ -456,7 +467,7 @@ class DirectoryArbiter:
                         call.sent = True
                         channel.send(wire.reassert_frame(call.id, call.key, call.pending))
                     else:
-                        self._send_run(call, channel)
+                        self._send_run(call, channel, self._max_frame)
 
     def _disconnected(self, channel: Channel) -> None:
         with self._send_lock:
@@ -510,11 +521,12 @@ class DirectoryArbiter:
                 _finish(call, Event.FAILED, renewed(exc))
 
     @staticmethod
-    def _send_run(call: Call, channel: Channel) -> None:
+    def _send_run(call: Call, channel: Channel, max_frame: int) -> None:
         """(Under the send lock.)"""
         call.sent = True
-        if call.joined:
-            channel.send(wire.run_frame(call.id, call.key, flight=call.token))
+        if call.joined:  # a rejoin, by every token of the flight it heard
+            rejoin = partial(wire.run_frame, call.id, call.key, flight=call.token)
+            channel.send(_fitting(rejoin, call.earlier, max_frame))
         else:
             channel.send(wire.run_frame(call.id, call.key, fresh=call.fresh))
 
@@ -537,6 +549,8 @@ class DirectoryArbiter:
             if call is not None and call.lead is None:
                 _drop_fd(call)
                 first = not call.joined
+                if not first and answer.token != call.token:  # its flight retried
+                    call.earlier = _heard(call.earlier, call.token, answer.token)
                 call.joined, call.token = True, answer.token
                 if first:
                     log.debug("%s %s: join, token %d (leader pid %d)", self.directory,
@@ -591,6 +605,7 @@ class DirectoryArbiter:
         if lead is not None:  # a new token for a retry
             if lead.retrying:
                 lead.retrying = False
+                lead.earlier = _heard(lead.earlier, lead.token, token)
                 lead.token = token
                 call.inbox.put(Event.LEAD, token)
             return
@@ -715,7 +730,7 @@ class DirectoryArbiter:
             self._calls[call.id] = call
             channel = self._channel
             if channel is not None:
-                self._send_run(call, channel)
+                self._send_run(call, channel, self._max_frame)
         if channel is None:
             # Disconnected (maybe refused by another version): try again now; the
             # answer decides this call (ProtocolVersionError while refused).
@@ -981,6 +996,27 @@ def _finish(call: Call, event: Event, *args: Any) -> None:
     """The call ends without leading: tell its driver."""
     _drop_fd(call)
     call.inbox.put(event, *args)
+
+
+def _heard(earlier: tuple[int, ...], old: int, new: int) -> tuple[int, ...]:
+    """A flight's token went from ``old`` to ``new``: the earlier tokens then, oldest
+    first (``old`` last, ``new`` never: a coordinator that heard of no later token may
+    hand back one it had), the latest ``wire.MAX_EARLIER``."""
+    kept = [t for t in earlier if t != old and t != new]
+    if old != new:
+        kept.append(old)
+    return tuple(kept[-wire.MAX_EARLIER :])
+
+
+def _fitting(frame_of: Callable[..., bytes], earlier: Sequence[int], max_frame: int) -> bytes:
+    """The frame ``frame_of(earlier=...)`` makes with as many of the latest ``earlier``
+    tokens as keep it within ``max_frame`` (a small ``max_frame_bytes``: the oldest go)."""
+    tokens = list(earlier)
+    frame = frame_of(earlier=tokens)
+    while tokens and len(frame) - 4 > max_frame:
+        del tokens[: max(1, len(tokens) // 2)]
+        frame = frame_of(earlier=tokens)
+    return frame
 
 
 def _drop_fd(call: Call) -> None:

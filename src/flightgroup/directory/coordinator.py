@@ -20,6 +20,13 @@ Everything here runs on one event loop thread; watcher threads only post back.
 The rejoin window: the outcome of a flight reasserted in this term (born in an
 earlier one) is kept ``rejoin_window`` seconds after it ends, so a joiner that
 reconnects after its leader landed still gets it.
+
+Tokens: a flight that retries gets a new token per attempt, and a process may have
+missed some of them (a `joined` or `lead` frame lost with a coordinator that died).
+So a flight keeps every token it had that this coordinator heard of (its reassert's
+``earlier`` tokens, its attempts here; the latest ``wire.MAX_EARLIER + 1``): a rejoin
+names its flight if any of its tokens is one of them, and an ending is kept under each.
+Which of two flights of a key is newer is decided by their current tokens.
 """
 
 from __future__ import annotations
@@ -66,11 +73,13 @@ class _Flight:
     its joiners. ``reasserted``: born in an earlier term."""
 
     key: str
-    token: int
+    token: int  # the current attempt's
     leader: _Session | None
     lead_id: int
     started: float
     reasserted: bool = False
+    # every token the flight had that this coordinator knows (``token`` too)
+    tokens: set[int] = field(default_factory=set)
     ended: bool = False  # landed or interrupted: it is nobody's to end again
     # (session, request id) -> None, in join order
     joiners: dict[tuple[_Session, int], None] = field(default_factory=dict)
@@ -84,7 +93,7 @@ class _Waiting:
 
     session: _Session
     id: int
-    rejoin: int | None  # the token of the flight a rejoin wants, else None
+    rejoin: frozenset[int] | None  # the tokens of the flight a rejoin wants, else None
     fresh: bool
 
 
@@ -102,8 +111,25 @@ class _PendingAck:
 @dataclass
 class _Ending:
     key: str
+    token: int  # the flight's last token (a `landed` carries it)
     outcome: wire.Outcome
     until: float
+
+
+_TOKENS_MAX = wire.MAX_EARLIER + 1  # the tokens a flight keeps: its current and earlier ones
+
+
+def _add_tokens(flight: _Flight, tokens: frozenset[int] | set[int]) -> None:
+    """``flight`` had ``tokens`` too; it keeps the latest ``_TOKENS_MAX`` (the highest:
+    tokens only grow from attempt to attempt)."""
+    flight.tokens |= tokens
+    while len(flight.tokens) > _TOKENS_MAX:
+        flight.tokens.discard(min(flight.tokens))
+
+
+def _rejoin_tokens(run: wire.Run) -> frozenset[int]:
+    assert run.flight is not None
+    return frozenset((run.flight, *run.earlier))
 
 
 class _Session:
@@ -222,7 +248,7 @@ class Coordinator:
             if request.id in session.parties or request.id in session.leads:
                 session.send(wire.error_frame(request.id, "this id is already in use"))
             elif request.flight is not None:
-                self._rejoin(session, request.id, request.key, request.flight)
+                self._rejoin(session, request.id, request.key, _rejoin_tokens(request))
             else:
                 self._run(session, request.id, request.key, request.fresh)
         elif isinstance(request, wire.Land):
@@ -278,23 +304,24 @@ class Coordinator:
             return
         self._wait_for_key(key, _Waiting(session, id, None, fresh))
 
-    def _rejoin(self, session: _Session, id: int, key: str, token: int) -> None:
+    def _rejoin(self, session: _Session, id: int, key: str, tokens: frozenset[int]) -> None:
+        """A rejoin of the flight that had (any of) ``tokens``."""
         flight = self._flights.get(key)
-        if flight is not None and flight.token == token:
+        if flight is not None and not flight.tokens.isdisjoint(tokens):
             self._join(flight, session, id)
             return
-        ending = self._ending(token)
+        ending = self._ending_of(tokens)
         if ending is not None:
-            self._send_ending(session, id, token, ending.outcome)
+            self._send_ending(session, id, ending.token, ending.outcome)
             return
         if flight is None:
             waiting = self._waiting.get(key)
             if waiting is not None:
-                waiting.append(_Waiting(session, id, token, False))
+                waiting.append(_Waiting(session, id, tokens, False))
                 session.parties[id] = key
                 return
             if self._key_held(key, create=False):
-                self._wait_for_key(key, _Waiting(session, id, token, False))
+                self._wait_for_key(key, _Waiting(session, id, tokens, False))
                 return
         session.send(wire.interrupted_frame(id, "its flight ended while this call reconnected"))
 
@@ -308,6 +335,7 @@ class Coordinator:
     def _lead(self, session: _Session, id: int, key: str) -> _Flight:
         self._releasing.pop(key, None)
         flight = _Flight(key, self._next_token(), session, id, time.monotonic())
+        flight.tokens.add(flight.token)
         self._flights[key] = flight
         session.leads[id] = flight
         session.send(wire.lead_frame(id, flight.token))
@@ -320,6 +348,7 @@ class Coordinator:
             session.send(wire.rejected_frame(id, "this process leads no flight with this id"))
             return
         flight.token = self._next_token()
+        _add_tokens(flight, {flight.token})
         session.send(wire.lead_frame(id, flight.token))
         # Joiners learn the new token (a `joined` again), so that after a failover
         # they rejoin the flight by the token its leader reasserts.
@@ -394,8 +423,11 @@ class Coordinator:
             written.add(session)
         flight.joiners.clear()
         if flight.reasserted and self._rejoin_window > 0:
+            # Under every token of the flight: a joiner may rejoin by any of them.
             now = time.monotonic()
-            self._endings[flight.token] = _Ending(flight.key, outcome, now + self._rejoin_window)
+            ending = _Ending(flight.key, flight.token, outcome, now + self._rejoin_window)
+            for token in flight.tokens:
+                self._endings[token] = ending
             self._purge_endings(now)
         return written
 
@@ -439,9 +471,13 @@ class Coordinator:
 
     def _reassert(self, session: _Session, request: wire.Reassert) -> None:
         key, token = request.key, request.token
+        # A leader's tokens only grow: an "earlier" one that does not is no token of its.
+        tokens = frozenset((token, *(t for t in request.earlier if t < token)))
         flight = self._flights.get(key)
         if flight is not None:
-            if flight.token == token:  # the same flight, its leader back on a new connection
+            if not flight.tokens.isdisjoint(tokens):
+                # The same flight, its leader back on a new connection (it may have missed
+                # the token of an attempt: it asks again, its `attempt` is still out).
                 if flight.leader is session:
                     session.send(
                         wire.error_frame(request.id, "this connection already leads the flight")
@@ -451,6 +487,8 @@ class Coordinator:
                     flight.leader.leads.pop(flight.lead_id, None)
                 flight.leader, flight.lead_id = session, request.id
                 session.leads[request.id] = flight
+                flight.token = max(flight.token, token)
+                _add_tokens(flight, tokens)
                 return
             if flight.token > token:
                 session.send(wire.rejected_frame(request.id, "a newer flight of the key runs"))
@@ -467,6 +505,7 @@ class Coordinator:
             return
         started = time.monotonic()
         flight = _Flight(key, token, session, request.id, started, reasserted=True)
+        _add_tokens(flight, tokens)
         self._flights[key] = flight
         session.leads[request.id] = flight
         self._releasing.pop(key, None)
@@ -539,12 +578,12 @@ class Coordinator:
         del session.parties[id]
         flight = self._flights.get(key)
         if waiting.rejoin is not None:
-            if flight is not None and flight.token == waiting.rejoin:
+            if flight is not None and not flight.tokens.isdisjoint(waiting.rejoin):
                 self._join(flight, session, id)
             else:
-                ending = self._ending(waiting.rejoin)
+                ending = self._ending_of(waiting.rejoin)
                 if ending is not None:
-                    self._send_ending(session, id, waiting.rejoin, ending.outcome)
+                    self._send_ending(session, id, ending.token, ending.outcome)
                 else:
                     session.send(wire.interrupted_frame(id, "its leader stopped before it landed"))
         elif flight is not None:
@@ -564,6 +603,14 @@ class Coordinator:
             del self._endings[token]
             return None
         return ending
+
+    def _ending_of(self, tokens: frozenset[int]) -> _Ending | None:
+        """The kept ending of the flight that had (any of) ``tokens``."""
+        for token in tokens:
+            ending = self._ending(token)
+            if ending is not None:
+                return ending
+        return None
 
     def _purge_endings(self, now: float) -> None:
         for token in [t for t, e in self._endings.items() if e.until < now]:

@@ -26,7 +26,7 @@ import asyncio
 import json
 import math
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeAlias
 
@@ -35,6 +35,7 @@ __all__ = [
     "FIRST_LINE_LIMIT",
     "HANDSHAKE_TIMEOUT",
     "HELLO",
+    "MAX_EARLIER",
     "PROTOCOL",
     "VERSION",
     "WELCOME",
@@ -114,6 +115,10 @@ DEFAULT_MAX_FRAME = 64 * 1024 * 1024 + 64 * 1024
 
 # Ids and tokens index tables on the other side; a token is `epoch << 32 | sequence`.
 _MAX_ID = 2**63
+
+MAX_EARLIER = 64
+"""The most tokens an ``earlier`` field (of ``reassert`` and of a rejoining ``run``) holds:
+the latest earlier tokens of a flight that retried (each attempt has a token of its own)."""
 
 _LENGTH = struct.Struct(">I")
 
@@ -395,12 +400,14 @@ Outcome: TypeAlias = Value | Failure | Timeout | Interrupted
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """``run``: lead or join the flight of ``key``; a ``flight`` token makes it a rejoin."""
+    """``run``: lead or join the flight of ``key``; a ``flight`` token makes it a rejoin,
+    ``earlier``: the flight's tokens the caller heard before ``flight`` (its retries)."""
 
     id: int
     key: str
     fresh: bool = False
     flight: int | None = None
+    earlier: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -428,11 +435,13 @@ class Cancel:
 
 @dataclass(frozen=True, slots=True)
 class Reassert:
-    """``reassert``: a new coordinator is told this process leads ``key`` with ``token``."""
+    """``reassert``: a new coordinator is told this process leads ``key`` with ``token``;
+    ``earlier``: the flight's tokens before ``token`` (one per earlier attempt)."""
 
     id: int
     key: str
     token: int
+    earlier: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -568,6 +577,21 @@ def _key_field(header: Mapping[str, Any]) -> str:
     return value
 
 
+def _earlier_field(header: Mapping[str, Any]) -> tuple[int, ...]:
+    """The optional ``earlier`` tokens: absent or null is none; else a list of at most
+    :data:`MAX_EARLIER` ids (each checked as a token is)."""
+    value = header.get("earlier")
+    if value is None:
+        return ()
+    if (
+        type(value) is not list
+        or len(value) > MAX_EARLIER
+        or not all(type(t) is int and 0 <= t < _MAX_ID for t in value)
+    ):
+        _bad("earlier", f"a list of at most {MAX_EARLIER} integers in [0, 2**63)", header)
+    return tuple(value)
+
+
 def _number(value: Any) -> float | None:
     """``value`` as a finite float, or None if it is not a finite JSON number."""
     if type(value) is float:
@@ -674,7 +698,7 @@ def _run(header: Mapping[str, Any], payload: bytes | None) -> Run:
     elif type(fresh) is not bool:
         _bad("fresh", "a boolean", header)
     flight = None if header.get("flight") is None else _id_field(header, "flight")
-    return Run(id, key, fresh, flight)
+    return Run(id, key, fresh, flight, _earlier_field(header))
 
 
 def _land(header: Mapping[str, Any], payload: bytes | None) -> Land:
@@ -690,7 +714,12 @@ def _cancel(header: Mapping[str, Any], payload: bytes | None) -> Cancel:
 
 
 def _reassert(header: Mapping[str, Any], payload: bytes | None) -> Reassert:
-    return Reassert(_id_field(header, "id"), _key_field(header), _id_field(header, "token"))
+    return Reassert(
+        _id_field(header, "id"),
+        _key_field(header),
+        _id_field(header, "token"),
+        _earlier_field(header),
+    )
 
 
 def _forget(header: Mapping[str, Any], payload: bytes | None) -> Forget:
@@ -835,13 +864,35 @@ def _keep(keep: float | None) -> bytes:
     return b"" if keep is None else b',"keep":' + _float(keep)
 
 
-def run_frame(id: int, key: str, *, fresh: bool = False, flight: int | None = None) -> bytes:
-    """``run``: lead or join ``key``; ``fresh`` joins only a later flight; ``flight`` rejoins."""
+def _earlier_list(earlier: Sequence[int]) -> list[int]:
+    """The tokens of an ``earlier`` field; ValueError for more than :data:`MAX_EARLIER`."""
+    if len(earlier) > MAX_EARLIER:
+        raise ValueError(f"{len(earlier)} earlier tokens; at most {MAX_EARLIER} go in a frame")
+    return [int(t) for t in earlier]
+
+
+def _earlier(earlier: Sequence[int]) -> bytes:
+    """The ``earlier`` field of a template (``,"earlier":[...]``)."""
+    return b',"earlier":[%s]' % b",".join(b"%d" % t for t in _earlier_list(earlier))
+
+
+def run_frame(
+    id: int,
+    key: str,
+    *,
+    fresh: bool = False,
+    flight: int | None = None,
+    earlier: Sequence[int] = (),
+) -> bytes:
+    """``run``: lead or join ``key``; ``fresh`` joins only a later flight; ``flight`` rejoins
+    (``earlier``: the flight's tokens heard before it, oldest first)."""
     body = b'{"op":"run","id":%d,"key":%s' % (id, _ENCODER.encode(key).encode())
     if fresh:
         body += b',"fresh":true'
     if flight is not None:
         body += b',"flight":%d' % flight
+    if earlier:  # a rejoin of a flight that retried
+        body += _earlier(earlier)
     return _frame(body + b"}")
 
 
@@ -868,9 +919,13 @@ def cancel_frame(id: int) -> bytes:
     return _frame(b'{"op":"cancel","id":%d}' % id)
 
 
-def reassert_frame(id: int, key: str, token: int) -> bytes:
-    """``reassert``: tell a new coordinator this process leads ``key`` with ``token``."""
-    return encode_frame({"op": "reassert", "id": id, "key": key, "token": token})
+def reassert_frame(id: int, key: str, token: int, earlier: Sequence[int] = ()) -> bytes:
+    """``reassert``: tell a new coordinator this process leads ``key`` with ``token``
+    (``earlier``: the flight's tokens of its earlier attempts, oldest first)."""
+    header: dict[str, Any] = {"op": "reassert", "id": id, "key": key, "token": token}
+    if earlier:
+        header["earlier"] = _earlier_list(earlier)
+    return encode_frame(header)
 
 
 def forget_frame(key: str, id: int | None = None) -> bytes:
