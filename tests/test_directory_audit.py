@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from flightgroup import (
     FlightFailedError,
     FlightGroup,
     FlightInterruptedError,
+    Result,
     ValueTooLargeError,
 )
 
@@ -203,3 +205,47 @@ def test_a_forked_child_holds_no_lock_or_connection_of_its_parent(directory: str
         if child:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.timeout(60)
+def test_a_landing_over_the_coordinators_frame_is_not_sent_for_ever(
+    directory: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A group with a smaller max_frame_bytes coordinates: a leader's landing over its
+    limit once had the leader's connection dropped and the landing sent again on every
+    reconnect, its key held for ever. The coordinator now says the limit as it closes;
+    the leader lands 'interrupted' instead, and the key is free for the next call."""
+    coordinator = FlightGroup(directory=directory, codec=JSON, max_frame_bytes=1 << 20)
+    leader, joiner = (FlightGroup(directory=directory, codec=JSON) for _ in range(2))
+    running, joined = threading.Event(), threading.Event()
+    big = "x" * (2 << 20)
+
+    def work() -> str:
+        running.set()
+        assert joined.wait(20)
+        return big
+
+    results: list[object] = []
+    try:
+        coordinator.run_sync("warm", lambda: 0)  # it coordinates: frames up to 1 MiB
+        thread = threading.Thread(target=lambda: results.append(leader.run_sync("k", work)))
+        thread.start()
+        assert running.wait(20)
+        with pytest.raises(FlightInterruptedError):
+            joiner.run_sync("k", lambda: "joiner ran", on_join=joined.set)
+        thread.join(20)
+        # The leader has its own value. It reconnects, reasserts the flight and lands it
+        # "interrupted"; once that landing is acknowledged (the lead gone, its key lock
+        # freed), the key is free for a new flight. (A call before then would wait for
+        # the key lock and join the reasserted flight, as it must.)
+        (result,) = results
+        assert isinstance(result, Result) and result.value == big and not result.joined
+        leads = leader._arbiter._leads  # type: ignore[union-attr]
+        wait_until(lambda: not leads, "the leader's landing acknowledged")
+        after = joiner.run_sync("k", lambda: "next")
+        assert (after.value, after.joined) == ("next", False)
+    finally:
+        for group in (leader, joiner, coordinator):
+            group.close()
+    said = [r for r in caplog.records if "over the coordinator's max_frame_bytes" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING]

@@ -669,6 +669,7 @@ def error_id(header: dict[str, Any]) -> int | None:
 class Prediction:
     frames: list[tuple[dict[str, Any], bytes | None]]  # the frames the coordinator reads
     end: str  # "open" (every byte read as whole frames), "close", or "partial"
+    too_large: bool = False  # closed for a length over max_frame_bytes (said first)
 
     @property
     def errors(self) -> list[int | None]:
@@ -699,7 +700,7 @@ def predict(stream: bytes) -> Prediction:
             return Prediction(frames, "open" if pos == len(stream) else "partial")
         (size,) = struct.unpack_from(">I", stream, pos)
         if size > MAX_FRAME:
-            return Prediction(frames, "close")
+            return Prediction(frames, "close", too_large=True)
         if len(stream) - pos - 4 < size:
             return Prediction(frames, "partial")
         body = stream[pos + 4 : pos + 4 + size]
@@ -719,6 +720,17 @@ def _check_answers(
     answers: list[tuple[dict[str, Any], bytes | None]], prediction: Prediction, exact: bool
 ) -> None:
     errors = [h for h, _ in answers if h["op"] == "error"]
+    # A length over max_frame_bytes is answered, last, by an error naming the limit (so
+    # a leader does not send that frame again on every reconnect), then the connection
+    # closes: exactly one when read to the end, at most one before.
+    notices = [h for h in errors if "limit" in h]
+    errors = [h for h in errors if "limit" not in h]
+    if notices:
+        assert prediction.too_large and len(notices) == 1, notices
+        assert notices[0]["id"] is None and notices[0]["limit"] == MAX_FRAME, notices
+        assert answers[-1][0] is notices[0], "the limit's notice is the last answer"
+    elif prediction.too_large and exact:
+        raise AssertionError("a frame over the limit closed the connection unexplained")
     parser_errors = [h["id"] for h in errors if h["message"] not in STATE_REFUSALS]
     want = prediction.errors
     if exact:
@@ -785,6 +797,8 @@ def settle(conn: Conn) -> None:
         except TimeoutError:
             raise AssertionError("a connection that broke the framing was not closed") from None
         _check_answers(answers, prediction, exact=False)
+        if prediction.too_large:
+            assert any("limit" in h for h, _ in answers), "closed for its length, unexplained"
     else:  # waits inside a frame: nothing to wait for
         _check_answers(conn.frames_now(), prediction, exact=False)
 
@@ -1859,8 +1873,17 @@ def test_frames_that_break_the_framing_close_that_connection(live: Live, bad: by
     with live.connect() as conn, live.connect() as other:
         assert conn.handshake() and other.handshake()
         conn.send(bad)
-        assert predict(bad).end == "close"
-        assert conn.frames_until_eof() == []
+        prediction = predict(bad)
+        assert prediction.end == "close"
+        answers = conn.frames_until_eof()
+        if prediction.too_large:  # said, then closed
+            assert [h for h, _ in answers] == [
+                {"op": "error", "id": None, "limit": MAX_FRAME,
+                 "message": f"a frame of {struct.unpack('>I', bad[:4])[0]} bytes is over "
+                            f"the limit of {MAX_FRAME}"}
+            ]
+        else:
+            assert answers == []
         assert other.send(wire.status_frame(3))  # the other connection is served
         got = other.read_frame()
         assert got is not None and got[0]["op"] == "status"

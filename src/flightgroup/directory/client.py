@@ -584,6 +584,8 @@ class DirectoryArbiter:
         elif isinstance(answer, wire.ErrorAnswer):
             log.warning("the coordinator of %s did not understand: %s", self.directory,
                         answer.message)
+            if answer.limit is not None:
+                self._over_limit(answer.limit)
             call = self._calls.pop(answer.id, None) if answer.id is not None else None
             if call is not None:
                 if call.lead is not None:
@@ -594,6 +596,27 @@ class DirectoryArbiter:
                         Event.FAILED,
                         FlightInterruptedError(call.key, f"the coordinator said: {answer.message}"),
                     )
+
+    def _over_limit(self, limit: int) -> None:
+        """The coordinator refused a frame over its ``max_frame_bytes`` (a group of
+        another configuration coordinates): a landing that big would be refused again
+        on every reconnect, and its key held for ever. It lands as interrupted instead;
+        the joiners hear why (the leader has its value already)."""
+        for lead in list(self._leads.values()):
+            landing = lead.landing
+            if landing is not None and not lead.acked and len(landing) - 4 > limit:
+                log.warning(
+                    "the outcome of a flight of %s (token %d, %d bytes) is over the "
+                    "coordinator's max_frame_bytes (%d): its joiners are interrupted",
+                    DigestOf(lead.call.key), lead.token, len(landing), limit,
+                )
+                lead.landing = wire.land_frame(
+                    lead.call.id, lead.token,
+                    wire.Interrupted(
+                        f"its outcome ({len(landing) - 4} bytes) is over the coordinator's "
+                        f"max_frame_bytes ({limit})"
+                    ),
+                )
 
     def _on_lead(self, id: int, token: int) -> None:
         call = self._calls.get(id)

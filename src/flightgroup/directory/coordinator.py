@@ -732,7 +732,13 @@ class _Connection(asyncio.Protocol):
         except wire.WireError as exc:
             log.info("dropped a connection from pid %d: %s", session.pid, exc)
             assert self._transport is not None
-            self._transport.abort()
+            if isinstance(exc, wire.FrameTooLarge):
+                # Say so before closing: a leader whose landing is over this limit must
+                # not send it again on every reconnect (it lands "interrupted" instead).
+                self._transport.write(wire.error_frame(None, str(exc), exc.limit))
+                self._transport.close()
+            else:
+                self._transport.abort()
             return
         if frames:
             self._coordinator._handle(frames, session)

@@ -47,6 +47,7 @@ __all__ = [
     "ErrorAnswer",
     "Failure",
     "Forget",
+    "FrameTooLarge",
     "Interrupted",
     "InterruptedAnswer",
     "Joined",
@@ -139,6 +140,14 @@ _DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
 
 class WireError(Exception):
     """The peer broke the protocol; the connection must close. The message says what."""
+
+
+class FrameTooLarge(WireError):
+    """A frame's length is over the reader's ``limit`` (its ``max_frame_bytes``)."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"a frame of {size} bytes is over the limit of {limit}")
+        self.limit = limit
 
 
 class BadRequest(Exception):
@@ -306,7 +315,7 @@ async def read_frame(
         raise WireError("the stream ended inside a frame's length") from None
     (size,) = _LENGTH.unpack(prefix)
     if size > max_frame:
-        raise WireError(f"a frame of {size} bytes is over the limit of {max_frame}")
+        raise FrameTooLarge(size, max_frame)
     try:
         body = await reader.readexactly(size)
     except asyncio.IncompleteReadError as exc:
@@ -343,7 +352,7 @@ class FrameSplitter:
         while end - start >= 4:
             (size,) = _LENGTH.unpack_from(buffer, start)
             if size > self._max_frame:
-                raise WireError(f"a frame of {size} bytes is over the limit of {self._max_frame}")
+                raise FrameTooLarge(size, self._max_frame)
             if end - start - 4 < size:
                 break
             frames.append(decode_body(bytes(buffer[start + 4 : start + 4 + size])))
@@ -525,10 +534,13 @@ class StatusAnswer:
 
 @dataclass(frozen=True, slots=True)
 class ErrorAnswer:
-    """``error``: the request ``id`` (None if it had no integer id) was not understood."""
+    """``error``: the request ``id`` (None if it had no integer id) was not understood.
+    ``limit``: set when a frame was over the coordinator's ``max_frame_bytes`` (then
+    the connection closes; a sender must not send that frame again)."""
 
     id: int | None
     message: str
+    limit: int | None = None
 
 
 Answer: TypeAlias = (
@@ -813,7 +825,10 @@ def _error_answer(header: Mapping[str, Any], payload: bytes | None) -> ErrorAnsw
     id = header.get("id")
     if id is not None and type(id) is not int:
         _bad("id", "an integer or null", header)
-    return ErrorAnswer(id, _str_field(header, "message"))
+    limit = header.get("limit")
+    if limit is not None and (type(limit) is not int or limit < 0):
+        _bad("limit", "a non-negative integer or null", header)
+    return ErrorAnswer(id, _str_field(header, "message"), limit)
 
 
 _ANSWERS: dict[str, Callable[[Mapping[str, Any], bytes | None], Answer]] = {
@@ -986,6 +1001,10 @@ def status_answer_frame(id: int, flights: list[dict[str, Any]]) -> bytes:
     return encode_frame({"op": "status", "id": id, "flights": flights})
 
 
-def error_frame(id: int | None, message: str) -> bytes:
-    """``error``: the request ``id`` was not understood, and why."""
-    return encode_frame({"op": "error", "id": id, "message": message})
+def error_frame(id: int | None, message: str, limit: int | None = None) -> bytes:
+    """``error``: the request ``id`` was not understood, and why (``limit``: the frame
+    was over this ``max_frame_bytes``)."""
+    fields: dict[str, Any] = {"op": "error", "id": id, "message": message}
+    if limit is not None:
+        fields["limit"] = limit
+    return encode_frame(fields)
