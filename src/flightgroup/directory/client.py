@@ -655,8 +655,12 @@ class DirectoryArbiter:
                 self._send(wire.cancel_frame(call.id))
                 _finish(call, Event.FAILED, exc)
                 return
-        lead = call.lead = Lead(call, token, fd)
-        self._leads[call.id] = lead
+        lead = Lead(call, token, fd)
+        # In one step for a reconnect (which reasserts what _leads holds and sends the
+        # runs of calls with no lead): between the two, it would do neither.
+        with self._send_lock:
+            call.lead = lead
+            self._leads[call.id] = lead
         if self._closing:  # taken in the caller's thread while the group closes
             lead.lose()
         try:
