@@ -81,3 +81,27 @@ def test_an_unreachable_redis_is_one_line_and_exit_2(place: Path) -> None:
     assert b"Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not (place / "journal").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_joiner_that_loses_redis_while_it_waits_exits_75(place: Path, runs: list[Run]) -> None:
+    # Not bad usage (2): the scope went away under a joiner, as a dead leader would.
+    # (It notices within about a lease, 10 s by default, plus the client's retries.)
+    from .redisproc import RedisServer
+
+    server = RedisServer()
+    try:
+        leader = Run(*fleet_cmd(place, server.url, "ns", "k", 0))
+        runs.append(leader)
+        leader.out.wait_for(b"out ")  # it leads: CMD runs, held on the go file
+        joiner = Run(*fleet_cmd(place, server.url, "ns", "k", 0))
+        runs.append(joiner)
+        assert joiner.err is not None
+        joiner.err.wait_for(b"joined the run of 'k'")
+        server.kill()
+        assert joiner.wait(90) == 75
+        said = joiner.err.join()
+        assert b"try again" in said and b"Traceback" not in said
+    finally:
+        (place / "go").touch()
+        server.close()

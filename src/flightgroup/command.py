@@ -554,6 +554,12 @@ def _run_in(run: _Run, group: FlightGroup, timeout: float | None, fresh: bool) -
         if run.leading and run.done.is_set():  # CMD ran; only the landing went wrong
             _say(f"{exc} (the joiners of this run did not get its outcome)")
             return _leader_after_wait(run)
+        if run.follower is not None:
+            # It had joined: the scope went away while it waited (Redis lost mid-wait).
+            # Not bad usage: like a leader that died, running again may work.
+            run.follower.finish(None)
+            _say(f"lost the run of {key!r} while waiting for it ({exc}); try again")
+            return EXIT_INTERRUPTED
         raise
     except OSError as exc:
         if run.leading:  # the work itself failed (its spool), not CMD
