@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +23,7 @@ from flightgroup import (
     FlightFailedError,
     FlightGroup,
     FlightInterruptedError,
+    GroupClosedError,
     Result,
     ValueTooLargeError,
 )
@@ -284,3 +286,190 @@ def test_groups_and_threads_of_one_process_take_part_in_one_election(directory: 
     finally:
         for group in groups:
             group.close()
+
+
+COORDINATOR = r"""
+import sys, threading
+from flightgroup import JSON, FlightGroup
+group = FlightGroup(directory=sys.argv[1], codec=JSON)
+group.run_sync("warm", lambda: 0)
+print("coordinating", flush=True)
+threading.Event().wait()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_group_closed_after_its_coordinator_died_still_interrupts_its_joiners(
+    directory: str,
+) -> None:
+    """The coordinator dies; the leader's group closes before it reconnected. Its joiner
+    must hear "its leader's group closed" from the next coordinator at once, not when
+    the work ends (the closing group skipped the lead it had cut off when it reconnected,
+    and close() waited reconnect_timeout for an ack that could not come)."""
+    coordinator = subprocess.Popen([sys.executable, "-c", COORDINATOR, directory],
+                                   stdout=subprocess.PIPE)
+    leader, joiner = (FlightGroup(directory=directory, codec=JSON) for _ in range(2))
+    running, joined, release = threading.Event(), threading.Event(), threading.Event()
+    heard: list[BaseException | object] = []
+
+    def work() -> str:
+        running.set()
+        release.wait()
+        return "late"
+
+    def join() -> None:
+        try:
+            heard.append(joiner.run_sync("k", lambda: "joiner ran", on_join=joined.set,
+                                         timeout=20))
+        except BaseException as exc:
+            heard.append(exc)
+
+    led: list[BaseException | object] = []
+
+    def run_leader() -> None:
+        try:
+            led.append(leader.run_sync("k", work))
+        except BaseException as exc:
+            led.append(exc)
+
+    lead = threading.Thread(target=run_leader)
+    follow = threading.Thread(target=join)
+    try:
+        assert coordinator.stdout is not None
+        assert coordinator.stdout.readline() == b"coordinating\n"
+        lead.start()
+        assert running.wait(20)
+        follow.start()
+        assert joined.wait(20)
+        coordinator.kill()
+        coordinator.wait(20)
+        leader.close()  # at once: its connection is gone or going
+        follow.join(30)
+        assert not follow.is_alive()
+        (outcome,) = heard
+        assert isinstance(outcome, FlightInterruptedError), outcome
+        assert "its leader's group closed" in str(outcome)
+    finally:
+        release.set()
+        lead.join(20)
+        leader.close()
+        joiner.close()
+        # The leader's caller: its group closed under it (the work itself ends later).
+        assert len(led) == 1 and isinstance(led[0], GroupClosedError), led
+        if coordinator.poll() is None:
+            coordinator.kill()
+            coordinator.wait(20)
+
+
+@pytest.mark.timeout(60)
+def test_a_failure_over_a_small_frame_is_cut_and_spares_the_other_flights(
+    directory: str,
+) -> None:
+    """With a small max_frame_bytes, a failure's message made a landing the coordinator
+    refused: it closed the leader's connection, which interrupted every flight led on it.
+    The message is cut to fit; the other flight lands for its joiner."""
+    leader = FlightGroup(directory=directory, codec=JSON, max_frame_bytes=4096)
+    joiner = FlightGroup(directory=directory, codec=JSON)
+    running = {k: threading.Event() for k in ("k1", "k2")}
+    joined = {k: threading.Event() for k in ("k1", "k2")}
+    led: dict[str, object] = {}
+    got: dict[str, object] = {}
+
+    def work(key: str) -> str:
+        running[key].set()
+        assert joined[key].wait(20)
+        if key == "k2":
+            raise RuntimeError("x" * 5000)
+        return f"{key} value"
+
+    def call(group: FlightGroup, key: str, into: dict[str, object], **kw: object) -> None:
+        try:
+            into[key] = group.run_sync(key, lambda: work(key), **kw).value  # type: ignore[arg-type]
+        except BaseException as exc:
+            into[key] = exc
+
+    threads = []
+    try:
+        for key in ("k1", "k2"):
+            threads.append(threading.Thread(target=call, args=(leader, key, led)))
+            threads[-1].start()
+            assert running[key].wait(20)
+            threads.append(threading.Thread(target=call, args=(joiner, key, got),
+                                            kwargs={"on_join": joined[key].set}))
+            threads[-1].start()
+        for thread in threads:
+            thread.join(30)
+    finally:
+        leader.close()
+        joiner.close()
+    assert led["k1"] == got["k1"] == "k1 value"
+    assert isinstance(led["k2"], RuntimeError)
+    failed = got["k2"]
+    assert isinstance(failed, FlightFailedError) and failed.error_type == "RuntimeError"
+    assert failed.message.endswith("... (cut)") and failed.message.startswith("x" * 100)
+
+
+def test_a_key_too_long_for_a_frame_is_refused_at_the_call(directory: str) -> None:
+    group = FlightGroup(directory=directory, codec=JSON, max_frame_bytes=1024)
+    try:
+        with pytest.raises(ValueError, match="max_frame_bytes"):
+            group.run_sync("k" * 1100, lambda: 1)
+        assert group.run_sync("k", lambda: 2).value == 2
+    finally:
+        group.close()
+
+
+FORK_KEEPS_USER_FILES = r"""
+import os, sys, warnings
+from flightgroup import JSON, FlightGroup
+warnings.simplefilter("ignore", DeprecationWarning)
+directory, link = sys.argv[1], sys.argv[2]
+os.makedirs(directory, exist_ok=True)
+log = open(os.path.join(directory, "app.log"), "a", buffering=1)
+group = FlightGroup(directory=link, codec=JSON)  # by another path: a symlink
+group.run_sync("warm", lambda: 0)
+child = os.fork()
+if child == 0:
+    log.write("child\n")  # the user's own file stays the user's
+    import socket
+    held = 0
+    for n in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{n}")
+        except OSError:  # the listing's own descriptor
+            continue
+        if target.endswith("flight.lock"):
+            held += 1
+        elif target.startswith("socket:"):
+            sock = socket.socket(fileno=int(n))
+            try:
+                for name in (sock.getsockname, sock.getpeername):
+                    try:
+                        held += str(name()).endswith("flight.sock")
+                    except OSError:
+                        pass
+            finally:
+                sock.detach()
+    print(held, flush=True)  # the group's sockets and election lock it kept
+    os._exit(0)
+os.waitpid(child, 0)
+log.write("parent\n")
+group.close()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_child_keeps_the_users_files_and_drops_sockets_named_by_a_link(
+    directory: str, tmp_path: Path
+) -> None:
+    link = str(tmp_path / "link")
+    os.makedirs(directory)
+    os.symlink(directory, link)
+    proc = subprocess.run([sys.executable, "-c", FORK_KEEPS_USER_FILES, directory, link],
+                          capture_output=True, text=True, timeout=50, check=False)
+    assert proc.returncode == 0, proc.stderr
+    # The child kept no socket of the group (it coordinated: listening and accepted
+    # sockets, and its own connection, named through the link) and no election lock.
+    assert proc.stdout.split() == ["0"], proc.stdout
+    with open(os.path.join(directory, "app.log")) as f:
+        assert f.read().split() == ["child", "parent"]

@@ -251,7 +251,6 @@ class FlightGroup:
             from .directory import forked
             from .directory.client import DirectoryArbiter
 
-            forked.watch(path)  # a forked child lets go of this directory's locks
             self._arbiter = DirectoryArbiter(
                 path, max_frame=max_frame_bytes, reconnect_timeout=reconnect_timeout
             )
@@ -265,6 +264,7 @@ class FlightGroup:
                     f"max_value_bytes ({max_value_bytes}) must leave room for a frame's "
                     f"header in max_frame_bytes ({max_frame_bytes}): at most {room}"
                 )
+            forked.watch(path)  # a forked child lets go of this directory's locks
         self._max_value_bytes = max_value_bytes
         self._table = FlightTable(wide=self._arbiter is not None)
         self._closed = False

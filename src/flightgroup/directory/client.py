@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import os
 import socket
@@ -50,6 +51,7 @@ __all__ = ["Call", "DirectoryArbiter", "Event", "Inbox", "from_wire", "to_wire"]
 
 
 
+_BRIEF = 0.5  # s: a connection dropped sooner than this was refused, not failed over
 _OPENING = -2  # Call.fd while the caller creates the key's file
 
 
@@ -95,7 +97,8 @@ class Lead(LeadState):
     (``lock`` also guards ``fd``)."""
 
     __slots__ = (
-        "abandoned", "acked", "call", "earlier", "fd", "landing", "locked", "retrying", "token",
+        "abandoned", "acked", "call", "cut", "earlier", "fd", "landing", "locked", "retrying",
+        "token",
     )  # fmt: skip
 
     def __init__(self, call: Call, token: int, fd: int) -> None:
@@ -111,6 +114,9 @@ class Lead(LeadState):
         self.locked = False  # the key lock is held (the work may start)
         self.abandoned = False  # given up before it was locked (closed or withdrawn)
         self.retrying = False  # an `attempt` request is out
+        # Its group closed while its work ran: its landing says "interrupted", and must
+        # reach a coordinator (its joiners hear it now, not when the work ends).
+        self.cut = False
 
     def release(self) -> None:
         """Free the key lock (once)."""
@@ -386,6 +392,7 @@ class DirectoryArbiter:
         assert self._kick is not None
         backoff = 0.0005
         down_since = time.monotonic()
+        brief = 0  # connections in a row that were dropped right after they were made
         while not self._finishing:
             try:
                 sock = await self._connect()
@@ -393,24 +400,37 @@ class DirectoryArbiter:
                 self._refused(exc)
             except OSError:  # nothing listens: whoever refused us is gone
                 self._refusal = None
+                brief = 0  # a failover: hurry again
             except (EOFError, TimeoutError, wire.WireError):
-                pass
+                # Refused at the handshake (another user's coordinator), or it did not
+                # answer: back off further each time, not every 5 ms for ever.
+                brief += 1
+                backoff = min(0.001 * 2**brief, 0.5)
             else:
                 if self._finishing:  # closed while it connected
                     sock.close()
                     return
                 backoff = 0.0005
                 lost = asyncio.get_running_loop().create_future()
+                up = time.monotonic()
                 self._connected(sock, lost)
                 await lost
-                down_since = time.monotonic()
-                continue
+                now = time.monotonic()
+                if now - up >= _BRIEF:
+                    down_since, brief = now, 0
+                    continue
+                # Dropped at once (a coordinator that refuses what this process sends
+                # again on each reconnect): not a failover to hurry, and it counts as
+                # down, so reconnect_timeout still ends it.
+                brief += 1
+                backoff = min(0.001 * 2**brief, 0.5)
             if time.monotonic() - down_since > self._reconnect_timeout:
                 self._give_up()
             self._kick.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), backoff)
-            backoff = min(backoff * 2, 0.005)  # a failover: connect within ~5 ms of serving
+            if not brief:
+                backoff = min(backoff * 2, 0.005)  # a failover: connect within ~5 ms of serving
 
     async def _connect(self) -> socket.socket:
         """Connect and shake hands; the socket is non-blocking, for the Channel."""
@@ -451,7 +471,7 @@ class DirectoryArbiter:
             self._connected_now.set()
             # Leaders first: a reassert (and its landing) before any rejoin of the key.
             for lead in list(self._leads.values()):
-                if lead.lost or lead.acked:
+                if lead.acked or (lead.lost and not lead.cut):
                     continue
                 reassert = partial(wire.reassert_frame, lead.call.id, lead.call.key, lead.token)
                 channel.send(_fitting(reassert, lead.earlier, self._max_frame))
@@ -605,18 +625,11 @@ class DirectoryArbiter:
         for lead in list(self._leads.values()):
             landing = lead.landing
             if landing is not None and not lead.acked and len(landing) - 4 > limit:
-                log.warning(
-                    "the outcome of a flight of %s (token %d, %d bytes) is over the "
-                    "coordinator's max_frame_bytes (%d): its joiners are interrupted",
-                    DigestOf(lead.call.key), lead.token, len(landing), limit,
-                )
-                lead.landing = wire.land_frame(
-                    lead.call.id, lead.token,
-                    wire.Interrupted(
-                        f"its outcome ({len(landing) - 4} bytes) is over the coordinator's "
-                        f"max_frame_bytes ({limit})"
-                    ),
-                )
+                lead.landing = _too_large(lead, len(landing) - 4, limit, "the coordinator's")
+        for call in list(self._calls.values()):  # a run that can never be read: its key
+            if call.lead is None and len(wire.run_frame(call.id, call.key)) - 4 > limit:
+                self._calls.pop(call.id, None)
+                _finish(call, Event.FAILED, _key_too_long(call.key, limit))
 
     def _on_lead(self, id: int, token: int) -> None:
         call = self._calls.get(id)
@@ -748,6 +761,11 @@ class DirectoryArbiter:
         lead finds it open."""
         if self._fatal is not None:
             raise renewed(self._fatal)
+        # A character takes at most 12 bytes of ASCII JSON: only a long key is measured.
+        if 12 * len(key) + 256 > self._max_frame and (
+            len(wire.run_frame(0, key)) - 4 > self._max_frame
+        ):
+            raise _key_too_long(key, self._max_frame)
         self._ensure_started()
         with self._send_lock:
             if self._closing:
@@ -852,6 +870,15 @@ class DirectoryArbiter:
         frame = None
         if outcome is not None and not lead.lost:
             frame = wire.land_frame(call.id, lead.token, outcome)  # outside the locks
+            if len(frame) - 4 > self._max_frame and isinstance(outcome, wire.Failure):
+                # A long message in a small frame: cut to what surely fits (a character
+                # takes at most 12 bytes of ASCII JSON), the joiners still hear the error.
+                keep = max(0, (self._max_frame - 1024 - 12 * len(outcome.type + outcome.module))
+                           // 12)
+                cut = dataclasses.replace(outcome, message=f"{outcome.message[:keep]}... (cut)")
+                frame = wire.land_frame(call.id, lead.token, cut)
+            if len(frame) - 4 > self._max_frame:
+                frame = _too_large(lead, len(frame) - 4, self._max_frame, "this group's")
         with self._send_lock:  # in order with a reconnect's resends
             with lead.lock:
                 lead.work_done = work_done
@@ -978,6 +1005,7 @@ class DirectoryArbiter:
                 # elsewhere are told now (an interrupted landing), not when a later
                 # coordinator finds its key lock free; the lock stays held until the
                 # work ends (land() frees it then).
+                lead.cut = True
                 lead.landing = wire.land_frame(
                     lead.call.id, lead.token, wire.Interrupted("its leader's group closed")
                 )
@@ -1033,6 +1061,26 @@ def _heard(earlier: tuple[int, ...], old: int, new: int) -> tuple[int, ...]:
     if old != new:
         kept.append(old)
     return tuple(kept[-wire.MAX_EARLIER :])
+
+
+def _too_large(lead: Lead, size: int, limit: int, whose: str) -> bytes:
+    """The landing that replaces one over a frame's limit: no coordinator would read it
+    (it closes the connection, and every flight led on it would be interrupted)."""
+    log.warning(
+        "the outcome of a flight of %s (token %d, %d bytes) is over %s max_frame_bytes "
+        "(%d): its joiners are interrupted", DigestOf(lead.call.key), lead.token, size,
+        whose, limit,
+    )
+    return wire.land_frame(
+        lead.call.id, lead.token,
+        wire.Interrupted(f"its outcome ({size} bytes) is over {whose} max_frame_bytes ({limit})"),
+    )
+
+
+def _key_too_long(key: str, limit: int) -> ValueError:
+    return ValueError(
+        f"the key ({len(key)} characters) makes a request over max_frame_bytes ({limit})"
+    )
 
 
 def _fitting(frame_of: Callable[..., bytes], earlier: Sequence[int], max_frame: int) -> bytes:

@@ -12,8 +12,9 @@ After a fork, the child points each such descriptor at ``/dev/null`` (dup2) inst
 closing it: the descriptor number stays taken, so the parent's Python objects copied into
 the child (sockets, the coordinator's files) close ``/dev/null`` if they ever close,
 never an unrelated file that reused the number. The descriptors are found by what they
-are (a file under a group's directory, a Unix socket bound or connected to its
-``flight.sock``), so no code that opens one has to register it.
+are (``flight.lock`` or a key-lock file of a group's directory, a Unix socket bound or
+connected to its ``flight.sock``, by whatever path), so no code that opens one has to
+register it; the user's own files in the directory are left alone.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ import contextlib
 import os
 import socket
 
-# The directories of the directory groups made in this process (absolute paths). A
-# group is never removed: a closed group's descriptors are closed already, and the
-# set holds one string per directory.
+from . import fs
+
+# The directories (real paths) of the directory groups made in this process. A group is
+# never removed: a closed group's descriptors are closed already, and the set holds one
+# string per directory.
 _directories: set[str] = set()
 
 
@@ -32,16 +35,15 @@ def watch(directory: str) -> None:
     """Make a child forked from now on let go of ``directory``'s locks and sockets."""
     if not _directories:
         os.register_at_fork(after_in_child=_let_go)
-    # /proc names files by their real path; sockets keep the path they were bound to.
-    _directories.update({os.path.abspath(directory), os.path.realpath(directory)})
+    _directories.add(os.path.realpath(directory))  # as /proc names files
 
 
 def _let_go() -> None:
     """(In a forked child) point the copies of the groups' descriptors at /dev/null."""
     if not _directories:
         return
-    prefixes = tuple(os.path.join(d, "") for d in _directories)
-    sockets = {os.path.join(d, "flight.sock") for d in _directories}
+    locks = {os.path.join(d, fs.LOCK_NAME) for d in _directories}
+    key_locks = tuple(os.path.join(d, fs.KEY_LOCKS, "") for d in _directories)
     try:
         names = os.listdir("/proc/self/fd")
     except OSError:  # no /proc: nothing can be told apart
@@ -50,7 +52,7 @@ def _let_go() -> None:
     try:
         for name in names:
             fd = int(name)
-            if _ours(fd, prefixes, sockets):
+            if _ours(fd, locks, key_locks):
                 if null < 0:
                     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
                 with contextlib.suppress(OSError):
@@ -60,12 +62,12 @@ def _let_go() -> None:
             os.close(null)
 
 
-def _ours(fd: int, prefixes: tuple[str, ...], sockets: set[str]) -> bool:
+def _ours(fd: int, locks: set[str], key_locks: tuple[str, ...]) -> bool:
     try:
         target = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         return False
-    if target.startswith(prefixes):  # flight.lock, flight.epoch, execution-locks/...
+    if target in locks or target.startswith(key_locks):
         return True
     if not target.startswith("socket:"):
         return False
@@ -77,13 +79,17 @@ def _ours(fd: int, prefixes: tuple[str, ...], sockets: set[str]) -> bool:
         if sock.family != socket.AF_UNIX:
             return False
         # A listening or accepted socket is bound to the path; a client's is connected
-        # to it.
-        with contextlib.suppress(OSError):
-            if _path(sock.getsockname()) in sockets:
-                return True
-        with contextlib.suppress(OSError):
-            if _path(sock.getpeername()) in sockets:
-                return True
+        # to it. Either may name the directory by another path (a symlink): compared
+        # by the real path of its folder.
+        for address in (sock.getsockname, sock.getpeername):
+            with contextlib.suppress(OSError):
+                path = _path(address())
+                if (
+                    path is not None
+                    and os.path.basename(path) == fs.SOCKET_NAME
+                    and os.path.realpath(os.path.dirname(path)) in _directories
+                ):
+                    return True
         return False
     finally:
         sock.detach()  # the descriptor is not this object's to close
