@@ -681,9 +681,24 @@ class DirectoryArbiter:
         except BlockingIOError:
             # Held for a moment by the coordinator's probe, or by the leader before us
             # until its ack arrives; or by a closed group's long work: a thread waits.
+            # It waits on a copy of the descriptor (the same open file, so the same
+            # lock): the lead may close its own meanwhile (closed, withdrawn), and a
+            # number closed and reused must never be locked in its place.
+            try:
+                copy = os.dup(fd)
+            except OSError as exc:
+                with lead.lock:
+                    lead.abandoned = True
+                lead.release()
+                self._post(self._lock_failed, lead, exc)
+                return
+
             def wait_for_lock() -> None:
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    try:
+                        fcntl.flock(copy, fcntl.LOCK_EX)
+                    finally:
+                        os.close(copy)  # the lock stays with the lead's descriptor
                 except OSError as exc:  # never lead without the lock
                     with lead.lock:
                         lead.abandoned = True
