@@ -634,3 +634,23 @@ def test_prometheus_counts_a_lost_directory_lease(
     assert sample(registry, "flightgroup_calls_total", "d") == 2.0  # and the call after
     assert sample(registry, "flightgroup_flights_total", "d") == 2.0
     assert sample(registry, "flightgroup_in_flight", "d") == 0.0
+
+
+@pytest.mark.timeout(60)
+def test_a_call_the_scope_could_not_serve_is_no_join() -> None:
+    """Nothing listens where the group's Redis should be: the call raises, and it counts
+    as a call, not as a join (nor a flight)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+    group = FlightGroup(redis=f"redis://127.0.0.1:{port}/0", namespace="n", codec=JSON,
+                        lease=1.0)
+    try:
+        with pytest.raises(flightgroup.UnavailableError):
+            group.run_sync("k", lambda: 1)
+        stats = group.stats()
+        assert (stats.calls, stats.flights, stats.joins) == (1, 0, 0)
+    finally:
+        group.close()

@@ -588,11 +588,13 @@ class FlightTable:
         with self.lock:
             self.stats.flights += 1
 
-    def ran_elsewhere(self, flight: Flight) -> None:
-        """(Wide scopes) ``flight`` ended with an outcome from elsewhere: its leading
-        caller counts as a join, unless it was counted when the flight joined."""
-        with self.lock:
-            if not flight.joined_remote:
+    def ran_elsewhere(self, flight: Flight, joined: bool) -> None:
+        """(Wide scopes) ``flight`` ended without its work running here: its leading
+        caller counts as a join if it had a flight's outcome from elsewhere (``joined``),
+        unless it was counted when the flight joined; a call the scope could not serve
+        (unreachable, closed) is no join."""
+        if joined and not flight.joined_remote:
+            with self.lock:
                 self.stats.joins += 1
 
     def joined_remote(self, flight: Flight) -> Waiter | None:

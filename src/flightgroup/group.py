@@ -996,7 +996,7 @@ class FlightGroup:
         if event is Event.LANDED:
             token, landed, _kept = args
             outcome, error, data = from_wire(flight.key, landed)
-            self._settle_remote(flight, outcome, error, data, token)
+            self._settle_remote(flight, outcome, error, data, token, joined=True)
         elif event is Event.FAILED:
             self._settle_remote(flight, Outcome.INTERRUPTED, args[0])
         else:  # INTERRUPTED (or LOST before leading: cannot happen, same answer)
@@ -1012,13 +1012,16 @@ class FlightGroup:
         error: BaseException | None,
         data: bytes | None = None,
         token: int | None = None,
+        *,
+        joined: bool = False,
     ) -> None:
         """Settle ``flight`` with an outcome that every caller here gets as a joiner:
-        the value (decoded by each), or a copy of ``error``."""
+        the value (decoded by each), or a copy of ``error``. ``joined``: the outcome is
+        a flight's that ran elsewhere (not the scope's failure to serve the call)."""
         flight.remote = True
         if token is not None:
             flight.token = token
-        self._table.ran_elsewhere(flight)
+        self._table.ran_elsewhere(flight, joined)
         self._settle(flight, outcome, None, error, data)
 
     def _land_wide(
