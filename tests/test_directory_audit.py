@@ -410,10 +410,17 @@ def test_a_failure_over_a_small_frame_is_cut_and_spares_the_other_flights(
 
 
 def test_a_key_too_long_for_a_frame_is_refused_at_the_call(directory: str) -> None:
+    from flightgroup.directory import wire
+
     group = FlightGroup(directory=directory, codec=JSON, max_frame_bytes=1024)
+    # A key whose plain run fits, but not every request the call may have to send
+    # (a fresh run, a rejoin, a reassert after a failover: longer ids and tokens).
+    near = "k" * 990
+    assert len(wire.run_frame(1, near)) - 4 < 1024 < len(wire.reassert_frame(2**62, near, 2**62))
     try:
-        with pytest.raises(ValueError, match="max_frame_bytes"):
-            group.run_sync("k" * 1100, lambda: 1)
+        for key in ("k" * 1100, near):
+            with pytest.raises(ValueError, match="max_frame_bytes"):
+                group.run_sync(key, lambda: 1)
         assert group.run_sync("k", lambda: 2).value == 2
     finally:
         group.close()

@@ -51,7 +51,6 @@ __all__ = ["Call", "DirectoryArbiter", "Event", "Inbox", "from_wire", "to_wire"]
 
 
 
-_BRIEF = 0.5  # s: a connection dropped sooner than this was refused, not failed over
 _OPENING = -2  # Call.fd while the caller creates the key's file
 
 
@@ -392,7 +391,7 @@ class DirectoryArbiter:
         assert self._kick is not None
         backoff = 0.0005
         down_since = time.monotonic()
-        brief = 0  # connections in a row that were dropped right after they were made
+        refusals = 0  # handshakes in a row that failed (refused, unanswered)
         while not self._finishing:
             try:
                 sock = await self._connect()
@@ -400,36 +399,29 @@ class DirectoryArbiter:
                 self._refused(exc)
             except OSError:  # nothing listens: whoever refused us is gone
                 self._refusal = None
-                brief = 0  # a failover: hurry again
+                if refusals:  # a failover under way: hurry again
+                    backoff, refusals = 0.0005, 0
             except (EOFError, TimeoutError, wire.WireError):
                 # Refused at the handshake (another user's coordinator), or it did not
-                # answer: back off further each time, not every 5 ms for ever.
-                brief += 1
-                backoff = min(0.001 * 2**brief, 0.5)
+                # answer: ask again less and less often, not every 5 ms for ever.
+                refusals += 1
+                backoff = min(0.001 * 2**refusals, 0.5)
             else:
                 if self._finishing:  # closed while it connected
                     sock.close()
                     return
-                backoff = 0.0005
+                backoff, refusals = 0.0005, 0
                 lost = asyncio.get_running_loop().create_future()
-                up = time.monotonic()
                 self._connected(sock, lost)
                 await lost
-                now = time.monotonic()
-                if now - up >= _BRIEF:
-                    down_since, brief = now, 0
-                    continue
-                # Dropped at once (a coordinator that refuses what this process sends
-                # again on each reconnect): not a failover to hurry, and it counts as
-                # down, so reconnect_timeout still ends it.
-                brief += 1
-                backoff = min(0.001 * 2**brief, 0.5)
+                down_since = time.monotonic()
+                continue
             if time.monotonic() - down_since > self._reconnect_timeout:
                 self._give_up()
             self._kick.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), backoff)
-            if not brief:
+            if not refusals:
                 backoff = min(backoff * 2, 0.005)  # a failover: connect within ~5 ms of serving
 
     async def _connect(self) -> socket.socket:
@@ -626,10 +618,13 @@ class DirectoryArbiter:
             landing = lead.landing
             if landing is not None and not lead.acked and len(landing) - 4 > limit:
                 lead.landing = _too_large(lead, len(landing) - 4, limit, "the coordinator's")
-        for call in list(self._calls.values()):  # a run that can never be read: its key
-            if call.lead is None and len(wire.run_frame(call.id, call.key)) - 4 > limit:
-                self._calls.pop(call.id, None)
-                _finish(call, Event.FAILED, _key_too_long(call.key, limit))
+        for call in list(self._calls.values()):  # requests that can never be read: the key
+            if _request_size(call.key) > limit:
+                if call.lead is None:
+                    self._calls.pop(call.id, None)
+                    _finish(call, Event.FAILED, _key_too_long(call.key, limit))
+                elif not call.lead.acked:  # its reassert would be refused for ever
+                    self._lose(call.lead, str(_key_too_long(call.key, limit)))
 
     def _on_lead(self, id: int, token: int) -> None:
         call = self._calls.get(id)
@@ -668,6 +663,23 @@ class DirectoryArbiter:
                 self._send(wire.cancel_frame(call.id))
                 _finish(call, Event.FAILED, exc)
                 return
+        # The descriptor is used here only before the lead is published: once it is,
+        # close() or a withdrawal may close it (and its number be reused) at any time.
+        copy = -1
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # Held for a moment by the coordinator's probe, or by the leader before us
+            # until its ack arrives; or by a closed group's long work: a thread waits,
+            # on a copy of the descriptor (the same open file, so the same lock).
+            try:
+                copy = os.dup(fd)
+            except OSError as exc:
+                os.close(fd)
+                self._calls.pop(call.id, None)
+                self._send(wire.cancel_frame(call.id))
+                _finish(call, Event.FAILED, exc)
+                return
         lead = Lead(call, token, fd)
         # In one step for a reconnect (which reasserts what _leads holds and sends the
         # runs of calls with no lead): between the two, it would do neither.
@@ -676,22 +688,7 @@ class DirectoryArbiter:
             self._leads[call.id] = lead
         if self._closing:  # taken in the caller's thread while the group closes
             lead.lose()
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            # Held for a moment by the coordinator's probe, or by the leader before us
-            # until its ack arrives; or by a closed group's long work: a thread waits.
-            # It waits on a copy of the descriptor (the same open file, so the same
-            # lock): the lead may close its own meanwhile (closed, withdrawn), and a
-            # number closed and reused must never be locked in its place.
-            try:
-                copy = os.dup(fd)
-            except OSError as exc:
-                with lead.lock:
-                    lead.abandoned = True
-                lead.release()
-                self._post(self._lock_failed, lead, exc)
-                return
+        if copy >= 0:
 
             def wait_for_lock() -> None:
                 try:
@@ -777,9 +774,7 @@ class DirectoryArbiter:
         if self._fatal is not None:
             raise renewed(self._fatal)
         # A character takes at most 12 bytes of ASCII JSON: only a long key is measured.
-        if 12 * len(key) + 256 > self._max_frame and (
-            len(wire.run_frame(0, key)) - 4 > self._max_frame
-        ):
+        if 12 * len(key) + 256 > self._max_frame and _request_size(key) > self._max_frame:
             raise _key_too_long(key, self._max_frame)
         self._ensure_started()
         with self._send_lock:
@@ -888,7 +883,7 @@ class DirectoryArbiter:
             if len(frame) - 4 > self._max_frame and isinstance(outcome, wire.Failure):
                 # A long message in a small frame: cut to what surely fits (a character
                 # takes at most 12 bytes of ASCII JSON), the joiners still hear the error.
-                keep = max(0, (self._max_frame - 1024 - 12 * len(outcome.type + outcome.module))
+                keep = max(0, (self._max_frame - 256 - 12 * len(outcome.type + outcome.module))
                            // 12)
                 cut = dataclasses.replace(outcome, message=f"{outcome.message[:keep]}... (cut)")
                 frame = wire.land_frame(call.id, lead.token, cut)
@@ -1090,6 +1085,16 @@ def _too_large(lead: Lead, size: int, limit: int, whose: str) -> bytes:
         lead.call.id, lead.token,
         wire.Interrupted(f"its outcome ({size} bytes) is over {whose} max_frame_bytes ({limit})"),
     )
+
+
+def _request_size(key: str) -> int:
+    """The largest body a request about ``key`` can take (a rejoin of a fresh call, or a
+    reassert, with the longest id and token; ``earlier`` is cut to fit, see _fitting)."""
+    most = 2**63 - 1
+    return max(
+        len(wire.run_frame(most, key, fresh=True, flight=most)),
+        len(wire.reassert_frame(most, key, most)),
+    ) - 4
 
 
 def _key_too_long(key: str, limit: int) -> ValueError:
