@@ -59,3 +59,18 @@ def wait_until(predicate: Callable[[], bool], what: str = "condition") -> None:
             return
         event.wait(0.001)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def in_thread(fn: Any, *args: Any, **kwargs: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run ``fn`` on a thread; the dict gets "result" or "error" when it ends."""
+    out: dict[str, Any] = {}
+
+    def body() -> None:
+        try:
+            out["result"] = fn(*args, **kwargs)
+        except BaseException as exc:
+            out["error"] = exc
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread, out

@@ -12,8 +12,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,6 +26,8 @@ from flightgroup import (
     ValueTooLargeError,
 )
 
+from .support import wait_until
+
 
 def key_files_open() -> int:
     """This process's open descriptors of key-lock files."""
@@ -39,14 +39,6 @@ def key_files_open() -> int:
         except OSError:
             pass  # the listing's own descriptor, gone already
     return count
-
-
-def wait_until(predicate: Callable[[], bool], what: str) -> None:
-    """Poll a condition nothing announces (a count of descriptors), for at most 20 s."""
-    end = time.monotonic() + 20
-    while not predicate():
-        assert time.monotonic() < end, f"never: {what}"
-        time.sleep(0.002)
 
 
 @pytest.mark.timeout(60)

@@ -45,22 +45,7 @@ from flightgroup.redis.arbiter import RedisArbiter, _Names
 
 from .dirproc import assert_value, harness
 from .redisproc import HoldingCutProxy, RedisServer, keys_without_ttl
-from .support import LoopThread, wait_until
-
-
-def in_thread(fn: Any, *args: Any, **kwargs: Any) -> tuple[threading.Thread, dict[str, Any]]:
-    """Run ``fn`` on a thread; the dict gets "result" or "error" when it ends."""
-    out: dict[str, Any] = {}
-
-    def body() -> None:
-        try:
-            out["result"] = fn(*args, **kwargs)
-        except BaseException as exc:
-            out["error"] = exc
-
-    thread = threading.Thread(target=body, daemon=True)
-    thread.start()
-    return thread, out
+from .support import LoopThread, in_thread, wait_until
 
 
 def result_of(out: dict[str, Any]) -> Any:

@@ -40,6 +40,7 @@ from flightgroup.redis import scripts
 from flightgroup.redis.arbiter import RedisArbiter, _Names
 
 from .redisproc import CutProxy, RedisCluster, RedisServer, free_port, keys_without_ttl
+from .support import in_thread
 
 LEASE_MS = 10_000
 FENCE_TTL_MS = 86_400_000
@@ -687,21 +688,6 @@ def test_random_script_sequences_follow_the_model(
 
 
 # -- through the real client ----------------------------------------------------------
-
-
-def in_thread(fn: Any, *args: Any, **kwargs: Any) -> tuple[threading.Thread, dict[str, Any]]:
-    """Run ``fn`` on a thread; the dict gets "result" or "error" when it ends."""
-    out: dict[str, Any] = {}
-
-    def body() -> None:
-        try:
-            out["result"] = fn(*args, **kwargs)
-        except BaseException as exc:
-            out["error"] = exc
-
-    thread = threading.Thread(target=body, daemon=True)
-    thread.start()
-    return thread, out
 
 
 def joined_value(out: dict[str, Any]) -> Any:
