@@ -512,11 +512,13 @@ class DirectoryArbiter:
         if self._given_up:
             return
         self._given_up = True
+        # The calls that waited through the outage; one made while the leases are lost
+        # below (their works wake, their callers go on) is not failed with them.
+        waited = [call for call in list(self._calls.values()) if call.lead is None]
         for lead in list(self._leads.values()):
             self._lose(lead, "no coordinator could be reached")
-        for call in list(self._calls.values()):
-            if call.lead is None:
-                del self._calls[call.id]
+        for call in waited:
+            if self._calls.pop(call.id, None) is not None:
                 if call.joined:
                     _finish(call, Event.INTERRUPTED, "no coordinator could be reached")
                 else:
