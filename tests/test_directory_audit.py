@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -472,3 +473,83 @@ def test_a_forked_child_keeps_the_users_files_and_drops_sockets_named_by_a_link(
     assert proc.stdout.split() == ["0"], proc.stdout
     with open(os.path.join(directory, "app.log")) as f:
         assert f.read().split() == ["child", "parent"]
+
+
+@pytest.mark.timeout(60)
+def test_a_call_made_while_the_leases_are_lost_is_not_failed_with_them(
+    directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No coordinator for reconnect_timeout: the leases are lost and the calls that
+    waited through the outage fail. A call made while that happens (here: at the very
+    moment the lease is lost) is not one of them; it is served once a coordinator is."""
+    import fcntl
+
+    from flightgroup import LeaseLostError, current_lease
+    from flightgroup.directory.client import DirectoryArbiter
+    from flightgroup.wide import Event
+
+    allow = threading.Event()  # this process campaigns only once allowed
+    campaign, lose = DirectoryArbiter._campaign, DirectoryArbiter._lose
+    made: list[Any] = []
+
+    def held(self: DirectoryArbiter) -> None:
+        allow.wait()
+        campaign(self)
+
+    def lose_then_call(self: DirectoryArbiter, lead: Any, reason: str) -> None:
+        lose(self, lead, reason)
+        if not made:
+            made.append(self.submit("after", False))
+
+    monkeypatch.setattr(DirectoryArbiter, "_campaign", held)
+    monkeypatch.setattr(DirectoryArbiter, "_lose", lose_then_call)
+    coordinator = subprocess.Popen([sys.executable, "-c", COORDINATOR, directory],
+                                   stdout=subprocess.PIPE)
+    group = FlightGroup(directory=directory, codec=JSON, reconnect_timeout=0.5)
+    arbiter = group._arbiter
+    assert isinstance(arbiter, DirectoryArbiter)
+    running = threading.Event()
+    errors: list[BaseException] = []
+
+    def work() -> int:
+        running.set()
+        asyncio.run(current_lease().wait_lost())
+        return 1
+
+    def lead() -> None:
+        try:
+            group.run_sync("k", work)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=lead)
+    fd = -1
+    try:
+        assert coordinator.stdout is not None
+        assert coordinator.stdout.readline() == b"coordinating\n"
+        thread.start()
+        assert running.wait(20)
+        coordinator.kill()
+        coordinator.wait(20)
+        fd = os.open(os.path.join(directory, "flight.lock"), os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # nobody serves: the lease is lost
+        thread.join(20)
+        assert len(errors) == 1 and isinstance(errors[0], LeaseLostError), errors
+        wait_until(lambda: bool(made), "the call made as the lease was lost")
+        (call,) = made
+        assert arbiter._calls.get(call.id) is call  # still waiting, not failed
+        os.close(fd)
+        fd = -1
+        allow.set()  # this process coordinates: the call is served
+        event, _ = call.inbox.get_sync()
+        assert event is Event.LEAD
+        arbiter.withdraw(call)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        allow.set()
+        thread.join(20)
+        group.close()
+        if coordinator.poll() is None:
+            coordinator.kill()
+            coordinator.wait(20)
