@@ -65,6 +65,7 @@ _PEERCRED = struct.Struct("3i")
 _KEPT_MAX_ITEMS = 10_000
 _KEPT_MAX_BYTES = 256 * 1024 * 1024
 _RELEASING_MAX = 10_000
+_CLOSE_FLUSH = 0.5  # s: closing, what was written to each peer may still leave
 
 
 @dataclass(eq=False)
@@ -178,6 +179,9 @@ class Coordinator:
         self._kept: OrderedDict[str, tuple[int, wire.Outcome, float, int]] = OrderedDict()
         self._kept_bytes = 0
         self._sessions: set[_Session] = set()
+        # every accepted connection until it is lost (greeted or not): close() ends them
+        self._transports: set[asyncio.Transport] = set()
+        self._none_left: asyncio.Event | None = None  # set once closing, when empty
         self._server: asyncio.base_events.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._uid = os.getuid()
@@ -217,7 +221,18 @@ class Coordinator:
             self._server.close()
         for session in list(self._sessions):
             session.closed = True
-            session.transport.close()  # flushes what was written, then closes
+        self._none_left = asyncio.Event()
+        for transport in list(self._transports):
+            transport.close()  # flushes what was written, then closes
+        # A peer that does not read (frozen) would keep its transport open past the
+        # loop's end, to be collected unclosed later: flushing is bounded, then cut.
+        if self._transports:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._none_left.wait(), _CLOSE_FLUSH)
+        for transport in list(self._transports):
+            transport.abort()
+        if self._transports:
+            await asyncio.sleep(0)  # abort() reports connection_lost on the next pass
         with contextlib.suppress(FileNotFoundError):
             os.unlink(fs.socket_path(self.directory))
         os.close(self._lock_fd)  # resign: another process's campaign wins now
@@ -695,6 +710,7 @@ class _Connection(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
         coordinator = self._coordinator
+        coordinator._transports.add(transport)
         sock = transport.get_extra_info("socket")
         if hasattr(socket, "SO_PEERCRED"):
             pid, uid, _gid = _PEERCRED.unpack(
@@ -785,6 +801,11 @@ class _Connection(asyncio.Protocol):
             self._coordinator._drained(self._session)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        coordinator = self._coordinator
+        if self._transport is not None:
+            coordinator._transports.discard(self._transport)
+            if not coordinator._transports and coordinator._none_left is not None:
+                coordinator._none_left.set()
         if self._timer is not None:
             self._timer.cancel()
         session = self._session
