@@ -182,7 +182,11 @@ class Coordinator:
         # every accepted connection until it is lost (greeted or not): close() ends them
         self._transports: set[asyncio.Transport] = set()
         self._none_left: asyncio.Event | None = None  # set once closing, when empty
-        self._server: asyncio.base_events.Server | None = None
+        # The listening socket, read by this loop; each accepted socket becomes a
+        # transport in a task of its own (no asyncio.Server: on 3.13 a connection it
+        # accepted while closing raised in its __del__ when collected later).
+        self._listener: socket.socket | None = None
+        self._accepting: set[asyncio.Task[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._uid = os.getuid()
         self._pid = os.getpid()
@@ -203,8 +207,8 @@ class Coordinator:
             os.chmod(path, 0o600)  # before listen: nobody can connect to it yet
             sock.listen(512)
             sock.setblocking(False)
-            loop = self._loop
-            self._server = await loop.create_unix_server(lambda: _Connection(self), sock=sock)
+            self._loop.add_reader(sock.fileno(), self._accept)
+            self._listener = sock
         except BaseException:
             sock.close()
             raise
@@ -217,8 +221,13 @@ class Coordinator:
         if self.closed:
             return
         self.closed = True
-        if self._server is not None:
-            self._server.close()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            assert self._loop is not None
+            self._loop.remove_reader(listener.fileno())
+            listener.close()
+        if self._accepting:  # set up as this closes: connection_made ends them
+            await asyncio.wait(self._accepting, timeout=_CLOSE_FLUSH)
         for session in list(self._sessions):
             session.closed = True
         self._none_left = asyncio.Event()
@@ -231,12 +240,39 @@ class Coordinator:
                 await asyncio.wait_for(self._none_left.wait(), _CLOSE_FLUSH)
         for transport in list(self._transports):
             transport.abort()
-        if self._transports:
-            await asyncio.sleep(0)  # abort() reports connection_lost on the next pass
+        if self._transports:  # abort() reports connection_lost on a later pass
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._none_left.wait(), _CLOSE_FLUSH)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(fs.socket_path(self.directory))
         os.close(self._lock_fd)  # resign: another process's campaign wins now
         log.info("resigned %s, epoch %d", self.directory, self.epoch)
+
+    def _accept(self) -> None:
+        """The listening socket is readable: take what waits (a burst at most)."""
+        listener = self._listener
+        loop = self._loop
+        if listener is None or loop is None:
+            return
+        for _ in range(64):
+            try:
+                conn, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and the like: the next readiness retries
+                log.warning("cannot accept a connection on %s: %s", self.directory, exc)
+                return
+            conn.setblocking(False)
+            task = loop.create_task(
+                loop.connect_accepted_socket(lambda: _Connection(self), conn)
+            )
+            self._accepting.add(task)
+            task.add_done_callback(self._accepted)
+
+    def _accepted(self, task: asyncio.Task[Any]) -> None:
+        self._accepting.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.info("a connection failed as it was set up: %s", task.exception())
 
     def _handle(self, frames: list[tuple[dict[str, Any], bytes | None]], session: _Session) -> None:
         for header, payload in frames:
@@ -711,6 +747,9 @@ class _Connection(asyncio.Protocol):
         self._transport = transport
         coordinator = self._coordinator
         coordinator._transports.add(transport)
+        if coordinator.closed:  # accepted as it closed: nobody will serve it
+            transport.abort()
+            return
         sock = transport.get_extra_info("socket")
         if hasattr(socket, "SO_PEERCRED"):
             pid, uid, _gid = _PEERCRED.unpack(
