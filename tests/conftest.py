@@ -70,3 +70,17 @@ def redis_server() -> Iterator[Any]:
 def namespace() -> str:
     """A fleet namespace no other test uses."""
     return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def spans() -> Iterator[Any]:
+    """An OpenTelemetry SDK tracer provider and the in-memory exporter of its spans."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield provider, exporter
+    provider.shutdown()

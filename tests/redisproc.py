@@ -207,9 +207,13 @@ class CutProxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            server = socket.create_connection(("127.0.0.1", self.target_port))
-            self._socks += [client, server]
-            threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
+            threading.Thread(target=self._open, args=(client,), daemon=True).start()
+
+    def _open(self, client: socket.socket) -> None:
+        """Connect ``client`` to the server and pass their bytes (this thread)."""
+        server = socket.create_connection(("127.0.0.1", self.target_port))
+        self._socks += [client, server]
+        self._pump(client, server)
 
     def _pump(self, client: socket.socket, server: socket.socket) -> None:
         cut_after_reply = False
@@ -271,14 +275,6 @@ class HoldingCutProxy(CutProxy):
         self._gate.set()
         super().close()
 
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._open, args=(client,), daemon=True).start()
-
     def _open(self, client: socket.socket) -> None:
         if not self._gate.is_set():
             self.held.set()
@@ -286,9 +282,7 @@ class HoldingCutProxy(CutProxy):
         if self._closed:
             client.close()
             return
-        server = socket.create_connection(("127.0.0.1", self.target_port))
-        self._socks += [client, server]
-        self._pump(client, server)
+        super()._open(client)
 
 
 def keys_without_ttl(client: Any, pattern: str = "fg:*") -> list[bytes]:

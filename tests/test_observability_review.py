@@ -12,13 +12,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import flightgroup
 from flightgroup import JSON, FlightGroup
@@ -29,15 +26,6 @@ pytestmark = pytest.mark.timeout(60)
 
 PY = sys.executable
 LONE = "tenant:\udcff"  # a lone surrogate: what a non-UTF-8 argv byte becomes in Python
-
-
-@pytest.fixture
-def spans() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield provider, exporter
-    provider.shutdown()
 
 
 # -- a key with a lone surrogate ------------------------------------------------------
