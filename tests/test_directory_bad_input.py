@@ -12,10 +12,12 @@ import json
 import os
 import socket
 from collections.abc import Iterator
+from unittest.mock import ANY
 
 import pytest
 
 from flightgroup import JSON, FlightGroup
+from flightgroup.directory import wire
 
 from .dirproc import (
     HELLO,
@@ -311,4 +313,30 @@ def test_many_bad_connections_in_a_row(served: tuple[Harness, Child, Child]) -> 
                 assert conn.hello() == OK
                 conn.send_frame({"op": "bogus", "id": i})
                 assert conn.read_frame()[0]["op"] == "error"
+    _still_serving(h, a, b)
+
+
+def test_frames_split_and_bunched_across_connections_are_each_read_whole(
+    served: tuple[Harness, Child, Child],
+) -> None:
+    """Every connection is read into one buffer of the coordinator (wire.READ_SIZE):
+    a frame cut in pieces on one connection, with whole frames of another arriving
+    between the pieces, and a frame several times the buffer's size, are each read
+    whole and answered on their own connection."""
+    h, a, b = served
+    status = {"op": "status", "id": 0}
+    with RawConn(h.path("flight.sock")) as one, RawConn(h.path("flight.sock")) as two:
+        assert one.hello() == OK and two.hello() == OK
+        cut = wire.status_frame(41)
+        for i, piece in enumerate((cut[:3], cut[3:9], cut[9:])):
+            one.send(piece)
+            two.send(b"".join(wire.status_frame(100 * i + n) for n in range(3)))  # bunched
+            for n in range(3):
+                assert two.read_frame()[0] == {**status, "id": 100 * i + n, "flights": ANY}
+        assert one.read_frame()[0]["id"] == 41
+        # A forget of a key three read buffers long (the coordinator acks its id).
+        long_key = "x" * (3 * wire.READ_SIZE)
+        one.send(wire.forget_frame(long_key, id=42) + wire.status_frame(43))
+        assert one.read_frame()[0] == {"op": "ack", "id": 42}
+        assert one.read_frame()[0]["id"] == 43
     _still_serving(h, a, b)

@@ -149,6 +149,7 @@ class Channel:
         self._out = bytearray()  # what the socket has not taken yet
         self._flushing = False  # a writer callback is (being) registered
         self._splitter = wire.FrameSplitter(max_frame)
+        self._buffer = memoryview(bytearray(wire.READ_SIZE))  # see wire.READ_SIZE
         self._on_frames = on_frames
         self._on_lost = on_lost
         self.closed = False
@@ -202,17 +203,17 @@ class Channel:
 
     def _readable(self) -> None:
         try:
-            data = self.sock.recv(262144)
+            size = self.sock.recv_into(self._buffer)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
             self._lost(f"cannot read: {exc}")
             return
-        if not data:
+        if not size:
             self._lost("the coordinator closed the connection")
             return
         try:
-            frames = self._splitter.feed(data)
+            frames = self._splitter.feed(bytes(self._buffer[:size]))
         except wire.WireError as exc:
             self._lost(str(exc))
             return

@@ -190,6 +190,9 @@ class Coordinator:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._uid = os.getuid()
         self._pid = os.getpid()
+        # Every connection reads into this one (see _Connection); a bigger frame
+        # arrives over several reads.
+        self._read_buffer = memoryview(bytearray(wire.READ_SIZE))
         self.closed = False
 
     # -- serving ----------------------------------------------------------------
@@ -728,10 +731,16 @@ class Coordinator:
         ]
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(asyncio.BufferedProtocol):
     """One accepted socket: the handshake, then frames handed to the coordinator as
     they arrive (no task per connection: the frame is dispatched in the loop's own
-    callback, which is what keeps a round trip short)."""
+    callback, which is what keeps a round trip short).
+
+    A buffered protocol: the transport reads into the coordinator's one buffer. A
+    plain protocol's transport calls ``recv(256 KiB)`` for every read, whose large
+    allocation and release cost more than the rest of a small read here (page
+    mapping, and its TLB shootdown in a process with threads).
+    """
 
     def __init__(self, coordinator: Coordinator) -> None:
         self._coordinator = coordinator
@@ -774,6 +783,13 @@ class _Connection(asyncio.Protocol):
         assert self._transport is not None
         self._transport.write(line)
         self._transport.close()  # after the line is written
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._coordinator._read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        # Consumed before the loop reads again, so one buffer serves every connection.
+        self.data_received(bytes(self._coordinator._read_buffer[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
         session = self._session

@@ -114,6 +114,11 @@ HANDSHAKE_TIMEOUT = 3.0
 DEFAULT_MAX_FRAME = 64 * 1024 * 1024 + 64 * 1024
 """The default largest frame body (``max_frame_bytes``): 64 MiB of value plus room for a header."""
 
+READ_SIZE = 256 * 1024
+"""Bytes a peer reads from its socket at most at once, into a buffer it allocated once:
+reading with ``recv(READ_SIZE)`` would allocate and release that much on every read,
+which costs more than the rest of a small read (a frame is a few hundred bytes)."""
+
 # Ids and tokens index tables on the other side; a token is `epoch << 32 | sequence`.
 _MAX_ID = 2**63
 
