@@ -28,14 +28,17 @@ class Codec(Protocol):
         ...
 
 
+# Built once: json.dumps with options builds a new encoder on every call.
+_JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 class _JSONCodec:
     """The standard JSON rules (a tuple comes back as a list). Compact, UTF-8."""
 
     __slots__ = ()
 
     def encode(self, value: Any, /) -> bytes:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        return text.encode()
+        return _JSON_ENCODER.encode(value).encode()
 
     def decode(self, data: bytes, /) -> Any:
         return json.loads(data)
