@@ -67,7 +67,14 @@ PEER_MODULES = {DOGPILE: "dogpile.cache", FILELOCK: "filelock"}
 OTHER = "directory, another process coordinates"
 SELF = "directory, the measuring process coordinates"
 PROCESS = "process scope `FlightGroup()`, for reference"
-FLOOR_SOCKET = "floor: Unix-socket round trip to another process (asyncio at both ends)"
+FLOOR_SOCKET = (
+    "floor: Unix-socket round trip to another process (asyncio at both ends, each reading "
+    "into a buffer allocated once, as flightgroup does)"
+)
+FLOOR_STREAMS = (
+    "for comparison: the same round trip with asyncio streams at both ends (their transport "
+    "reads with `recv(256 KiB)`, allocating that much for every read)"
+)
 FLOOR_BLOCKING = (
     "for comparison: the same round trip with blocking sockets (a thread at each end, no "
     "event loop)"
@@ -192,6 +199,7 @@ class _Worker:
         self.region: Any = None
         self.cache_dir = ""
         self.echo: asyncio.AbstractEventLoop | None = None
+        self.buffered_echo: asyncio.AbstractEventLoop | None = None
 
     def close(self) -> None:
         if self.group is not None:
@@ -251,6 +259,20 @@ class _Worker:
         threading.Thread(target=serve, daemon=True).start()
         ready.wait(WAIT)
 
+    def buffered_echo_server(self, path: str) -> None:
+        """Serve the same echo with an ``asyncio.BufferedProtocol`` on a thread."""
+        ready = threading.Event()
+
+        def serve() -> None:
+            loop = asyncio.new_event_loop()
+            loop.run_until_complete(loop.create_unix_server(_BufferedEcho, path))
+            self.buffered_echo = loop
+            ready.set()
+            loop.run_forever()
+
+        threading.Thread(target=serve, daemon=True).start()
+        ready.wait(WAIT)
+
     def blocking_echo_server(self, path: str) -> None:
         """Serve the same echo with a blocking socket, on a thread per connection."""
         import socket
@@ -272,7 +294,10 @@ class _Worker:
         threading.Thread(target=accept, daemon=True).start()
 
     def floor_socket(self, path: str, calls: int) -> list[int]:
-        return self.runner.run(_floor_socket(path, calls))
+        return self.runner.run(_floor_buffered(path, calls))
+
+    def floor_streams(self, path: str, calls: int) -> list[int]:
+        return self.runner.run(_floor_streams(path, calls))
 
     def floor_blocking(self, path: str, calls: int) -> list[int]:
         import socket
@@ -502,7 +527,64 @@ async def _latency(run: Callable[..., Any], prefix: str, calls: int, warm: int) 
 _FRAME = (48).to_bytes(4, "big") + b"x" * 48  # about a run request's size
 
 
-async def _floor_socket(path: str, calls: int) -> list[int]:
+class _BufferedEcho(asyncio.BufferedProtocol):
+    """Writes back what it reads, reading into one buffer."""
+
+    def __init__(self) -> None:
+        self.buffer = memoryview(bytearray(65536))
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        assert self.transport is not None
+        self.transport.write(bytes(self.buffer[:nbytes]))
+
+
+class _BufferedReader(asyncio.BufferedProtocol):
+    """Counts the bytes read into one buffer; ``waiter`` is resolved once ``want`` came."""
+
+    def __init__(self) -> None:
+        self.buffer = memoryview(bytearray(65536))
+        self.got = 0
+        self.want = 0
+        self.waiter: asyncio.Future[None] | None = None
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.got += nbytes
+        if self.got >= self.want and self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+
+async def _floor_buffered(path: str, calls: int) -> list[int]:
+    loop = asyncio.get_running_loop()
+    transport, reader = await loop.create_unix_connection(_BufferedReader, path)
+    frame = _FRAME
+    samples = [0] * calls
+    clock = time.perf_counter_ns
+    try:
+        with quiet():
+            for i in range(calls):
+                start = clock()
+                reader.got, reader.want = 0, len(frame)
+                reader.waiter = loop.create_future()
+                transport.write(frame)
+                await reader.waiter
+                samples[i] = clock() - start
+    finally:
+        transport.close()
+    return samples
+
+
+async def _floor_streams(path: str, calls: int) -> list[int]:
     reader, writer = await asyncio.open_unix_connection(path)
     frame = _FRAME
     samples = [0] * calls
@@ -722,8 +804,11 @@ def _measure_latency(ctx: BaseContext, sizes: DirSizes, out: DirectoryReport) ->
         for name, values in samples.items():
             out.latency[name] = [ns / 1e3 for ns in values]
         # The floors, in the measuring process, against the coordinator's process.
-        echo, blocking = os.path.join(scratch, "echo.sock"), os.path.join(scratch, "b.sock")
-        coordinator.ask("echo_server", echo)
+        echo, streams, blocking = (
+            os.path.join(scratch, name) for name in ("echo.sock", "s.sock", "b.sock")
+        )
+        coordinator.ask("buffered_echo_server", echo)
+        coordinator.ask("echo_server", streams)
         coordinator.ask("blocking_echo_server", blocking)
         floors: dict[str, tuple[Any, ...]] = {
             FLOOR_SOCKET: ("floor_socket", echo, sizes.floor_calls),
@@ -731,6 +816,7 @@ def _measure_latency(ctx: BaseContext, sizes: DirSizes, out: DirectoryReport) ->
             FLOOR_LOCKFILE: ("floor_lockfile", os.path.join(scratch, "locks"),
                              sizes.floor_calls),
             FLOOR_BLOCKING: ("floor_blocking", blocking, sizes.floor_calls),
+            FLOOR_STREAMS: ("floor_streams", streams, sizes.floor_calls),
         }
         for name, (command, *args) in floors.items():
             out.latency[name] = [ns / 1e3 for ns in measuring_other.ask(command, *args)]
@@ -1030,8 +1116,9 @@ def _latency_lines(out: DirectoryReport) -> list[str]:
         )
     if any(name.startswith("floor:") for name in out.latency):
         ratio = f"{floors / base:.1f}×" if base else "—"
-        lines.insert(-1 if FLOOR_BLOCKING in out.latency else len(lines),
-                     f"| {FLOOR_SUM} | — | {floors:,.1f} | — | {ratio} |")
+        # After the last floor, before the rows for comparison.
+        last = max(i for i, line in enumerate(lines) if line.startswith("| floor:"))
+        lines.insert(last + 1, f"| {FLOOR_SUM} | — | {floors:,.1f} | — | {ratio} |")
     return [*lines, ""]
 
 
