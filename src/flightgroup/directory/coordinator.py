@@ -789,9 +789,9 @@ class _Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         # Consumed before the loop reads again, so one buffer serves every connection.
-        self.data_received(bytes(self._coordinator._read_buffer[:nbytes]))
+        self._received(bytes(self._coordinator._read_buffer[:nbytes]))
 
-    def data_received(self, data: bytes) -> None:
+    def _received(self, data: bytes) -> None:
         session = self._session
         if session is None:
             data = self._greet(data)

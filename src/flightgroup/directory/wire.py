@@ -331,7 +331,7 @@ async def read_frame(
 
 
 class FrameSplitter:
-    """Cuts a byte stream into frames as it arrives (for a protocol's ``data_received``):
+    """Cuts a byte stream into frames as it arrives (as a protocol reads it):
     the push twin of :func:`read_frame`, with the same checks. A length over the limit
     raises :class:`WireError` at once, before its body arrives."""
 
