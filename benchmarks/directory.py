@@ -44,7 +44,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
@@ -198,8 +198,7 @@ class _Worker:
         self.local: Any = None
         self.region: Any = None
         self.cache_dir = ""
-        self.echo: asyncio.AbstractEventLoop | None = None
-        self.buffered_echo: asyncio.AbstractEventLoop | None = None
+        self.echo_loops: list[asyncio.AbstractEventLoop] = []  # serving the floors' echoes
 
     def close(self) -> None:
         if self.group is not None:
@@ -238,35 +237,35 @@ class _Worker:
         return self.runner.run(_latency(group.run, prefix, calls, warm))
 
     def echo_server(self, path: str) -> None:
-        """Serve an asyncio Unix-socket echo (4-byte length + body) on a thread."""
-        ready = threading.Event()
+        """Serve an asyncio Unix-socket echo (4-byte length + body) with streams."""
 
-        def serve() -> None:
-            loop = asyncio.new_event_loop()
+        async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+                while True:
+                    head = await reader.readexactly(4)
+                    body = await reader.readexactly(int.from_bytes(head, "big"))
+                    writer.write(head + body)
 
-            async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-                with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-                    while True:
-                        head = await reader.readexactly(4)
-                        body = await reader.readexactly(int.from_bytes(head, "big"))
-                        writer.write(head + body)
-
-            loop.run_until_complete(asyncio.start_unix_server(client, path))
-            self.echo = loop
-            ready.set()
-            loop.run_forever()
-
-        threading.Thread(target=serve, daemon=True).start()
-        ready.wait(WAIT)
+        self._serve_on_thread(lambda: asyncio.start_unix_server(client, path))
 
     def buffered_echo_server(self, path: str) -> None:
-        """Serve the same echo with an ``asyncio.BufferedProtocol`` on a thread."""
+        """Serve the same echo with an ``asyncio.BufferedProtocol``."""
+        loop_of = asyncio.get_running_loop
+        self._serve_on_thread(lambda: loop_of().create_unix_server(_BufferedEcho, path))
+
+    def _serve_on_thread(self, start: Callable[[], Awaitable[object]]) -> None:
+        """Run ``start()`` (which starts a server) on a new event loop in a thread of
+        its own, which then serves until the process ends."""
         ready = threading.Event()
 
         def serve() -> None:
             loop = asyncio.new_event_loop()
-            loop.run_until_complete(loop.create_unix_server(_BufferedEcho, path))
-            self.buffered_echo = loop
+
+            async def begin() -> None:
+                await start()
+
+            loop.run_until_complete(begin())
+            self.echo_loops.append(loop)
             ready.set()
             loop.run_forever()
 
