@@ -563,41 +563,47 @@ class _BufferedReader(asyncio.BufferedProtocol):
             self.waiter.set_result(None)
 
 
+async def _timed(calls: int, once: Callable[[], Awaitable[object]]) -> list[int]:
+    """ns per ``await once()``, one sample per call, garbage collection paused."""
+    samples = [0] * calls
+    clock = time.perf_counter_ns
+    with quiet():
+        for i in range(calls):
+            start = clock()
+            await once()
+            samples[i] = clock() - start
+    return samples
+
+
 async def _floor_buffered(path: str, calls: int) -> list[int]:
     loop = asyncio.get_running_loop()
     transport, reader = await loop.create_unix_connection(_BufferedReader, path)
     frame = _FRAME
-    samples = [0] * calls
-    clock = time.perf_counter_ns
+
+    async def round_trip() -> None:
+        reader.got, reader.want = 0, len(frame)
+        reader.waiter = loop.create_future()
+        transport.write(frame)
+        await reader.waiter
+
     try:
-        with quiet():
-            for i in range(calls):
-                start = clock()
-                reader.got, reader.want = 0, len(frame)
-                reader.waiter = loop.create_future()
-                transport.write(frame)
-                await reader.waiter
-                samples[i] = clock() - start
+        return await _timed(calls, round_trip)
     finally:
         transport.close()
-    return samples
 
 
 async def _floor_streams(path: str, calls: int) -> list[int]:
     reader, writer = await asyncio.open_unix_connection(path)
     frame = _FRAME
-    samples = [0] * calls
-    clock = time.perf_counter_ns
+
+    async def round_trip() -> None:
+        writer.write(frame)
+        await reader.readexactly(len(frame))
+
     try:
-        with quiet():
-            for i in range(calls):
-                start = clock()
-                writer.write(frame)
-                await reader.readexactly(len(frame))
-                samples[i] = clock() - start
+        return await _timed(calls, round_trip)
     finally:
         writer.close()
-    return samples
 
 
 async def _floor_hop(other: asyncio.AbstractEventLoop, calls: int) -> list[int]:
