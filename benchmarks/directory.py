@@ -17,7 +17,9 @@ span processes are read from CLOCK_MONOTONIC, which every process of a host shar
 1. Lead-or-join latency: ``await g.run(fresh_key, work)``, work returns at once, timed
    per call in one process while 3 others are connected; the coordinator is another
    process, then the measuring process itself, then the process scope for reference.
-   Floors (the parts any cross-process lead pays here) are timed in the same process.
+   Floors (the parts any cross-process lead pays here) are timed in the same process,
+   and the CPU the call's threads spend (schedstat) is read around the first variant;
+   the first variant again with the calls 1 ms apart, so that its threads fall idle.
 2. Herd: 8 processes × 1,000 asyncio tasks on one key; the work appends a line to a
    journal file and sleeps 50 ms: one run, every caller gets the value, and the time
    above the work.
@@ -65,6 +67,11 @@ PEERS = (FLIGHTGROUP, DOGPILE, FILELOCK)
 PEER_MODULES = {DOGPILE: "dogpile.cache", FILELOCK: "filelock"}
 
 OTHER = "directory, another process coordinates"
+SPACED = (
+    "directory, another process coordinates, the calls 1 ms apart (the threads on both sides "
+    "fall idle between calls)"
+)
+SPACED_GAP = 0.001  # seconds between two calls of SPACED
 SELF = "directory, the measuring process coordinates"
 PROCESS = "process scope `FlightGroup()`, for reference"
 FLOOR_SOCKET = (
@@ -82,6 +89,9 @@ FLOOR_BLOCKING = (
 FLOOR_HOP = "floor: thread hop there and back (caller's loop → another loop → caller's)"
 FLOOR_LOCKFILE = "floor: key-lock file (open O_CREAT a new name, flock, pwrite, close)"
 FLOOR_SUM = "floors summed (p50s)"
+CPU_CALLER = "the caller's thread (the measuring process's main thread)"
+CPU_BACKGROUND = "the measuring process's group thread (reads the coordinator's answers)"
+CPU_COORDINATOR = "the coordinator's process (every thread)"
 HERD_FLOOR = "floor (tasks awaiting one Future)"
 TASKS_SEQUENTIAL = 1
 TASKS_CONCURRENT = 16
@@ -224,8 +234,11 @@ class _Worker:
 
     # -- (1) latency and its floors ---------------------------------------------
 
-    def latency(self, scope: str, prefix: str, calls: int, warm: int) -> list[int]:
-        """ns per ``await g.run(fresh_key, work)``, one sample per call."""
+    def latency(
+        self, scope: str, prefix: str, calls: int, warm: int, gap: float = 0.0
+    ) -> list[int]:
+        """ns per ``await g.run(fresh_key, work)``, one sample per call; ``gap``: seconds
+        slept before each timed call (0: back to back)."""
         from flightgroup import FlightGroup
 
         if scope == "process":
@@ -234,7 +247,16 @@ class _Worker:
             group = self.local
         else:
             group = self.group
-        return self.runner.run(_latency(group.run, prefix, calls, warm))
+        return self.runner.run(_latency(group.run, prefix, calls, warm, gap))
+
+    def thread_ids(self) -> tuple[int, int | None]:
+        """The kernel ids of this process's main thread (where ``latency`` calls) and of
+        its directory group's background thread (None if it has none)."""
+        background = next(
+            (t.native_id for t in threading.enumerate() if t.name == "flightgroup-directory"),
+            None,
+        )
+        return threading.main_thread().native_id or os.getpid(), background
 
     def echo_server(self, path: str) -> None:
         """Serve an asyncio Unix-socket echo (4-byte length + body) with streams."""
@@ -509,7 +531,9 @@ class _Worker:
         return self.runner.run(_kill_and_call(self.group.run, pid, key))
 
 
-async def _latency(run: Callable[..., Any], prefix: str, calls: int, warm: int) -> list[int]:
+async def _latency(
+    run: Callable[..., Any], prefix: str, calls: int, warm: int, gap: float
+) -> list[int]:
     for i in range(warm):
         await run(f"{prefix}:warm:{i}", _one)
     keys = [f"{prefix}:{i}" for i in range(calls)]
@@ -517,6 +541,8 @@ async def _latency(run: Callable[..., Any], prefix: str, calls: int, warm: int) 
     clock = time.perf_counter_ns
     with quiet():
         for i, key in enumerate(keys):
+            if gap:
+                await asyncio.sleep(gap)
             start = clock()
             await run(key, _one)
             samples[i] = clock() - start
@@ -710,6 +736,22 @@ def _lock_holder(directory: str) -> int | None:
     return None
 
 
+def _schedstat(pid: int, tid: int | None = None) -> tuple[int, int] | None:
+    """ns on a CPU and ns waiting for one (runnable, in a run queue), of thread ``tid`` of
+    ``pid``, or of all its threads when ``tid`` is None; None when the kernel does not
+    say (no /proc/<pid>/task/<tid>/schedstat)."""
+    try:
+        tids = [str(tid)] if tid is not None else os.listdir(f"/proc/{pid}/task")
+        on_cpu = waiting = 0
+        for t in tids:
+            with open(f"/proc/{pid}/task/{t}/schedstat", encoding="ascii") as f:
+                run, wait, _ = f.read().split()
+            on_cpu, waiting = on_cpu + int(run), waiting + int(wait)
+    except (OSError, ValueError):
+        return None
+    return on_cpu, waiting
+
+
 def _open_all(procs: Sequence[Proc], directory: str) -> None:
     """Connect each worker in turn: the first one coordinates (checked)."""
     for proc in procs:
@@ -770,6 +812,9 @@ class DirectoryReport:
     dbm: str = ""
     latency: dict[str, list[float]] = field(default_factory=dict)  # µs samples
     coordinators: dict[str, str] = field(default_factory=dict)  # variant -> who coordinates
+    # (1)'s first variant: thread -> [ns on a CPU, ns waiting for one], over cpu_calls calls
+    cpu: dict[str, list[int]] = field(default_factory=dict)
+    cpu_calls: int = 0
     herd: dict[str, Herd] = field(default_factory=dict)
     peers: dict[str, Herd] = field(default_factory=dict)
     throughput: dict[int, Throughput] = field(default_factory=dict)  # tasks per process ->
@@ -796,16 +841,35 @@ def _measure_latency(ctx: BaseContext, sizes: DirSizes, out: DirectoryReport) ->
         )
         out.coordinators[SELF] = f"process {measuring_self.pid} (the measuring one)"
         variants = {
-            OTHER: (measuring_other, "directory"),
-            SELF: (measuring_self, "directory"),
-            PROCESS: (measuring_other, "process"),
+            OTHER: (measuring_other, "directory", 0.0),
+            SPACED: (measuring_other, "directory", SPACED_GAP),
+            SELF: (measuring_self, "directory", 0.0),
+            PROCESS: (measuring_other, "process", 0.0),
         }
+        main, background = measuring_other.ask("thread_ids")
+        threads = {
+            CPU_CALLER: (measuring_other.pid, main),
+            CPU_COORDINATOR: (coordinator.pid, None),
+        }
+        if background is not None:
+            threads[CPU_BACKGROUND] = (measuring_other.pid, background)
         samples: dict[str, list[int]] = {name: [] for name in variants}
         for r, name in _rotations(list(variants), sizes.latency_rounds):
-            proc, scope = variants[name]
-            prefix = f"lat:{scope}:{r}"
-            samples[name] += proc.ask("latency", scope, prefix, sizes.latency_calls,
-                                      sizes.latency_warm)
+            proc, scope, gap = variants[name]
+            prefix = f"lat:{scope}:{gap}:{r}"
+            before = {who: _schedstat(*ids) for who, ids in threads.items()}
+            # Spaced calls take their gap too: a quarter as many fill the same time.
+            calls = sizes.latency_calls // 4 if gap else sizes.latency_calls
+            samples[name] += proc.ask("latency", scope, prefix, calls, sizes.latency_warm, gap)
+            if name != OTHER:
+                continue
+            out.cpu_calls += sizes.latency_calls + sizes.latency_warm
+            for who, ids in threads.items():
+                start, end = before[who], _schedstat(*ids)
+                if start is not None and end is not None:
+                    spent = out.cpu.setdefault(who, [0, 0])
+                    spent[0] += end[0] - start[0]
+                    spent[1] += end[1] - start[1]
         for name, values in samples.items():
             out.latency[name] = [ns / 1e3 for ns in values]
         # The floors, in the measuring process, against the coordinator's process.
@@ -1101,8 +1165,11 @@ def _latency_lines(out: DirectoryReport) -> list[str]:
         "",
         f"`await g.run(fresh_key, work)`, the work returns at once, timed call by call in "
         f"one process: {s.latency_rounds} rounds of {s.latency_calls:,} calls per variant "
-        f"(after {s.latency_warm} untimed ones), the variants' order rotating, garbage "
-        "collection paused. Each call leads (nobody else calls its key): a request to the "
+        f"(after {s.latency_warm} untimed ones; {s.latency_calls // 4:,} for the calls 1 ms "
+        "apart), the variants' order rotating, garbage collection paused. Back to back, "
+        "each call finds the threads it needs awake; 1 ms apart, as a program's occasional "
+        "call would, it wakes them (on a VM, a core that fell idle is slow to wake). Each "
+        "call leads (nobody else calls its key): a request to the "
         "coordinator, the answer, the key lock, the work, and the landing sent. The floors "
         "are timed in the same process, the socket one against the coordinator's process. "
         + " ".join(f"{name}: {who}." for name, who in out.coordinators.items()),
@@ -1124,6 +1191,33 @@ def _latency_lines(out: DirectoryReport) -> list[str]:
         # After the last floor, before the rows for comparison.
         last = max(i for i, line in enumerate(lines) if line.startswith("| floor:"))
         lines.insert(last + 1, f"| {FLOOR_SUM} | — | {floors:,.1f} | — | {ratio} |")
+    return [*lines, "", *_cpu_lines(out)]
+
+
+def _cpu_lines(out: DirectoryReport) -> list[str]:
+    """Where the CPU of the first variant's calls goes: a call's path crosses three
+    threads in two processes, and on a machine with few cores they queue for one."""
+    calls, wall = out.cpu_calls, out.latency.get(OTHER)
+    if not out.cpu or not calls or not wall:
+        return []
+    cores = os.cpu_count() or 1
+    lines = [
+        f'Where the CPU goes in "{OTHER}": the threads a call crosses, from the kernel\'s '
+        "schedstat (time on a CPU, and time runnable but waiting for one), per call, the "
+        f"untimed calls included. The machine has {cores} core{'s' if cores != 1 else ''}; "
+        f"a timed call took {sum(wall) / len(wall):,.1f} µs on average.",
+        "",
+        "| thread | on a CPU, µs per call | waiting for a CPU, µs per call |",
+        "| --- | --- | --- |",
+    ]
+    on_total = wait_total = 0.0
+    for who in (CPU_CALLER, CPU_BACKGROUND, CPU_COORDINATOR):
+        if who not in out.cpu:
+            continue
+        on_cpu, waiting = (ns / calls / 1e3 for ns in out.cpu[who])
+        on_total, wait_total = on_total + on_cpu, wait_total + waiting
+        lines.append(f"| {who} | {on_cpu:,.1f} | {waiting:,.1f} |")
+    lines.append(f"| summed | {on_total:,.1f} | {wait_total:,.1f} |")
     return [*lines, ""]
 
 
