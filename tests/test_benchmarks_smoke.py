@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,9 @@ def test_quick_benchmark_runs_and_its_must_checks_pass() -> None:
                   "8 processes × 20 threads: flightgroup's runs per herd; every caller got "
                   "the value | 1; yes | 1; yes | PASS"):
         assert check in out, out[-3000:]
+    # (1) reads the CPU each thread a call crosses spends, where the kernel says it.
+    if Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").exists():
+        _assert_cpu_table(out)
     # The fleet scope: its herds (8 processes, each one ACQUIRE) share one run, every caller
     # is served, and a leader and a joiner make two round trips each.
     assert "## Fleet scope" in out, out[-3000:]
@@ -80,3 +84,19 @@ def _assert_fleet_herd(out: str, callers: str) -> None:
         served = measured.split(";")[1]
         assert served.strip() == "yes", rows[0]
         assert "had callers that called after the flight had landed" in measured, rows[0]
+
+
+def _assert_cpu_table(out: str) -> None:
+    """The latency section's CPU table: a row per thread, each on a CPU for some time
+    per call, and their sum."""
+    from benchmarks.directory import CPU_BACKGROUND, CPU_CALLER, CPU_COORDINATOR
+
+    on_cpu: dict[str, float] = {}
+    for line in out.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0] in (CPU_CALLER, CPU_BACKGROUND, CPU_COORDINATOR, "summed"):
+            on_cpu[cells[0]] = float(cells[1].replace(",", ""))
+    assert set(on_cpu) == {CPU_CALLER, CPU_BACKGROUND, CPU_COORDINATOR, "summed"}, out[-3000:]
+    assert all(value > 0 for value in on_cpu.values()), on_cpu
+    parts = on_cpu[CPU_CALLER] + on_cpu[CPU_BACKGROUND] + on_cpu[CPU_COORDINATOR]
+    assert abs(on_cpu["summed"] - parts) < 0.5, on_cpu
