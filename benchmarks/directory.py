@@ -857,11 +857,13 @@ def _measure_latency(ctx: BaseContext, sizes: DirSizes, out: DirectoryReport) ->
         for r, name in _rotations(list(variants), sizes.latency_rounds):
             proc, scope, gap = variants[name]
             prefix = f"lat:{scope}:{gap}:{r}"
-            before = {who: _schedstat(*ids) for who, ids in threads.items()}
+            # The CPU is read around the first variant's rounds only.
+            measured = threads if name == OTHER else {}
+            before = {who: _schedstat(*ids) for who, ids in measured.items()}
             # Spaced calls take their gap too: a quarter as many fill the same time.
             calls = sizes.latency_calls // 4 if gap else sizes.latency_calls
             samples[name] += proc.ask("latency", scope, prefix, calls, sizes.latency_warm, gap)
-            if name != OTHER:
+            if not before:
                 continue
             out.cpu_calls += sizes.latency_calls + sizes.latency_warm
             for who, ids in threads.items():
