@@ -89,6 +89,15 @@ FLOOR_BLOCKING = (
 FLOOR_HOP = "floor: thread hop there and back (caller's loop → another loop → caller's)"
 FLOOR_LOCKFILE = "floor: key-lock file (open O_CREAT a new name, flock, pwrite, close)"
 FLOOR_SUM = "floors summed (p50s)"
+EXCHANGE_OWN = (
+    "for comparison: the lead's exchange without the group (run, lead, key lock, the work, "
+    "landing) against the same coordinator, every answer read on the caller's loop from a "
+    "connection of its own"
+)
+EXCHANGE_THREAD = (
+    "for comparison: the same exchange, every answer read by another thread's loop and "
+    "handed to the caller's (where the group reads them: its thread)"
+)
 CPU_CALLER = "the caller's thread (the measuring process's main thread)"
 CPU_BACKGROUND = "the measuring process's group thread (reads the coordinator's answers)"
 CPU_COORDINATOR = "the coordinator's process (every thread)"
@@ -364,6 +373,25 @@ class _Worker:
                 os.close(fd)
                 samples[i] = _clock() - start
         return samples
+
+    def exchange(
+        self, directory: str, prefix: str, calls: int, warm: int, reader: str
+    ) -> list[int]:
+        """ns per lead made with the directory protocol by hand, no group: what a lead costs
+        when the answers are read on the caller's loop (``reader="caller"``) or by another
+        thread's loop (``"thread"``), as the group does."""
+        other = None
+        if reader == "thread":
+            other = asyncio.new_event_loop()
+            thread = threading.Thread(target=other.run_forever, daemon=True)
+            thread.start()
+        try:
+            return self.runner.run(_exchange(directory, prefix, calls, warm, other))
+        finally:
+            if other is not None:
+                other.call_soon_threadsafe(other.stop)
+                thread.join(WAIT)
+                other.close()
 
     def floor_epoch(self, directory: str) -> int:
         """ns for what a new coordinator writes first: the next epoch, durably."""
@@ -650,6 +678,98 @@ async def _floor_hop(other: asyncio.AbstractEventLoop, calls: int) -> list[int]:
     return samples
 
 
+class _Exchange:
+    """A connection of the directory protocol, read on ``loop``: a lead's answer resolves
+    its future (on the caller's loop), an ack frees the lead's key lock."""
+
+    def __init__(self, sock: Any, loop: asyncio.AbstractEventLoop) -> None:
+        from flightgroup.directory import wire
+
+        self.sock = sock
+        self.splitter = wire.FrameSplitter(wire.DEFAULT_MAX_FRAME)
+        self.buffer = memoryview(bytearray(wire.READ_SIZE))
+        self.answers: dict[int, asyncio.Future[Any]] = {}
+        self.leads: dict[int, int] = {}  # request id -> the key lock's descriptor
+        self.loop = loop
+        loop.call_soon_threadsafe(loop.add_reader, sock.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        from flightgroup.directory import wire
+
+        size = self.sock.recv_into(self.buffer)
+        for header, payload in self.splitter.feed(bytes(self.buffer[:size])):
+            answer = wire.parse_answer_frame(header, payload)
+            if isinstance(answer, wire.Ack):
+                os.close(self.leads.pop(answer.id))
+                continue
+            fut = self.answers.pop(answer.id or 0)  # (an error without an id: a KeyError)
+            if fut.get_loop() is self.loop:
+                fut.set_result(answer)
+            else:
+                fut.get_loop().call_soon_threadsafe(fut.set_result, answer)
+
+    def close(self) -> None:
+        done = threading.Event()
+
+        def stop() -> None:
+            self.loop.remove_reader(self.sock.fileno())
+            done.set()
+
+        if asyncio.get_running_loop() is self.loop:
+            stop()
+        else:
+            self.loop.call_soon_threadsafe(stop)
+            done.wait(WAIT)
+        self.sock.close()
+        for fd in self.leads.values():
+            os.close(fd)
+
+
+async def _exchange(
+    directory: str, prefix: str, calls: int, warm: int, other: asyncio.AbstractEventLoop | None
+) -> list[int]:
+    import fcntl
+    import socket
+
+    from flightgroup import JSON
+    from flightgroup.directory import fs, wire
+
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(fs.socket_path(directory))
+    sock.sendall(wire.HELLO)
+    if sock.recv(len(wire.WELCOME)) != wire.WELCOME:
+        raise RuntimeError("the coordinator did not welcome the exchange")
+    sock.setblocking(False)
+    conn = _Exchange(sock, other or loop)
+    ids = iter(range(1, 1 << 62))
+
+    async def lead(key: str) -> None:
+        id = next(ids)
+        answer = conn.answers[id] = loop.create_future()
+        sock.send(wire.run_frame(id, key))
+        # While the request travels, as the group does: the key's file is made.
+        fd = os.open(fs.key_lock_path(directory, key), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                     0o600)
+        got = await answer
+        if not isinstance(got, wire.Lead):
+            raise RuntimeError(f"a fresh key was not led: {got}")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.pwrite(fd, b"%-20d\n" % got.token, 0)
+        conn.leads[id] = fd
+        data = JSON.encode(await _one())
+        assert isinstance(data, bytes)
+        sock.send(wire.land_frame(id, got.token, wire.Value(data)))
+
+    try:
+        for i in range(warm):
+            await lead(f"{prefix}:warm:{i}")
+        keys = iter([f"{prefix}:{i}" for i in range(calls)])
+        return await _timed(calls, lambda: lead(next(keys)))
+    finally:
+        conn.close()
+
+
 async def _kill_and_call(
     run: Callable[..., Any], pid: int, key: str
 ) -> tuple[int, int | None, bool]:
@@ -891,6 +1011,16 @@ def _measure_latency(ctx: BaseContext, sizes: DirSizes, out: DirectoryReport) ->
         }
         for name, (command, *args) in floors.items():
             out.latency[name] = [ns / 1e3 for ns in measuring_other.ask(command, *args)]
+        # The lead's exchange by hand: what the reading thread costs, apart from the group.
+        exchanges = {EXCHANGE_OWN: "caller", EXCHANGE_THREAD: "thread"}
+        for r, name in _rotations(list(exchanges), sizes.latency_rounds):
+            out.latency.setdefault(name, []).extend(
+                ns / 1e3
+                for ns in measuring_other.ask(
+                    "exchange", dir_other, f"x:{exchanges[name]}:{r}", sizes.latency_calls,
+                    sizes.latency_warm, exchanges[name],
+                )
+            )
 
 
 def _journal_runs(journal: str) -> int:
@@ -1174,6 +1304,10 @@ def _latency_lines(out: DirectoryReport) -> list[str]:
         "call leads (nobody else calls its key): a request to the "
         "coordinator, the answer, the key lock, the work, and the landing sent. The floors "
         "are timed in the same process, the socket one against the coordinator's process. "
+        "The two exchanges send a lead's messages by hand on a connection of their own to "
+        "the first variant's coordinator (no group, no flight table), their rounds rotating: "
+        "they differ only in the thread that reads the answers, which DESIGN.md rule 4 puts "
+        "on the group's own thread. "
         + " ".join(f"{name}: {who}." for name, who in out.coordinators.items()),
         "",
         "| variant | samples | p50 µs | p99 µs | p50 ÷ process scope's |",
