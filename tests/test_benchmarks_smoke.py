@@ -55,6 +55,7 @@ def test_quick_benchmark_runs_and_its_must_checks_pass() -> None:
     # (1) reads the CPU each thread a call crosses spends, where the kernel says it.
     if Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").exists():
         _assert_cpu_table(out)
+    _assert_exchange_rows(out)
     # The fleet scope: its herds (8 processes, each one ACQUIRE) share one run, every caller
     # is served, and a leader and a joiner make two round trips each.
     assert "## Fleet scope" in out, out[-3000:]
@@ -100,3 +101,18 @@ def _assert_cpu_table(out: str) -> None:
     assert all(value > 0 for value in on_cpu.values()), on_cpu
     parts = on_cpu[CPU_CALLER] + on_cpu[CPU_BACKGROUND] + on_cpu[CPU_COORDINATOR]
     assert abs(on_cpu["summed"] - parts) < 0.5, on_cpu
+
+
+def _assert_exchange_rows(out: str) -> None:
+    """(1) times the lead's exchange by hand both ways (answers read on the caller's loop,
+    and by another thread's), as many leads each, every one led by the coordinator."""
+    from benchmarks.directory import EXCHANGE_OWN, EXCHANGE_THREAD
+
+    samples: dict[str, int] = {}
+    for line in out.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0] in (EXCHANGE_OWN, EXCHANGE_THREAD):
+            samples[cells[0]] = int(cells[1].replace(",", ""))
+            assert float(cells[2].replace(",", "")) > 0, line
+    assert set(samples) == {EXCHANGE_OWN, EXCHANGE_THREAD}, out[-3000:]
+    assert samples[EXCHANGE_OWN] == samples[EXCHANGE_THREAD] > 0, samples
