@@ -348,15 +348,8 @@ class _Worker:
         return samples
 
     def floor_hop(self, calls: int) -> list[int]:
-        other = asyncio.new_event_loop()
-        thread = threading.Thread(target=other.run_forever, daemon=True)
-        thread.start()
-        try:
+        with _other_loop() as other:
             return self.runner.run(_floor_hop(other, calls))
-        finally:
-            other.call_soon_threadsafe(other.stop)
-            thread.join(WAIT)
-            other.close()
 
     def floor_lockfile(self, directory: str, calls: int) -> list[int]:
         import fcntl
@@ -380,18 +373,10 @@ class _Worker:
         """ns per lead made with the directory protocol by hand, no group: what a lead costs
         when the answers are read on the caller's loop (``reader="caller"``) or by another
         thread's loop (``"thread"``), as the group does."""
-        other = None
-        if reader == "thread":
-            other = asyncio.new_event_loop()
-            thread = threading.Thread(target=other.run_forever, daemon=True)
-            thread.start()
-        try:
+        if reader != "thread":
+            return self.runner.run(_exchange(directory, prefix, calls, warm, None))
+        with _other_loop() as other:
             return self.runner.run(_exchange(directory, prefix, calls, warm, other))
-        finally:
-            if other is not None:
-                other.call_soon_threadsafe(other.stop)
-                thread.join(WAIT)
-                other.close()
 
     def floor_epoch(self, directory: str) -> int:
         """ns for what a new coordinator writes first: the next epoch, durably."""
@@ -557,6 +542,20 @@ class _Worker:
         """SIGKILL the coordinator ``pid`` (a worker the parent started), then time
         ``run(key)`` until it returns (see _kill_and_call)."""
         return self.runner.run(_kill_and_call(self.group.run, pid, key))
+
+
+@contextlib.contextmanager
+def _other_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """An event loop running in a thread of its own, stopped and closed on exit."""
+    other = asyncio.new_event_loop()
+    thread = threading.Thread(target=other.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield other
+    finally:
+        other.call_soon_threadsafe(other.stop)
+        thread.join(WAIT)
+        other.close()
 
 
 async def _latency(
