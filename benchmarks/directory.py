@@ -945,9 +945,11 @@ class DirectoryReport:
     errors: dict[str, str] = field(default_factory=dict)  # measurement -> what failed
 
 
-def _measure_latency(ctx: BaseContext, sizes: DirSizes, out: DirectoryReport) -> None:
+def _measure_latency(
+    ctx: BaseContext, sizes: DirSizes, out: DirectoryReport, tempdir: Callable[[], str]
+) -> None:
     others = sizes.connected
-    with _tempdirs() as tempdir, _workers(ctx, 2 * (others + 1)) as procs:
+    with _workers(ctx, 2 * (others + 1)) as procs:
         dir_other, dir_self, scratch = tempdir(), tempdir(), tempdir()
         coordinator, *bystanders = procs[:others]
         measuring_other = procs[others]
@@ -1030,11 +1032,13 @@ def _journal_runs(journal: str) -> int:
         return 0
 
 
-def _measure_herds(ctx: BaseContext, sizes: DirSizes, out: DirectoryReport) -> None:
+def _measure_herds(
+    ctx: BaseContext, sizes: DirSizes, out: DirectoryReport, tempdir: Callable[[], str]
+) -> None:
     """(2) the big herd of tasks and (5) the herd of threads with the peers, on the
     same 8 processes."""
     n = sizes.processes
-    with _tempdirs() as tempdir, _workers(ctx, n, barrier=True) as procs:
+    with _workers(ctx, n, barrier=True) as procs:
         directory, files = tempdir(), tempdir()
         _open_all(procs, directory)
         pause = sizes.herd_sleep
@@ -1092,9 +1096,11 @@ def _importable(module: str) -> bool:
         return False
 
 
-def _measure_throughput(ctx: BaseContext, sizes: DirSizes, out: DirectoryReport) -> None:
+def _measure_throughput(
+    ctx: BaseContext, sizes: DirSizes, out: DirectoryReport, tempdir: Callable[[], str]
+) -> None:
     n = sizes.throughput_processes
-    with _tempdirs() as tempdir, _workers(ctx, n, barrier=True) as procs:
+    with _workers(ctx, n, barrier=True) as procs:
         _open_all(procs, tempdir())
         out.throughput = {
             # Each task makes an equal share: the calls a process makes in all.
@@ -1108,8 +1114,10 @@ def _measure_throughput(ctx: BaseContext, sizes: DirSizes, out: DirectoryReport)
             series.runs.append(sum(d[2] for d in done))
 
 
-def _measure_failover(ctx: BaseContext, sizes: DirSizes, out: DirectoryReport) -> None:
-    with _tempdirs() as tempdir, _workers(ctx, 2) as (measuring, bystander):
+def _measure_failover(
+    ctx: BaseContext, sizes: DirSizes, out: DirectoryReport, tempdir: Callable[[], str]
+) -> None:
+    with _workers(ctx, 2) as (measuring, bystander):
         names = {measuring.pid: "the measuring process", bystander.pid: "the other process"}
         for i in range(sizes.failover_tries):
             directory = tempdir()
@@ -1132,7 +1140,8 @@ def _measure_failover(ctx: BaseContext, sizes: DirSizes, out: DirectoryReport) -
             out.epoch_write.append(measuring.ask("floor_epoch", tempdir()) / 1e9)
 
 
-MEASUREMENTS: tuple[tuple[str, Callable[[BaseContext, DirSizes, DirectoryReport], None]], ...] = (
+Measure = Callable[[BaseContext, DirSizes, DirectoryReport, Callable[[], str]], None]
+MEASUREMENTS: tuple[tuple[str, Measure], ...] = (
     ("(1) lead-or-join latency", _measure_latency),
     ("(2) herd of tasks, (5) herd of threads with the peers", _measure_herds),
     ("(3) throughput", _measure_throughput),
@@ -1143,12 +1152,17 @@ MEASUREMENTS: tuple[tuple[str, Callable[[BaseContext, DirSizes, DirectoryReport]
 def run(sizes: DirSizes) -> DirectoryReport:
     ctx = context(["flightgroup", __name__])
     out = DirectoryReport(sizes, start_method=ctx.get_start_method(), dbm=_dbm_module())
-    for name, measure in MEASUREMENTS:
-        _progress(name)
-        try:
-            measure(ctx, sizes, out)
-        except Exception as exc:
-            out.errors[name] = f"{type(exc).__name__}: {exc}"
+    # Every directory stays until the section ends. Here (ext4 without a journal),
+    # creating a file scans past the inodes removed in the last seconds (minutes while
+    # their inode table is unwritten): removing one measurement's thousands of key-lock
+    # files would slow the next one's.
+    with _tempdirs() as tempdir:
+        for name, measure in MEASUREMENTS:
+            _progress(name)
+            try:
+                measure(ctx, sizes, out, tempdir)
+            except Exception as exc:
+                out.errors[name] = f"{type(exc).__name__}: {exc}"
     return out
 
 
@@ -1272,7 +1286,12 @@ def section(out: DirectoryReport) -> list[str]:
         "and makes one call to connect before anything is timed. The first process to "
         "call in a fresh directory coordinates (checked against the holder of "
         "`flight.lock` in /proc/locks). Starts are synchronised with a barrier; times "
-        "that span processes are read from CLOCK_MONOTONIC.",
+        "that span processes are read from CLOCK_MONOTONIC. The directories are removed "
+        "only when the section ends: on an ext4 without a journal (as here), creating a "
+        "file scans past the inodes removed in the last seconds, minutes while their "
+        "inode table is not written back, so removing one measurement's thousands of "
+        "key-lock files would slow the next one's creates (the key-lock floor of (1) "
+        "shows what a create cost in this run).",
         "",
     ]
     for name, error in out.errors.items():
