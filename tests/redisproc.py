@@ -63,6 +63,7 @@ class RedisServer:
 
     def __init__(self, port: int | None = None, *extra: str) -> None:
         self.port = port or free_port()
+        self._port_given = port is not None  # a restart keeps it; a new server may move
         self.dir = tempfile.mkdtemp(prefix="fgredis")
         self.extra = list(extra)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -77,9 +78,23 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        """Start (again) on the same port, empty."""
+        """Start (again) on the same port, empty. A port chosen here that another
+        process took before the server bound it (another test run on this host) is
+        replaced by a new free one; a given port, or a restart's, is not."""
+        for _ in range(5):
+            if self._start_once():
+                self._port_given = True  # from now on, clients hold this port
+                return
+            if self._port_given:
+                break
+            self.port = free_port()
+        raise RuntimeError(f"redis-server on {self.port} did not start")
+
+    def _start_once(self) -> bool:
+        """Start on ``self.port``; True once it answers, and it is this process that
+        answers (a ping alone may reach another run's server on a reused port)."""
         log = open(os.path.join(self.dir, "redis.log"), "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
+        proc = self.proc = subprocess.Popen(
             [
                 REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
                 "--save", "", "--appendonly", "no", "--dir", self.dir,
@@ -89,14 +104,17 @@ class RedisServer:
         )
         log.close()
         deadline = time.monotonic() + 20
-        while True:
+        while proc.poll() is None and time.monotonic() < deadline:
             try:
-                self.client().ping()
-                return
+                owner = self.client().info("server")["process_id"]
             except redis.ConnectionError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server on {self.port} did not start") from None
                 time.sleep(0.02)
+                continue
+            if owner == proc.pid:
+                return True
+            break  # another server holds the port: ours cannot bind it
+        self.kill()
+        return False
 
     def client(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
