@@ -291,6 +291,7 @@ class DirectoryArbiter:
         # Requests answered to a thread that waits (status, forget): id -> its future.
         self._waiters: dict[int, Future[Any]] = {}
         self._closed_future: Future[None] = Future()
+        self._campaigner: _Campaign | None = None  # its election thread's state
         self._close_by = 0.0  # closing waits for acks until then
         self._finishing = False
 
@@ -315,9 +316,7 @@ class DirectoryArbiter:
                 raise
             loop, self._thread = start_loop("flightgroup-directory", self._setup)
             self._loop = loop
-            threading.Thread(
-                target=self._campaign, name="flightgroup-election", daemon=True
-            ).start()
+            _campaign_for(self)
             return loop
 
     def _setup(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -330,15 +329,15 @@ class DirectoryArbiter:
     # -- the election -----------------------------------------------------------
 
     def _campaign(self) -> None:
-        """Block on the election lock; on a win, serve (on the background loop)."""
-        path = os.path.join(self.directory, fs.LOCK_NAME)
+        """The election thread of this group (see _Campaign)."""
+        campaign = self._campaigner
+        assert campaign is not None
+        campaign.run()
+
+    def _won(self, fd: int) -> None:
+        """(The election thread) this group holds ``fd``'s lock on ``flight.lock``:
+        write the next epoch and serve (on the background loop)."""
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            log.warning("cannot open %s: %s", path, exc)
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # no polling: the kernel wakes us
             # close() takes this lock too: it never lets the process end mid-write.
             with self._campaign_lock:
                 if self._closing:
@@ -502,10 +501,8 @@ class DirectoryArbiter:
     def _refused(self, exc: ProtocolVersionError) -> None:
         """A coordinator of another version holds the election: new calls fail."""
         self._refusal = exc
-        for call in list(self._calls.values()):
-            if call.lead is None and not call.joined:
-                del self._calls[call.id]
-                _finish(call, Event.FAILED, renewed(exc))
+        for call in self._take_unled(lambda call: not call.joined):
+            _finish(call, Event.FAILED, renewed(exc))
 
     def _give_up(self) -> None:
         """No coordinator of our version for ``reconnect_timeout``: every lease of
@@ -515,25 +512,34 @@ class DirectoryArbiter:
         self._given_up = True
         # The calls that waited through the outage; one made while the leases are lost
         # below (their works wake, their callers go on) is not failed with them.
-        waited = [call for call in list(self._calls.values()) if call.lead is None]
+        waited = self._take_unled()
         for lead in list(self._leads.values()):
             self._lose(lead, "no coordinator could be reached")
         for call in waited:
-            if self._calls.pop(call.id, None) is not None:
-                if call.joined:
-                    _finish(call, Event.INTERRUPTED, "no coordinator could be reached")
-                else:
-                    error = self._refusal or UnavailableError(
-                        f"no coordinator of {self.directory!r} answered for "
-                        f"{self._reconnect_timeout:g} s"
-                    )
-                    _finish(call, Event.FAILED, renewed(error))
+            if call.joined:
+                _finish(call, Event.INTERRUPTED, "no coordinator could be reached")
+            else:
+                error = self._refusal or UnavailableError(
+                    f"no coordinator of {self.directory!r} answered for "
+                    f"{self._reconnect_timeout:g} s"
+                )
+                _finish(call, Event.FAILED, renewed(error))
 
     def _fail_all(self, exc: BaseException) -> None:
-        for call in list(self._calls.values()):
-            if call.lead is None:
+        for call in self._take_unled():
+            _finish(call, Event.FAILED, renewed(exc))
+
+    def _take_unled(self, only: Callable[[Call], bool] | None = None) -> list[Call]:
+        """Remove the calls that lead nothing (and pass ``only``); under the send lock,
+        so that none of them is published as a lead meanwhile (see _take_lead)."""
+        with self._send_lock:
+            calls = [
+                call for call in self._calls.values()
+                if call.lead is None and (only is None or only(call))
+            ]
+            for call in calls:
                 del self._calls[call.id]
-                _finish(call, Event.FAILED, renewed(exc))
+        return calls
 
     @staticmethod
     def _send_run(call: Call, channel: Channel, max_frame: int) -> None:
@@ -590,7 +596,14 @@ class DirectoryArbiter:
                 self._end_lead(lead)
         elif isinstance(answer, wire.Rejected):
             lead = self._leads.get(answer.id)
-            if lead is not None:
+            if lead is not None and lead.cut:
+                # Its group closed and its interrupted landing names a token the flight
+                # no longer has (a retry moved it): nothing to resend. Its joiners hear
+                # when this connection closes.
+                with lead.lock:
+                    lead.acked = True
+                self._end_lead(lead)
+            elif lead is not None:
                 self._lose(lead, answer.reason)
         elif isinstance(answer, wire.StatusAnswer):
             waiter = self._waiters.pop(answer.id, None)
@@ -637,7 +650,7 @@ class DirectoryArbiter:
         log.debug("%s %s: lead, token %d", self.directory, DigestOf(call.key), token)
         lead = call.lead
         if lead is not None:  # a new token for a retry
-            if lead.retrying:
+            if lead.retrying and not lead.lost:
                 lead.retrying = False
                 lead.earlier = _heard(lead.earlier, lead.token, token)
                 lead.token = token
@@ -685,12 +698,21 @@ class DirectoryArbiter:
                 return
         lead = Lead(call, token, fd)
         # In one step for a reconnect (which reasserts what _leads holds and sends the
-        # runs of calls with no lead): between the two, it would do neither.
+        # runs of calls with no lead): between the two, it would do neither. A call
+        # failed meanwhile (the group closes, the scope gave up) has nobody to run its
+        # work: published, its key lock would be held for ever.
         with self._send_lock:
-            call.lead = lead
-            self._leads[call.id] = lead
-        if self._closing:  # taken in the caller's thread while the group closes
-            lead.lose()
+            published = not self._closing and self._calls.get(call.id) is call
+            if published:
+                call.lead = lead
+                self._leads[call.id] = lead
+        if not published:
+            call.pending = None
+            if copy >= 0:
+                os.close(copy)
+            lead.release()
+            self._send(wire.cancel_frame(call.id))
+            return
         if copy >= 0:
 
             def wait_for_lock() -> None:
@@ -718,13 +740,16 @@ class DirectoryArbiter:
             else:
                 lead.locked = True
                 fd = lead.fd
+                # Evidence for the epoch (ADR 0009), written under the lock: release()
+                # may close the descriptor (and its number be reused) once it is free.
+                # Fixed width, so no truncate (a journal commit on ext4): a token has
+                # at most 19 digits.
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.pwrite(fd, b"%-20d\n" % lead.token, 0)
         if fd < 0:
             lead.release()
             return
-        # Evidence for the epoch (ADR 0009). Fixed width, so no truncate (which costs
-        # a journal commit on ext4): a token has at most 19 digits.
-        with contextlib.suppress(OSError):
-            os.pwrite(fd, b"%-20d\n" % lead.token, 0)
         lead.call.inbox.put(Event.LEAD, lead.token)
 
     def _lock_failed(self, lead: Lead, exc: OSError) -> None:
@@ -938,7 +963,7 @@ class DirectoryArbiter:
             return
         self._ensure_started()
         end = time.monotonic() + timeout
-        while (left := end - time.monotonic()) > 0:
+        while not self._closing and (left := end - time.monotonic()) > 0:
             if not self._connected_now.wait(left):
                 return
             waiter: Future[Any] = Future()
@@ -987,6 +1012,8 @@ class DirectoryArbiter:
             self._closing = True
         with self._campaign_lock:  # a won election finishes its epoch write first
             pass
+        if self._campaigner is not None:
+            _park(self._campaigner, self)
         loop = self._loop
         if loop is None:
             return
@@ -999,10 +1026,8 @@ class DirectoryArbiter:
             self._thread.join(5)
 
     def _begin_close(self) -> None:
-        for call in list(self._calls.values()):
-            if call.lead is None:
-                del self._calls[call.id]
-                _finish(call, Event.FAILED, GroupClosedError())
+        for call in self._take_unled():
+            _finish(call, Event.FAILED, GroupClosedError())
         for lead in list(self._leads.values()):
             if self._abandon(lead):  # still waiting for its key lock: it never starts
                 self._leads.pop(lead.call.id, None)
@@ -1013,6 +1038,9 @@ class DirectoryArbiter:
                 )
                 self._send(lead.landing)
                 continue
+            if lead.retrying:  # between attempts: the next one never starts
+                lead.retrying = False
+                lead.call.inbox.put(Event.LOST, "the group closed")
             if lead.lose(only_running=True):
                 # The group closed: its outcome will not be delivered. Its joiners
                 # elsewhere are told now (an interrupted landing), not when a later
@@ -1043,6 +1071,11 @@ class DirectoryArbiter:
             # a running work keeps its key lock until it ends (land() frees it)
         with self._send_lock:
             channel, self._channel = self._channel, None
+            self._connected_now.clear()
+        for id, waiter in list(self._waiters.items()):  # a forget or status asked meanwhile
+            del self._waiters[id]
+            if not waiter.done():
+                waiter.set_exception(GroupClosedError())
         if channel is not None:
             channel.flush_and_close()
         if self._kick is not None:
@@ -1058,6 +1091,90 @@ class DirectoryArbiter:
 
 class _Resign(Exception):
     pass
+
+
+class _Campaign:
+    """One election thread: it blocks in ``flock`` on ``flight.lock`` (no polling: the
+    kernel wakes it when the lock is free) for the group that owns it.
+
+    Nothing can wake a blocked ``flock`` but the lock, so a group that closes while
+    another process coordinates cannot end its campaign. It parks it instead, and the
+    next group this process opens on the directory adopts it: opening and closing
+    groups keeps at most as many campaigns (threads, descriptors of ``flight.lock``)
+    as there were groups open at once. A parked campaign that wins lets go at once.
+    """
+
+    __slots__ = ("done", "owner")
+
+    def __init__(self, owner: DirectoryArbiter) -> None:
+        self.owner = owner
+        self.done = False  # it no longer waits (it won, or could not wait): never parked
+
+    def run(self) -> None:
+        directory = self.owner.directory
+        path = os.path.join(directory, fs.LOCK_NAME)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:
+                os.close(fd)
+                raise
+        except OSError as exc:
+            with _parked_lock:
+                self.done = True
+            log.warning("cannot take part in the election of %s: %s", directory, exc)
+            return
+        with _parked_lock:
+            self.done = True
+            parked = _parked.get(directory, [])
+            orphan = self in parked
+            if orphan:
+                parked.remove(self)
+                if not parked:
+                    del _parked[directory]
+            owner = self.owner
+        if orphan:  # its group closed and no other adopted it: the next process wins
+            os.close(fd)
+            return
+        owner._won(fd)
+
+
+# directory -> the campaigns of closed groups, still blocked (see _Campaign)
+_parked: dict[str, list[_Campaign]] = {}
+_parked_lock = threading.Lock()
+
+
+def _campaign_for(arbiter: DirectoryArbiter) -> None:
+    """Give ``arbiter`` a parked campaign of its directory, or start a new one."""
+    with _parked_lock:
+        parked = _parked.get(arbiter.directory)
+        if parked:
+            campaign = arbiter._campaigner = parked.pop()
+            if not parked:
+                del _parked[arbiter.directory]
+            campaign.owner = arbiter
+            return
+    arbiter._campaigner = _Campaign(arbiter)
+    threading.Thread(target=arbiter._campaign, name="flightgroup-election", daemon=True).start()
+
+
+def _park(campaign: _Campaign, closing: DirectoryArbiter) -> None:
+    """``closing``'s group closes: its campaign, if still blocked, waits for a new owner."""
+    with _parked_lock:
+        if campaign.done or campaign.owner is not closing:
+            return
+        _parked.setdefault(closing.directory, []).append(campaign)
+
+
+def _forget_parked() -> None:
+    """(In a forked child) the parked campaigns' threads were not copied."""
+    global _parked_lock
+    _parked.clear()
+    _parked_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_parked)
 
 
 def _finish(call: Call, event: Event, *args: Any) -> None:
