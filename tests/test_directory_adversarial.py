@@ -22,16 +22,21 @@ from typing import Any
 import pytest
 
 from flightgroup import (
-    JSON,
     FlightGroup,
     GroupClosedError,
     Retry,
     current_lease,
 )
-from flightgroup.directory import fs as fs_module
 from flightgroup.directory.client import _OPENING, DirectoryArbiter
 
 from .dirproc import Child, Harness, assert_error, assert_value, harness, wait_for
+from .ingroup import Background, coordinating
+from .ingroup import arbiter as _arbiter
+from .ingroup import close as _close
+from .ingroup import group as _group
+from .ingroup import key_files_open as _key_files_open
+from .ingroup import key_lock_free as _key_lock_free
+from .ingroup import lock_waiters as _lock_waiters
 from .support import wait_until
 
 # -----------------------------------------------------------------------------
@@ -39,22 +44,9 @@ from .support import wait_until
 # -----------------------------------------------------------------------------
 
 
-def _group(directory: str, **kwargs: Any) -> FlightGroup:
-    return FlightGroup(directory=directory, codec=JSON, **kwargs)
-
-
-def _arbiter(group: FlightGroup) -> DirectoryArbiter:
-    arbiter = group._arbiter
-    assert isinstance(arbiter, DirectoryArbiter)
-    return arbiter
-
-
 def _coordinating(directory: str, **kwargs: Any) -> FlightGroup:
-    """A group that holds the election (it calls first and waits until it serves)."""
-    group = _group(directory, **kwargs)
-    assert group.run_sync("warm-up", lambda: 0).value == 0
-    arbiter = _arbiter(group)
-    wait_until(lambda: arbiter._coordinator is not None, "the first group coordinates")
+    """A group that holds the election, its warm-up landing acknowledged."""
+    group = coordinating(directory, **kwargs)
     _settled(group)
     return group
 
@@ -73,64 +65,6 @@ def _settled(group: FlightGroup) -> None:
     wait_until(lambda: not arbiter._calls and not arbiter._leads, "every landing acked")
 
 
-def _close(*groups: FlightGroup) -> None:
-    for group in groups:
-        thread = threading.Thread(target=group.close, daemon=True)
-        thread.start()
-        thread.join(15)
-
-
-class Background:
-    """A call in a thread of its own (named ``name``): its result or its exception."""
-
-    def __init__(self, fn: Callable[[], Any], name: str = "adv-background") -> None:
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.done = threading.Event()
-
-        def body() -> None:
-            try:
-                self.result = fn()
-            except BaseException as exc:
-                self.error = exc
-            finally:
-                self.done.set()
-
-        self.thread = threading.Thread(target=body, daemon=True, name=name)
-        self.thread.start()
-
-    def wait(self, timeout: float = 15.0) -> Any:
-        assert self.done.wait(timeout), "the call did not end"
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-def _key_lock_free(directory: str, key: str) -> bool:
-    """Nobody holds ``key``'s lock (probed from a new open file description: a lock of
-    this very process counts too)."""
-    fd = os.open(fs_module.key_lock_path(directory, key), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-    return True
-
-
-def _key_files_open() -> int:
-    """This process's open descriptors of key-lock files."""
-    count = 0
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            if "execution-locks" in os.readlink(f"/proc/self/fd/{name}"):
-                count += 1
-        except OSError:
-            pass  # the listing's own descriptor, gone already
-    return count
-
-
 def _fds_open() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -142,11 +76,6 @@ def _fd_table() -> set[tuple[str, str]]:
         with contextlib.suppress(OSError):  # the listing's own descriptor, gone already
             table.add((name, os.readlink(f"/proc/self/fd/{name}")))
     return table
-
-
-def _lock_waiters() -> int:
-    """Threads of this process blocked in a lead's flock (client.py's key-lock waiter)."""
-    return sum(1 for t in threading.enumerate() if t.name == "flightgroup-keylock")
 
 
 def _in_thread(name: str) -> bool:

@@ -27,19 +27,8 @@ from flightgroup import (
     ValueTooLargeError,
 )
 
+from .ingroup import key_files_open
 from .support import wait_until
-
-
-def key_files_open() -> int:
-    """This process's open descriptors of key-lock files."""
-    count = 0
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            if "execution-locks" in os.readlink(f"/proc/self/fd/{name}"):
-                count += 1
-        except OSError:
-            pass  # the listing's own descriptor, gone already
-    return count
 
 
 @pytest.mark.timeout(60)

@@ -10,17 +10,13 @@ document cases that were checked and hold.
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import os
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 import flightgroup.group as group_module
 from flightgroup import (
-    JSON,
     FlightGroup,
     FlightInterruptedError,
     FlightTimeoutError,
@@ -29,77 +25,15 @@ from flightgroup import (
     Retry,
     current_lease,
 )
-from flightgroup.directory import fs as fs_module
 from flightgroup.directory.client import DirectoryArbiter, Event
 
+from .ingroup import Background
+from .ingroup import close as _close
+from .ingroup import coordinating as _coordinating
+from .ingroup import group as _group
+from .ingroup import key_lock_free as _key_lock_free
+from .ingroup import lock_waiters as _lock_waiters
 from .support import wait_until
-
-
-def _group(directory: str, **kwargs: Any) -> FlightGroup:
-    return FlightGroup(directory=directory, codec=JSON, **kwargs)
-
-
-def _coordinating(directory: str, **kwargs: Any) -> FlightGroup:
-    """A group that holds the election (it calls first and waits until it serves)."""
-    group = _group(directory, **kwargs)
-    assert group.run_sync("warm-up", lambda: 0).value == 0
-    arbiter = group._arbiter
-    assert arbiter is not None
-    wait_until(lambda: arbiter._coordinator is not None, "the first group coordinates")
-    return group
-
-
-def _close(*groups: FlightGroup) -> None:
-    for group in groups:
-        with_timeout(group.close, 15)
-
-
-def with_timeout(fn: Callable[[], Any], seconds: float) -> None:
-    thread = threading.Thread(target=fn, daemon=True)
-    thread.start()
-    thread.join(seconds)
-
-
-class Background:
-    """A call in a thread of its own: its result or its exception, with a bound."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.done = threading.Event()
-
-        def body() -> None:
-            try:
-                self.result = fn()
-            except BaseException as exc:
-                self.error = exc
-            finally:
-                self.done.set()
-
-        self.thread = threading.Thread(target=body, daemon=True)
-        self.thread.start()
-
-    def wait(self, timeout: float = 15.0) -> Any:
-        assert self.done.wait(timeout), "the call did not end"
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-def _key_lock_free(directory: str, key: str) -> bool:
-    fd = os.open(fs_module.key_lock_path(directory, key), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-    return True
-
-
-def _lock_waiters() -> int:
-    """Threads of this process blocked in a lead's flock (client.py's key-lock waiter)."""
-    return sum(1 for t in threading.enumerate() if t.name == "flightgroup-keylock")
 
 
 def _live_coordinator(*groups: FlightGroup) -> Any:

@@ -1,0 +1,107 @@
+"""Directory groups of the test process itself: made, probed and closed with bounds.
+
+Shared by the tests that drive a group's arbiter in this process (its dicts, its
+coordinator), beside tests/dirproc.py's child processes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from flightgroup import JSON, FlightGroup
+from flightgroup.directory import fs as fs_module
+from flightgroup.directory.client import DirectoryArbiter
+
+from .support import wait_until
+
+
+def group(directory: str, **kwargs: Any) -> FlightGroup:
+    return FlightGroup(directory=directory, codec=JSON, **kwargs)
+
+
+def arbiter(of: FlightGroup) -> DirectoryArbiter:
+    found = of._arbiter
+    assert isinstance(found, DirectoryArbiter)
+    return found
+
+
+def coordinating(directory: str, **kwargs: Any) -> FlightGroup:
+    """A group that holds the election (it calls first and waits until it serves)."""
+    made = group(directory, **kwargs)
+    assert made.run_sync("warm-up", lambda: 0).value == 0
+    held = arbiter(made)
+    wait_until(lambda: held._coordinator is not None, "the first group coordinates")
+    return made
+
+
+def with_timeout(fn: Callable[[], Any], seconds: float) -> None:
+    thread = threading.Thread(target=fn, daemon=True)
+    thread.start()
+    thread.join(seconds)
+
+
+def close(*groups: FlightGroup) -> None:
+    """Close each group, waiting at most 15 s for each (a hang fails the test's
+    own assertions, not the whole run)."""
+    for each in groups:
+        with_timeout(each.close, 15)
+
+
+class Background:
+    """A call in a thread of its own (named ``name``): its result or its exception."""
+
+    def __init__(self, fn: Callable[[], Any], name: str | None = None) -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+        def body() -> None:
+            try:
+                self.result = fn()
+            except BaseException as exc:
+                self.error = exc
+            finally:
+                self.done.set()
+
+        self.thread = threading.Thread(target=body, daemon=True, name=name)
+        self.thread.start()
+
+    def wait(self, timeout: float = 15.0) -> Any:
+        assert self.done.wait(timeout), "the call did not end"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def key_lock_free(directory: str, key: str) -> bool:
+    """Nobody holds ``key``'s lock (probed from a new open file description: a lock of
+    this very process counts too)."""
+    fd = os.open(fs_module.key_lock_path(directory, key), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def key_files_open() -> int:
+    """This process's open descriptors of key-lock files."""
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if "execution-locks" in os.readlink(f"/proc/self/fd/{name}"):
+                count += 1
+        except OSError:
+            pass  # the listing's own descriptor, gone already
+    return count
+
+
+def lock_waiters() -> int:
+    """Threads of this process blocked in a lead's flock (client.py's key-lock waiter)."""
+    return sum(1 for t in threading.enumerate() if t.name == "flightgroup-keylock")
