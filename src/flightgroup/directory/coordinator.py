@@ -13,7 +13,9 @@ key's lock is free; when another process holds it (a leader of an earlier term
 that has not reasserted yet, a leader whose group closed while its work runs, a
 frozen one), the call waits: a reassert of the key makes it a joiner, the lock
 freeing first makes it the leader. A watcher thread blocks on the lock for such
-keys (no polling).
+keys (no polling). Past ``_WATCHERS_MAX`` keys, or when a watcher cannot be had (no
+thread, no descriptor), the key's lock is probed every ``_POLL_INTERVAL`` instead:
+never reported free before it is.
 
 Everything here runs on one event loop thread; watcher threads only post back.
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -66,6 +69,13 @@ _KEPT_MAX_ITEMS = 10_000
 _KEPT_MAX_BYTES = 256 * 1024 * 1024
 _RELEASING_MAX = 10_000
 _CLOSE_FLUSH = 0.5  # s: closing, what was written to each peer may still leave
+_SEQUENCE_MAX = (1 << 32) - 1  # a token's low 32 bits; a term out of them takes the next epoch
+_WATCHERS_MAX = 256  # key-lock watcher threads of a process; more keys are polled
+_POLL_INTERVAL = 0.05  # s: between probes of a polled key's lock
+# Probing a key's lock failed for want of a resource that comes back: it may be held.
+_TRANSIENT = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EAGAIN, errno.EINTR}
+)
 
 
 @dataclass(eq=False)
@@ -118,6 +128,64 @@ class _Ending:
 
 
 _TOKENS_MAX = wire.MAX_EARLIER + 1  # the tokens a flight keeps: its current and earlier ones
+
+
+class _ProbeError(Exception):
+    """A key's lock cannot be probed, and not for want of a resource (its file is
+    not ours to open, say): the calls that need it are answered with an error."""
+
+
+class _Watcher:
+    """A thread blocked in ``flock`` on one key's lock, reporting to the coordinator
+    that owns it when the lock frees. Nothing calls off a blocking flock, so a closed
+    coordinator's watcher stays until the lock frees, and the next term of this
+    process that waits on the key adopts it (as a closed group's election thread is,
+    ADR 0016): one watcher per key-lock file per process, whatever the terms."""
+
+    __slots__ = ("key", "owner", "path")
+
+    def __init__(self, path: str, key: str, owner: Coordinator) -> None:
+        self.path = path
+        self.key = key
+        self.owner: Coordinator | None = owner
+
+    def run(self) -> None:
+        freed = True
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            freed = False  # its owner polls the key instead: never "free" unseen
+        else:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # blocks until the holder lets go
+            except OSError:
+                freed = False
+            finally:
+                os.close(fd)
+        with _watchers_lock:
+            if _watchers.get(self.path) is self:
+                del _watchers[self.path]
+            owner, self.owner = self.owner, None
+        loop = owner._loop if owner is not None else None
+        if owner is None or loop is None:
+            return
+        report = owner._key_freed if freed else owner._poll
+        with contextlib.suppress(RuntimeError):  # its loop closed: nobody waits
+            loop.call_soon_threadsafe(report, self.key)
+
+
+_watchers: dict[str, _Watcher] = {}  # key-lock path -> its watcher, while it blocks
+_watchers_lock = threading.Lock()
+
+
+def _forget_watchers() -> None:
+    """(In a forked child) the parent's watcher threads are not the child's."""
+    global _watchers_lock
+    _watchers.clear()
+    _watchers_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_watchers)
 
 
 def _add_tokens(flight: _Flight, tokens: frozenset[int] | set[int]) -> None:
@@ -174,6 +242,8 @@ class Coordinator:
         self._sequence = 0
         self._flights: dict[str, _Flight] = {}
         self._waiting: dict[str, list[_Waiting]] = {}
+        self._polled: set[str] = set()  # waited-for keys with no watcher: probed by a timer
+        self._poll_timer: asyncio.TimerHandle | None = None
         self._endings: dict[int, _Ending] = {}
         self._releasing: dict[str, int] = {}  # key -> token of a landed flight not yet acked
         self._kept: OrderedDict[str, tuple[int, wire.Outcome, float, int]] = OrderedDict()
@@ -224,6 +294,13 @@ class Coordinator:
         if self.closed:
             return
         self.closed = True
+        if self._poll_timer is not None:
+            self._poll_timer.cancel()
+            self._poll_timer = None
+        with _watchers_lock:  # they block on: the next term here may adopt them
+            for watcher in _watchers.values():
+                if watcher.owner is self:
+                    watcher.owner = None
         listener, self._listener = self._listener, None
         if listener is not None:
             assert self._loop is not None
@@ -324,9 +401,15 @@ class Coordinator:
             session.send(wire.status_answer_frame(request.id, self.status()))
 
     def _next_token(self) -> int:
+        if self._sequence >= _SEQUENCE_MAX:
+            # Out of tokens: the next epoch, taken in place (this process still holds
+            # the election), keeps every later token above every earlier one. Once in
+            # 2**32 - 1 leads and attempts, so the durable write may block the loop.
+            epoch = fs.next_epoch(self.directory)
+            log.info("%s: epoch %d used all its tokens, now epoch %d",
+                     self.directory, self.epoch, epoch)
+            self.epoch, self._sequence = epoch, 0
         self._sequence += 1
-        if self._sequence >= 1 << 32:
-            raise RuntimeError(f"epoch {self.epoch} has no tokens left")
         return self.epoch << 32 | self._sequence
 
     def _run(
@@ -353,7 +436,12 @@ class Coordinator:
             waiting.append(_Waiting(session, id, None, fresh))
             session.parties[id] = key
             return
-        if key in self._releasing or not self._key_held(key, create=False):
+        try:
+            held = key not in self._releasing and self._key_held(key, create=False)
+        except _ProbeError as exc:
+            session.send(wire.error_frame(id, str(exc)))
+            return
+        if not held:
             self._lead(session, id, key)
             return
         self._wait_for_key(key, _Waiting(session, id, None, fresh))
@@ -374,7 +462,12 @@ class Coordinator:
                 waiting.append(_Waiting(session, id, tokens, False))
                 session.parties[id] = key
                 return
-            if self._key_held(key, create=False):
+            try:
+                held = self._key_held(key, create=False)
+            except _ProbeError as exc:
+                session.send(wire.error_frame(id, str(exc)))
+                return
+            if held:
                 self._wait_for_key(key, _Waiting(session, id, tokens, False))
                 return
         session.send(wire.interrupted_frame(id, "its flight ended while this call reconnected"))
@@ -386,14 +479,18 @@ class Coordinator:
         age = time.monotonic() - flight.started
         session.send(wire.joined_frame(id, flight.token, pid, round(age, 6)))
 
-    def _lead(self, session: _Session, id: int, key: str) -> _Flight:
+    def _lead(self, session: _Session, id: int, key: str) -> None:
+        try:
+            token = self._next_token()
+        except (OSError, fs.EpochError) as exc:
+            session.send(wire.error_frame(id, f"no token to lead with: {exc}"))
+            return
         self._releasing.pop(key, None)
-        flight = _Flight(key, self._next_token(), session, id, time.monotonic())
+        flight = _Flight(key, token, session, id, time.monotonic())
         flight.tokens.add(flight.token)
         self._flights[key] = flight
         session.leads[id] = flight
         session.send(wire.lead_frame(id, flight.token))
-        return flight
 
     def _attempt(self, session: _Session, id: int) -> None:
         """A retry of the lead ``id``: its flight goes on under a new token."""
@@ -401,7 +498,13 @@ class Coordinator:
         if flight is None:
             session.send(wire.rejected_frame(id, "this process leads no flight with this id"))
             return
-        flight.token = self._next_token()
+        try:
+            flight.token = self._next_token()
+        except (OSError, fs.EpochError) as exc:  # no token to go on: its lease is lost
+            del session.leads[id]
+            self._interrupt(flight, "its leader got no token for its next attempt")
+            session.send(wire.rejected_frame(id, f"no token for the next attempt: {exc}"))
+            return
         _add_tokens(flight, {flight.token})
         session.send(wire.lead_frame(id, flight.token))
         # Joiners learn the new token (a `joined` again), so that after a failover
@@ -578,17 +681,27 @@ class Coordinator:
     # -- key locks --------------------------------------------------------------
 
     def _key_held(self, key: str, *, create: bool) -> bool:
-        """True if another open file holds ``key``'s lock (probed without blocking)."""
+        """True if another open file holds ``key``'s lock (probed without blocking),
+        or may hold it (the probe lacked a descriptor: the caller waits, and the key
+        is probed again). Raises _ProbeError if the lock cannot be probed at all."""
         path = fs.key_lock_path(self.directory, key)
         flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
         try:
             fd = os.open(path, flags, 0o600)
         except FileNotFoundError:
             return False
+        except OSError as exc:
+            if exc.errno in _TRANSIENT:
+                return True
+            raise _ProbeError(f"cannot probe the key's lock: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return True
+        except OSError as exc:
+            if exc.errno in _TRANSIENT:
+                return True
+            raise _ProbeError(f"cannot probe the key's lock: {exc.strerror}") from None
         finally:
             os.close(fd)  # also unlocks
         return False
@@ -596,24 +709,70 @@ class Coordinator:
     def _wait_for_key(self, key: str, waiting: _Waiting) -> None:
         self._waiting[key] = [waiting]
         waiting.session.parties[waiting.id] = key
-        loop = self._loop
-        assert loop is not None
+        if not self._watch(key):
+            self._poll(key)
+
+    def _watch(self, key: str) -> bool:
+        """A watcher thread for ``key``'s lock reports to this term: the one of a
+        closed term if it still blocks, else a new one. False if none can be had."""
         path = fs.key_lock_path(self.directory, key)
+        with _watchers_lock:
+            watcher = _watchers.get(path)
+            if watcher is not None:
+                watcher.owner = self
+                return True
+            if len(_watchers) >= _WATCHERS_MAX:
+                return False
+            watcher = _watchers[path] = _Watcher(path, key, self)
+        # Named by the key's file (a digest): thread names reach logs and dumps.
+        name = f"flightgroup-keylock-{os.path.basename(path)[:16]}"
+        try:
+            threading.Thread(target=watcher.run, name=name, daemon=True).start()
+        except RuntimeError:  # no thread to be had now
+            with _watchers_lock:
+                if _watchers.get(path) is watcher:
+                    del _watchers[path]
+            return False
+        return True
 
-        def watch() -> None:
+    def _poll(self, key: str) -> None:
+        """Probe ``key``'s lock every _POLL_INTERVAL while calls wait for it (no
+        watcher could block on it)."""
+        if self.closed or key not in self._waiting:
+            return
+        self._polled.add(key)
+        if self._poll_timer is None:
+            assert self._loop is not None
+            self._poll_timer = self._loop.call_later(_POLL_INTERVAL, self._poll_tick)
+
+    def _poll_tick(self) -> None:
+        self._poll_timer = None
+        if self.closed:
+            return
+        for key in list(self._polled):
+            if key not in self._waiting:  # reasserted, or nobody waits any more
+                self._polled.discard(key)
+                continue
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            except OSError:
-                fd = -1
-            else:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)  # blocks until the holder lets go
-                finally:
-                    os.close(fd)
-            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
-                loop.call_soon_threadsafe(self._key_freed, key)
+                held = self._key_held(key, create=False)
+            except _ProbeError as exc:
+                self._polled.discard(key)
+                self._fail_waiting(key, str(exc))
+                continue
+            if not held:
+                self._polled.discard(key)
+                self._key_freed(key)
+        if self._polled:
+            assert self._loop is not None
+            self._poll_timer = self._loop.call_later(_POLL_INTERVAL, self._poll_tick)
 
-        threading.Thread(target=watch, name=f"flightgroup-keylock-{key[:32]}", daemon=True).start()
+    def _fail_waiting(self, key: str, message: str) -> None:
+        """Answer every call waiting for ``key``'s lock with an error."""
+        for each in self._waiting.pop(key, ()):
+            session = each.session
+            if not session.closed and session.parties.get(each.id) == key:
+                del session.parties[each.id]
+                session.send(wire.error_frame(each.id, message))
 
     def _key_freed(self, key: str) -> None:
         if self.closed:
@@ -713,8 +872,11 @@ class Coordinator:
                 part.joiners.pop((session, id), None)
                 with contextlib.suppress(ValueError):
                     part.fresh.remove((session, id))
+            else:  # the key whose lock it waited for
+                waiting = self._waiting.get(part)
+                if waiting is not None:
+                    waiting[:] = [w for w in waiting if w.session is not session]
         session.parties.clear()
-        # waiting entries of this session are skipped by _resume (session.closed)
 
     def status(self) -> list[dict[str, object]]:
         """The flights in progress, for ``flightgroup status``."""
