@@ -27,6 +27,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from functools import partial
@@ -52,6 +53,9 @@ __all__ = ["Call", "DirectoryArbiter", "Event", "Inbox", "from_wire", "to_wire"]
 
 
 _OPENING = -2  # Call.fd while the caller creates the key's file
+# s: a connection that lived this long counts as served, even if nothing came (an idle
+# group hears nothing); a shorter one that heard nothing counts as refused.
+_SETTLED = 0.5
 
 
 class Call:
@@ -153,6 +157,7 @@ class Channel:
         self._on_frames = on_frames
         self._on_lost = on_lost
         self.closed = False
+        self.heard = False  # a whole frame came: the coordinator serves us
         loop.add_reader(sock.fileno(), self._readable)
 
     def send(self, frame: bytes) -> None:
@@ -218,6 +223,7 @@ class Channel:
             self._lost(str(exc))
             return
         if frames:
+            self.heard = True
             self._on_frames(frames)
 
     def _post_lost(self, reason: str) -> None:
@@ -316,6 +322,7 @@ class DirectoryArbiter:
                 raise
             loop, self._thread = start_loop("flightgroup-directory", self._setup)
             self._loop = loop
+            _started.add(self)
             _campaign_for(self)
             return loop
 
@@ -410,12 +417,18 @@ class DirectoryArbiter:
                 if self._finishing:  # closed while it connected
                     sock.close()
                     return
-                backoff, refusals = 0.0005, 0
                 lost = asyncio.get_running_loop().create_future()
-                self._connected(sock, lost)
+                began = time.monotonic()
+                channel = self._connected(sock, lost)
                 await lost
-                down_since = time.monotonic()
-                continue
+                if channel.heard or time.monotonic() - began >= _SETTLED:
+                    backoff, refusals = 0.0005, 0
+                    down_since = time.monotonic()
+                    continue
+                # Welcomed, then dropped before it served anything: a coordinator that
+                # does so to every connection is no more reachable than a silent one.
+                refusals += 1
+                backoff = min(0.001 * 2**refusals, 0.5)
             if time.monotonic() - down_since > self._reconnect_timeout:
                 self._give_up()
             self._kick.clear()
@@ -446,7 +459,7 @@ class DirectoryArbiter:
             sock.close()
             raise
 
-    def _connected(self, sock: socket.socket, lost: asyncio.Future[None]) -> None:
+    def _connected(self, sock: socket.socket, lost: asyncio.Future[None]) -> Channel:
         def on_lost(channel: Channel, reason: str) -> None:
             log.info("lost the coordinator of %s: %s", self.directory, reason)
             self._disconnected(channel)
@@ -480,6 +493,7 @@ class DirectoryArbiter:
                         channel.send(wire.reassert_frame(call.id, call.key, call.pending))
                     else:
                         self._send_run(call, channel, self._max_frame)
+        return channel
 
     def _disconnected(self, channel: Channel) -> None:
         with self._send_lock:
@@ -1167,14 +1181,36 @@ def _park(campaign: _Campaign, closing: DirectoryArbiter) -> None:
         _parked.setdefault(closing.directory, []).append(campaign)
 
 
-def _forget_parked() -> None:
-    """(In a forked child) the parked campaigns' threads were not copied."""
+# The arbiters whose thread started: a forked child has none of their threads.
+_started: weakref.WeakSet[DirectoryArbiter] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    """(In a forked child) the parked campaigns' threads were not copied, nor were the
+    started groups' threads: such a group raises at once here, instead of waiting on a
+    loop that never runs (its descriptors were let go, see forked.py). A group that had
+    not started (made at import, first used here) works as new."""
     global _parked_lock
     _parked.clear()
     _parked_lock = threading.Lock()
+    parent = os.getppid()
+    for arbiter in list(_started):
+        # Locks another thread held at the fork would stay held here for ever.
+        arbiter._start_lock = threading.Lock()
+        arbiter._send_lock = threading.Lock()
+        arbiter._campaign_lock = threading.Lock()
+        arbiter._fatal = GroupClosedError(
+            f"this directory group was started in process {parent}; a forked child "
+            "must make a group of its own"
+        )
+        arbiter._closing = True  # close() has nothing to wait for
+        arbiter._loop = arbiter._thread = arbiter._kick = None
+        arbiter._channel = arbiter._coordinator = None
+        arbiter._campaigner = None
+    _started.clear()
 
 
-os.register_at_fork(after_in_child=_forget_parked)
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def _finish(call: Call, event: Event, *args: Any) -> None:

@@ -72,6 +72,7 @@ _CLOSE_FLUSH = 0.5  # s: closing, what was written to each peer may still leave
 _SEQUENCE_MAX = (1 << 32) - 1  # a token's low 32 bits; a term out of them takes the next epoch
 _WATCHERS_MAX = 256  # key-lock watcher threads of a process; more keys are polled
 _POLL_INTERVAL = 0.05  # s: between probes of a polled key's lock
+_ACCEPT_PAUSE = 0.1  # s: the listener is not watched after accept failed (no descriptor)
 # Probing a key's lock failed for want of a resource that comes back: it may be held.
 _TRANSIENT = frozenset(
     {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EAGAIN, errno.EINTR}
@@ -256,6 +257,7 @@ class Coordinator:
         # transport in a task of its own (no asyncio.Server: on 3.13 a connection it
         # accepted while closing raised in its __del__ when collected later).
         self._listener: socket.socket | None = None
+        self._accept_failing = False  # warned that accept fails; not again until it works
         self._accepting: set[asyncio.Task[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._uid = os.getuid()
@@ -339,15 +341,29 @@ class Coordinator:
                 conn, _ = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # EMFILE and the like: the next readiness retries
-                log.warning("cannot accept a connection on %s: %s", self.directory, exc)
+            except OSError as exc:
+                # EMFILE and the like. The listener stays readable (level-triggered): it
+                # is left alone for a moment instead of spun on, and warned of once.
+                if not self._accept_failing:
+                    self._accept_failing = True
+                    log.warning("cannot accept a connection on %s: %s", self.directory, exc)
+                loop.remove_reader(listener.fileno())
+                loop.call_later(_ACCEPT_PAUSE, self._accept_again)
                 return
+            if self._accept_failing:
+                self._accept_failing = False
+                log.info("accepting connections on %s again", self.directory)
             conn.setblocking(False)
             task = loop.create_task(
                 loop.connect_accepted_socket(lambda: _Connection(self), conn)
             )
             self._accepting.add(task)
             task.add_done_callback(self._accepted)
+
+    def _accept_again(self) -> None:
+        listener = self._listener
+        if listener is not None and self._loop is not None:  # (not closed meanwhile)
+            self._loop.add_reader(listener.fileno(), self._accept)
 
     def _accepted(self, task: asyncio.Task[Any]) -> None:
         self._accepting.discard(task)

@@ -22,6 +22,7 @@ import logging
 import os
 import re
 import shlex
+import stat
 import sys
 import uuid
 from collections.abc import Mapping
@@ -288,13 +289,22 @@ class _Number:
 
 
 def _read_number(path: str) -> _Number:
+    # O_NONBLOCK: a FIFO (or a device) put in a file's place would block its open, under
+    # the election lock, for ever. Anything but a regular file is not ours.
     try:
-        with open(path, "rb") as f:
-            raw = f.read(_MAX_NUMBER_FILE + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return _Number(path, None, "is missing", missing=True)
     except OSError as e:
         return _Number(path, None, f"cannot be read ({e.strerror or e})")
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return _Number(path, None, "is not a regular file")
+        raw = os.read(fd, _MAX_NUMBER_FILE + 1)
+    except OSError as e:
+        return _Number(path, None, f"cannot be read ({e.strerror or e})")
+    finally:
+        os.close(fd)
     if not raw.strip():
         return _Number(path, None, "is empty")
     match = _DECIMAL.fullmatch(raw) if len(raw) <= _MAX_NUMBER_FILE else None

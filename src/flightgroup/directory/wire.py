@@ -140,7 +140,17 @@ def _refuse_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
 
 
-_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+def _parse_int(literal: str) -> int | float:
+    # Past int()'s digit limit (4,300 by default) a literal raises ValueError, which would
+    # read as "not JSON" and close the connection. No field takes such a number: it is a
+    # bad field, as a too large float is (an infinity fails every check).
+    try:
+        return int(literal)
+    except ValueError:
+        return -math.inf if literal.startswith("-") else math.inf
+
+
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_int=_parse_int)
 
 
 class WireError(Exception):
