@@ -415,6 +415,11 @@ if child == 0:
             out["parent_group"] = "served"
         except BaseException as exc:
             out["parent_group"] = [type(exc).__name__, repr(exc)]
+        try:  # "held" was in flight in the parent's table when it forked
+            parent_group.run_sync("held", lambda: 1, timeout=2)
+            out["parent_group_held"] = "served"
+        except BaseException as exc:
+            out["parent_group_held"] = [type(exc).__name__, repr(exc)]
         own.close()
     except BaseException as exc:
         out["error"] = repr(exc)
@@ -473,11 +478,12 @@ def test_a_parents_group_used_in_a_forked_child_raises_instead_of_hanging(
 ) -> None:
     """ADR 0014 says the child cannot use its parent's groups. A group at module level
     and multiprocessing's "fork" start method make that easy to do by accident: the
-    call should raise at once (say, GroupClosedError or a FlightError naming the fork),
-    not wait until the caller's own timeout (for ever without one)."""
-    outcome = forked["parent_group"]
-    assert outcome[0] == "GroupClosedError", outcome
-    assert "a forked child must make a group of its own" in outcome[1], outcome
+    call raises GroupClosedError at once, not at the caller's own timeout (for ever
+    without one). So does a call of a key that was in flight in the parent's table at
+    the fork (its copy there had no thread left to end it)."""
+    for outcome in (forked["parent_group"], forked["parent_group_held"]):
+        assert outcome[0] == "GroupClosedError", outcome
+        assert "a forked child must make a group of its own" in outcome[1], outcome
 
 
 _FORK_BEFORE_USE = r"""
@@ -510,3 +516,52 @@ def test_a_group_made_but_not_used_before_a_fork_works_in_parent_and_child(
     assert proc.returncode == 0, proc.stderr
     lines = sorted(json.loads(line) for line in proc.stdout.splitlines())
     assert lines == [["child", True, False], ["parent", True, False, 0]], proc.stdout
+
+
+_FORK_WHILE_STARTING = r"""
+import json, os, sys, threading, warnings
+from flightgroup import JSON, FlightGroup
+from flightgroup.directory import fs
+warnings.simplefilter("ignore", DeprecationWarning)
+group = FlightGroup(directory=sys.argv[1], codec=JSON)
+inside, go_on = threading.Event(), threading.Event()
+real = fs.ensure_directory
+def ensure_directory(path):
+    inside.set()  # the first call is starting the group: it holds the start lock
+    go_on.wait(20)
+    real(path)
+fs.ensure_directory = ensure_directory
+first = threading.Thread(target=lambda: group.run_sync("first", lambda: 1))
+first.start()
+assert inside.wait(20)
+child = os.fork()
+if child == 0:
+    try:
+        group.run_sync("in-child", lambda: 2, timeout=3)
+        said = "served"
+    except BaseException as exc:
+        said = type(exc).__name__
+    print(json.dumps(["child", said]), flush=True)
+    os._exit(0)
+go_on.set()
+first.join(20)
+os.waitpid(child, 0)
+print(json.dumps(["parent", group.run_sync("after", lambda: 3).value]), flush=True)
+group.close()
+"""
+
+
+def test_a_fork_while_another_thread_starts_the_group_raises_in_the_child(
+    directory: str,
+) -> None:
+    """A thread starts the group (its first call holds the start lock, here held open
+    at the directory's creation) when the main thread forks: the child's copy of the
+    lock stays held for ever, and the group is the parent's. A call in the child
+    raises GroupClosedError (it once waited on that lock until its timeout)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _FORK_WHILE_STARTING, directory],
+        capture_output=True, text=True, timeout=50, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = sorted(json.loads(line) for line in proc.stdout.splitlines())
+    assert lines == [["child", "GroupClosedError"], ["parent", 3]], proc.stdout

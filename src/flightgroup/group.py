@@ -254,6 +254,7 @@ class FlightGroup:
             self._arbiter = DirectoryArbiter(
                 path, max_frame=max_frame_bytes, reconnect_timeout=reconnect_timeout
             )
+            self._arbiter.on_fork = functools.partial(_forget_flights, weakref.ref(self))
             # A value must fit in a frame, or its landing would be refused by every
             # coordinator (the connection dropped, the landing sent again, for ever).
             room = max_frame_bytes - min(_FRAME_HEADROOM, max_frame_bytes // 2)
@@ -1409,6 +1410,15 @@ def _attempt_sync_with_deadline(
 def _retrieve(task: asyncio.Task[None]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+def _forget_flights(ref: weakref.ref[FlightGroup]) -> None:
+    """(In a forked child of a started directory group) the flights copied from the
+    parent have no thread here to end them: a call joining one would wait for ever.
+    A new table, so every call reaches the arbiter, which raises."""
+    group = ref()
+    if group is not None:
+        group._table = FlightTable(wide=True)
 
 
 def _current_flight() -> Flight | None:

@@ -300,6 +300,9 @@ class DirectoryArbiter:
         self._campaigner: _Campaign | None = None  # its election thread's state
         self._close_by = 0.0  # closing waits for acks until then
         self._finishing = False
+        # Called in a forked child of a started group (its group drops its flights).
+        self.on_fork: Callable[[], None] | None = None
+        _arbiters.add(self)
 
     # -- starting ---------------------------------------------------------------
 
@@ -322,7 +325,6 @@ class DirectoryArbiter:
                 raise
             loop, self._thread = start_loop("flightgroup-directory", self._setup)
             self._loop = loop
-            _started.add(self)
             _campaign_for(self)
             return loop
 
@@ -822,6 +824,10 @@ class DirectoryArbiter:
         with self._send_lock:
             if self._closing:
                 raise GroupClosedError()
+            # Again under the lock: the election may have failed since, and its
+            # _fail_all (under this lock too) may have run before this call was in.
+            if self._fatal is not None:
+                raise renewed(self._fatal)
             self._next_id += 1
             call = Call(self._next_id, key, fresh, Inbox())
             self._calls[call.id] = call
@@ -1181,8 +1187,7 @@ def _park(campaign: _Campaign, closing: DirectoryArbiter) -> None:
         _parked.setdefault(closing.directory, []).append(campaign)
 
 
-# The arbiters whose thread started: a forked child has none of their threads.
-_started: weakref.WeakSet[DirectoryArbiter] = weakref.WeakSet()
+_arbiters: weakref.WeakSet[DirectoryArbiter] = weakref.WeakSet()  # every one made here
 
 
 def _after_fork() -> None:
@@ -1194,11 +1199,15 @@ def _after_fork() -> None:
     _parked.clear()
     _parked_lock = threading.Lock()
     parent = os.getppid()
-    for arbiter in list(_started):
+    for arbiter in list(_arbiters):
+        # Held at the fork: a thread was starting (or closing) it; it is the parent's.
+        started = arbiter._loop is not None or arbiter._start_lock.locked()
         # Locks another thread held at the fork would stay held here for ever.
         arbiter._start_lock = threading.Lock()
         arbiter._send_lock = threading.Lock()
         arbiter._campaign_lock = threading.Lock()
+        if not started:
+            continue
         arbiter._fatal = GroupClosedError(
             f"this directory group was started in process {parent}; a forked child "
             "must make a group of its own"
@@ -1207,7 +1216,8 @@ def _after_fork() -> None:
         arbiter._loop = arbiter._thread = arbiter._kick = None
         arbiter._channel = arbiter._coordinator = None
         arbiter._campaigner = None
-    _started.clear()
+        if arbiter.on_fork is not None:
+            arbiter.on_fork()
 
 
 os.register_at_fork(after_in_child=_after_fork)
