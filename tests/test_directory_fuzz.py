@@ -552,9 +552,18 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _any_int(literal: str) -> Any:
+    # JSON integers have no size limit; Python's int() does (4,300 digits). A literal past
+    # it is still valid JSON, a number too large for any field: a bad field, not bad JSON.
+    try:
+        return int(literal)
+    except ValueError:
+        return -math.inf if literal.startswith("-") else math.inf
+
+
 def _loads(text: bytes) -> Any:
     """The JSON ``text`` holds; raises ValueError (or RecursionError) if none."""
-    return json.loads(text.decode("utf-8"), parse_constant=_no_constants)
+    return json.loads(text.decode("utf-8"), parse_constant=_no_constants, parse_int=_any_int)
 
 
 def greet(data: bytes) -> tuple[str, bytes]:
