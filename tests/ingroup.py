@@ -12,7 +12,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from flightgroup import JSON, FlightGroup
+import pytest
+
+from flightgroup import JSON, FlightGroup, GroupClosedError
 from flightgroup.directory import fs as fs_module
 from flightgroup.directory.client import DirectoryArbiter
 
@@ -105,3 +107,28 @@ def key_files_open() -> int:
 def lock_waiters() -> int:
     """Threads of this process blocked in a lead's flock (client.py's key-lock waiter)."""
     return sum(1 for t in threading.enumerate() if t.name == "flightgroup-keylock")
+
+
+def closed_leader_holds(directory: str) -> tuple[FlightGroup, threading.Event, list[str]]:
+    """A group ``a`` leads ``k`` and closes while its work runs: the work keeps the key
+    lock (until ``release`` is set), and the coordinator has a landed (interrupted)
+    flight of ``k``, so the next call of ``k`` leads at once and waits for the key lock
+    in a key-lock thread. ``runs`` lists the works that ran ("a")."""
+    a = group(directory)
+    running, release = threading.Event(), threading.Event()
+    runs: list[str] = []
+
+    def work() -> str:
+        runs.append("a")
+        running.set()
+        release.wait(30)
+        return "a"
+
+    # With a timeout the work runs on a thread of its own and the caller waits.
+    leader = Background(lambda: a.run_sync("k", work, timeout=60))
+    assert running.wait(10)
+    a.close()
+    with pytest.raises(GroupClosedError):
+        leader.wait()
+    assert not key_lock_free(directory, "k")  # the closed group's work keeps its lock
+    return a, release, runs

@@ -126,6 +126,28 @@ def _watchers(key: str) -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == WATCHER + digest]
 
 
+def _leading_other(served: Served) -> RawConn:
+    """A connection that leads a flight of "other" (which a dropped connection would
+    interrupt)."""
+    conn = served.connect()
+    conn.send(wire.run_frame(1, "other"))
+    assert conn.read_frame()[0]["op"] == "lead"
+    return conn
+
+
+def _fail_key_opens_on_the_loop(served: Served, monkeypatch: pytest.MonkeyPatch, err: int) -> None:
+    """The coordinator's own opens of key-lock files (its probes) fail with ``err``."""
+    loop_thread = served.loop.thread
+    real_open = os.open
+
+    def open_(path: Any, flags: int, mode: int = 0o777, *, dir_fd: Any = None) -> int:
+        if threading.current_thread() is loop_thread and fs.KEY_LOCKS in str(path):
+            raise OSError(err, os.strerror(err))
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", open_)
+
+
 def _status_of(conn: RawConn, id: int) -> list[dict[str, Any]]:
     """Ask for the status and read until its answer; fails on any other frame."""
     conn.send(wire.status_frame(id))
@@ -183,18 +205,8 @@ def test_a_probe_that_cannot_open_the_key_file_keeps_the_connection(
     escapes _run into buffer_updated: asyncio closes the caller's connection, so every
     flight its process leads is interrupted for its joiners, and its client sends the
     same run again at once. The connection must stay (the call may fail, or wait)."""
-    conn = served.connect()
-    conn.send(wire.run_frame(1, "other"))  # this process leads another flight
-    assert conn.read_frame()[0]["op"] == "lead"
-    loop_thread = served.loop.thread
-    real_open = os.open
-
-    def open_(path: Any, flags: int, mode: int = 0o777, *, dir_fd: Any = None) -> int:
-        if threading.current_thread() is loop_thread and fs.KEY_LOCKS in str(path):
-            raise OSError(errno.EMFILE, "Too many open files")
-        return real_open(path, flags, mode, dir_fd=dir_fd)
-
-    monkeypatch.setattr(os, "open", open_)
+    conn = _leading_other(served)
+    _fail_key_opens_on_the_loop(served, monkeypatch, errno.EMFILE)
     conn.send(wire.run_frame(2, "k"))
     conn.send(wire.status_frame(3))
     try:
@@ -282,18 +294,8 @@ def test_a_key_whose_lock_cannot_be_probed_fails_that_call_only(
     """A probe that fails for another reason than a lack of descriptors (the key's file
     is not ours to open) answers that call with an error; the connection and its other
     flights go on."""
-    conn = served.connect()
-    conn.send(wire.run_frame(1, "other"))
-    assert conn.read_frame()[0]["op"] == "lead"
-    loop_thread = served.loop.thread
-    real_open = os.open
-
-    def open_(path: Any, flags: int, mode: int = 0o777, *, dir_fd: Any = None) -> int:
-        if threading.current_thread() is loop_thread and fs.KEY_LOCKS in str(path):
-            raise OSError(errno.EACCES, "Permission denied")
-        return real_open(path, flags, mode, dir_fd=dir_fd)
-
-    monkeypatch.setattr(os, "open", open_)
+    conn = _leading_other(served)
+    _fail_key_opens_on_the_loop(served, monkeypatch, errno.EACCES)
     conn.send(wire.run_frame(2, "k"))
     header, _ = conn.read_frame()
     monkeypatch.undo()

@@ -33,6 +33,7 @@ from .dirproc import Child, Harness, assert_error, assert_value, harness, wait_f
 from .ingroup import Background, coordinating
 from .ingroup import arbiter as _arbiter
 from .ingroup import close as _close
+from .ingroup import closed_leader_holds as _closed_leader_holds
 from .ingroup import group as _group
 from .ingroup import key_files_open as _key_files_open
 from .ingroup import key_lock_free as _key_lock_free
@@ -49,6 +50,16 @@ def _coordinating(directory: str, **kwargs: Any) -> FlightGroup:
     group = coordinating(directory, **kwargs)
     _settled(group)
     return group
+
+
+def _coordinated_beside_x(h: Harness) -> tuple[Child, Child, FlightGroup, DirectoryArbiter]:
+    """A child ``coord`` that coordinates, a child ``x`` connected, and a group of this
+    process connected (with its arbiter)."""
+    coord = h.spawn_warm("coord")
+    assert h.coordinator_pid() == coord.pid
+    x = h.spawn_warm("x")
+    b = _connected(h.dir)
+    return coord, x, b, _arbiter(b)
 
 
 def _connected(directory: str, **kwargs: Any) -> FlightGroup:
@@ -95,29 +106,6 @@ def _answer_lead_while_opening(monkeypatch: pytest.MonkeyPatch, arbiter: Directo
         real(self, id, token)
 
     monkeypatch.setattr(DirectoryArbiter, "_on_lead", on_lead)
-
-
-def _closed_leader_holds(directory: str) -> tuple[FlightGroup, threading.Event, list[str]]:
-    """A group ``a`` leads ``k`` and closes while its work runs: the work keeps the key
-    lock, and the coordinator has a landed (interrupted) flight of ``k``, so the next
-    call of ``k`` leads at once and waits for the key lock in a key-lock thread."""
-    a = _group(directory)
-    running, release = threading.Event(), threading.Event()
-    runs: list[str] = []
-
-    def work() -> str:
-        runs.append("a")
-        running.set()
-        release.wait(30)
-        return "a"
-
-    leader = Background(lambda: a.run_sync("k", work, timeout=60))
-    assert running.wait(10)
-    a.close()
-    with pytest.raises(GroupClosedError):
-        leader.wait()
-    assert not _key_lock_free(directory, "k")
-    return a, release, runs
 
 
 def _cont(child: Child) -> None:
@@ -315,11 +303,7 @@ def test_close_while_a_retry_asks_its_token(h: Harness) -> None:
 def test_close_while_the_caller_opens_its_key_file_before_any_answer(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    coord = h.spawn_warm("coord")
-    assert h.coordinator_pid() == coord.pid
-    x = h.spawn_warm("x")
-    b = _connected(h.dir)
-    arbiter = _arbiter(b)
+    coord, x, b, arbiter = _coordinated_beside_x(h)
     fds = _fds_open()
     at_open, go = threading.Event(), threading.Event()
     real_open = os.open
@@ -361,11 +345,7 @@ def test_close_while_the_caller_opens_its_key_file_before_any_answer(
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("then", ["coordinator-continues", "coordinator-killed"])
 def test_a_call_withdrawn_before_its_run_is_answered(h: Harness, then: str) -> None:
-    coord = h.spawn_warm("coord")
-    assert h.coordinator_pid() == coord.pid
-    x = h.spawn_warm("x")
-    b = _connected(h.dir)
-    arbiter = _arbiter(b)
+    coord, x, b, arbiter = _coordinated_beside_x(h)
     runs: list[str] = []
 
     async def work() -> str:
@@ -419,11 +399,7 @@ def test_a_call_withdrawn_before_its_run_is_answered(h: Harness, then: str) -> N
 def test_a_lead_told_as_the_file_opened_survives_the_coordinators_death(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    coord = h.spawn_warm("coord")
-    assert h.coordinator_pid() == coord.pid
-    x = h.spawn_warm("x")
-    b = _connected(h.dir)
-    arbiter = _arbiter(b)
+    coord, x, b, arbiter = _coordinated_beside_x(h)
     go, x_joined = threading.Event(), threading.Event()
     real_open = os.open
     runs: list[int] = []

@@ -29,6 +29,7 @@ from flightgroup.directory.client import DirectoryArbiter, Event
 
 from .ingroup import Background
 from .ingroup import close as _close
+from .ingroup import closed_leader_holds as _closed_leader_holds
 from .ingroup import coordinating as _coordinating
 from .ingroup import group as _group
 from .ingroup import key_lock_free as _key_lock_free
@@ -203,37 +204,12 @@ def test_forget_from_a_connected_group_drops_the_kept_outcome_everywhere(directo
 # -----------------------------------------------------------------------------
 
 
-def _closed_leader_holds(
-    directory: str, c: FlightGroup
-) -> tuple[FlightGroup, threading.Event, Background, list[str]]:
-    """A group ``a`` leads ``k`` and closes while its work runs: the work keeps the key
-    lock, and the coordinator has a landed (interrupted) flight of ``k`` to release."""
-    a = _group(directory)
-    running, release = threading.Event(), threading.Event()
-    runs: list[str] = []
-
-    def work() -> str:
-        runs.append("a")
-        running.set()
-        release.wait(20)
-        return "a"
-
-    # With a timeout the work runs on a thread of its own and the caller waits.
-    leader = Background(lambda: a.run_sync("k", work, timeout=60))
-    assert running.wait(10)
-    a.close()
-    with pytest.raises(GroupClosedError):
-        leader.wait()
-    assert not _key_lock_free(directory, "k")  # the closed group's work keeps its lock
-    return a, release, leader, runs
-
-
 def test_a_closed_groups_running_work_keeps_the_key_and_the_next_call_waits(
     directory: str,
 ) -> None:
     c = _coordinating(directory)
     b = _group(directory)
-    _a, release, _, runs = _closed_leader_holds(directory, c)
+    _a, release, runs = _closed_leader_holds(directory)
     try:
         def work_b() -> str:
             runs.append("b")
@@ -254,7 +230,7 @@ def test_a_closed_groups_running_work_keeps_the_key_and_the_next_call_waits(
 def test_close_wakes_a_sync_leader_waiting_for_the_key_lock(directory: str) -> None:
     c = _coordinating(directory)
     b = _group(directory)
-    _a, release, _, runs = _closed_leader_holds(directory, c)
+    _a, release, runs = _closed_leader_holds(directory)
     try:
         def work_b() -> str:
             runs.append("b")
@@ -280,7 +256,7 @@ def test_close_wakes_a_sync_leader_waiting_for_the_key_lock(directory: str) -> N
 def test_a_lead_waiting_on_its_key_lock_at_close_never_leaks_the_lock(directory: str) -> None:
     c = _coordinating(directory)
     b = _group(directory)
-    _a, release, _, runs = _closed_leader_holds(directory, c)
+    _a, release, runs = _closed_leader_holds(directory)
     arbiter = b._arbiter
     assert arbiter is not None
     try:
