@@ -141,16 +141,27 @@ def _refuse_constant(name: str) -> NoReturn:
 
 
 def _parse_int(literal: str) -> int | float:
-    # Past int()'s digit limit (4,300 by default) a literal raises ValueError, which would
-    # read as "not JSON" and close the connection. No field takes such a number: it is a
-    # bad field, as a too large float is (an infinity fails every check).
     try:
         return int(literal)
     except ValueError:
         return -math.inf if literal.startswith("-") else math.inf
 
 
-_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_int=_parse_int)
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+# Past int()'s digit limit (4,300 by default) a literal raises ValueError, which would read
+# as "not JSON" and close the connection. No field takes such a number: it is a bad field,
+# as a too large float is (an infinity fails every check). Only text _DECODER refused is
+# read again so: a Python call per integer stays off the path of every frame.
+_DECODER_ANY_INT = json.JSONDecoder(parse_constant=_refuse_constant, parse_int=_parse_int)
+
+
+def _decode(text: bytes) -> Any:
+    """The JSON ``text`` holds. Raises ValueError (also for bad UTF-8) or RecursionError."""
+    decoded = text.decode("utf-8")
+    try:
+        return _DECODER.decode(decoded)
+    except ValueError:
+        return _DECODER_ANY_INT.decode(decoded)
 
 
 class WireError(Exception):
@@ -197,7 +208,7 @@ def error_line(message: str) -> bytes:
 def _loads_line(line: bytes) -> Any:
     """The JSON a handshake line holds, or None if it holds none."""
     try:
-        return _DECODER.decode(line.decode("utf-8"))
+        return _decode(line)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
 
@@ -300,7 +311,7 @@ def decode_body(body: bytes) -> tuple[dict[str, Any], bytes | None]:
     else:
         head, payload = body[:newline], body[newline + 1 :]
     try:
-        header = _DECODER.decode(head.decode("utf-8"))
+        header = _decode(head)
     except ValueError as exc:  # bad UTF-8 or bad JSON (UnicodeDecodeError is a ValueError)
         raise WireError(f"the frame header is not JSON: {exc}") from None
     except RecursionError:
