@@ -254,7 +254,6 @@ class FlightGroup:
             self._arbiter = DirectoryArbiter(
                 path, max_frame=max_frame_bytes, reconnect_timeout=reconnect_timeout
             )
-            self._arbiter.on_fork = functools.partial(_forget_flights, weakref.ref(self))
             # A value must fit in a frame, or its landing would be refused by every
             # coordinator (the connection dropped, the landing sent again, for ever).
             room = max_frame_bytes - min(_FRAME_HEADROOM, max_frame_bytes // 2)
@@ -266,6 +265,8 @@ class FlightGroup:
                     f"header in max_frame_bytes ({max_frame_bytes}): at most {room}"
                 )
             forked.watch(path)  # a forked child lets go of this directory's locks
+        if self._arbiter is not None:
+            self._arbiter.on_fork = functools.partial(_forget_flights, weakref.ref(self))
         self._max_value_bytes = max_value_bytes
         self._table = FlightTable(wide=self._arbiter is not None)
         self._closed = False
@@ -1413,7 +1414,7 @@ def _retrieve(task: asyncio.Task[None]) -> None:
 
 
 def _forget_flights(ref: weakref.ref[FlightGroup]) -> None:
-    """(In a forked child of a started directory group) the flights copied from the
+    """(In a forked child of a started wide group) the flights copied from the
     parent have no thread here to end them: a call joining one would wait for ever.
     A new table, so every call reaches the arbiter, which raises."""
     group = ref()

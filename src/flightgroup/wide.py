@@ -33,6 +33,9 @@ class Arbiter(Protocol):
     """What the engine asks of a wide scope's arbiter (a call is the arbiter's own
     object: it has an ``inbox`` and, while it leads, a ``lead`` with ``lost``)."""
 
+    # Called in a forked child of a started group (the group drops its flights there).
+    on_fork: Callable[[], None] | None
+
     def submit(self, key: str, fresh: bool) -> Any: ...
     def bind(self, call: Any, attempt: Attempt) -> None: ...
     def retry(self, call: Any) -> None: ...

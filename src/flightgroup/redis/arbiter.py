@@ -32,6 +32,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -209,7 +210,11 @@ class RedisArbiter:
         self._renewer: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
+        self._closed_why: str | None = None  # set in a forked child (see _after_fork)
         self._fatal: Exception | None = None  # the clients could not be made
+        # Called in a forked child of a started group (its group drops its flights).
+        self.on_fork: Callable[[], None] | None = None
+        _arbiters.add(self)
 
     # -- starting ---------------------------------------------------------------
 
@@ -219,7 +224,7 @@ class RedisArbiter:
             return loop
         with self._start_lock:
             if self._closing:
-                raise GroupClosedError()
+                raise self._closed()
             if self._loop is not None:
                 return self._loop
             loop, self._thread = start_loop("flightgroup-fleet", self._setup)
@@ -289,6 +294,11 @@ class RedisArbiter:
     def _where(self) -> str:
         return _safe(self.url)
 
+    def _closed(self) -> GroupClosedError:
+        if self._closed_why is None:
+            return GroupClosedError()
+        return GroupClosedError(self._closed_why)
+
     def _post(self, fn: Callable[..., object], *args: Any) -> bool:
         return post(self._loop, fn, *args)
 
@@ -305,12 +315,12 @@ class RedisArbiter:
     def submit(self, key: str, fresh: bool) -> FleetCall:
         """Ask the namespace to lead or join ``key``; events go to the call's inbox."""
         if self._closing:
-            raise GroupClosedError()
+            raise self._closed()
         loop = self._ensure_started()
         call = FleetCall(key, fresh)
         with self._start_lock:  # in order with close(): a call posted here is seen by it
             if self._closing:
-                raise GroupClosedError()
+                raise self._closed()
             loop.call_soon_threadsafe(self._begin, call)
         return call
 
@@ -821,6 +831,68 @@ class RedisArbiter:
         for client in (self._client, self._blocking):
             with contextlib.suppress(Exception):
                 await client.aclose()
+
+
+_arbiters: weakref.WeakSet[RedisArbiter] = weakref.WeakSet()  # every one made here
+# What forked children keep of their parents' started groups, for good: collected there,
+# a copied redis-py connection would close itself through the copied loop, whose epoll
+# instance is the parent's own (an unregister from here unwatches the parent's socket).
+_inherited: list[dict[str, Any]] = []
+
+
+def _after_fork() -> None:
+    """(In a forked child) no thread of the parent was copied: a group started there
+    would wait on a loop that never runs again. It raises at once here, its copies of
+    the parent's loop and connections are kept from acting (see ``_let_go``), and its
+    group drops the flights copied from the parent's table. A group that had not
+    started (made at import, first used here) works as new (ADR 0018)."""
+    parent = os.getppid()
+    for arbiter in list(_arbiters):
+        # Held at the fork: a thread was starting (or closing) it; it is the parent's.
+        started = arbiter._loop is not None or arbiter._start_lock.locked()
+        arbiter._start_lock = threading.Lock()  # held at the fork, it stays held here
+        if not started:
+            continue
+        _inherited.append(dict(vars(arbiter)))
+        if arbiter._loop is not None:
+            _let_go(arbiter._loop)
+        arbiter._closing = True  # close() has nothing to wait for
+        arbiter._closed_why = (
+            f"this fleet group was started in process {parent}; a forked child must "
+            "make a group of its own"
+        )
+        arbiter._loop = arbiter._thread = arbiter._ready = arbiter._renewer = None
+        arbiter._client = arbiter._blocking = None
+        arbiter._scripts = {}
+        arbiter._calls, arbiter._leads, arbiter._tasks = set(), set(), set()
+        if arbiter.on_fork is not None:
+            arbiter.on_fork()
+
+
+def _let_go(loop: asyncio.AbstractEventLoop) -> None:
+    """(In a forked child) point the child's copies of the descriptors ``loop`` watches
+    (the parent's Redis connections, its wake-up socket) and of its epoll instance at
+    /dev/null: the parent's connections then close when the parent closes them, not
+    when this child exits, and nothing done here can reach the parent's through them.
+    dup2, not close: the numbers stay taken, so no later file of the child gets one."""
+    selector = getattr(loop, "_selector", None)  # asyncio's selector loop (private)
+    if selector is None:
+        return
+    try:
+        fds = [key.fd for key in selector.get_map().values()]
+        fds.append(selector.fileno())
+    except (AttributeError, RuntimeError, OSError):
+        return
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def _glob_escape(text: str) -> str:
