@@ -12,6 +12,7 @@ test_directory_fuzz.py, test_directory_fs.py and test_directory_adversarial.py):
   connection (interrupting every flight it leads) and so stop the whole process;
 - a coordinator that welcomes every connection and then drops it: the client reconnected
   at once, for ever, and its calls never failed;
+- a call that comes just as the election fails gets its error at once;
 - a FIFO as ``flight.epoch``: the election winner blocked in ``open`` for ever while
   holding the election, and ``close()`` with it;
 - the coordinator out of descriptors (EMFILE on accept): a busy loop logging a warning
@@ -353,6 +354,45 @@ def test_a_fifo_as_the_epoch_file_fails_the_election_instead_of_hanging(director
         if not closing.done.wait(0.5):
             _unblock_fifo_reader(fifo)  # let the blocked election thread go
             closing.done.wait(15)
+
+
+def test_a_call_that_comes_as_the_election_fails_gets_its_error_at_once(
+    directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call passes submit()'s first check of the group's fatal error; the election
+    then fails (EpochError), and its _fail_all runs and finds no call to fail; only
+    then is the call registered. Forced in that order by hooks. Once, nothing failed
+    such a call: it waited for a coordinator until reconnect_timeout (here past its
+    own timeout). submit() checks the fatal error again under the send lock."""
+    g = group(directory, reconnect_timeout=30.0)
+    a = arbiter(g)
+    past_check, failed_all = threading.Event(), threading.Event()
+    real_ensure, real_fail_all = a._ensure_started, a._fail_all
+
+    def ensure_started() -> Any:
+        loop = real_ensure()  # starts the election
+        past_check.set()
+        assert failed_all.wait(20)
+        return loop
+
+    def next_epoch(path: str) -> int:
+        assert past_check.wait(20)
+        raise fs.EpochError("the epoch cannot be told (this test)")
+
+    def fail_all(exc: BaseException) -> None:
+        real_fail_all(exc)
+        failed_all.set()
+
+    monkeypatch.setattr(a, "_ensure_started", ensure_started)
+    monkeypatch.setattr(a, "_fail_all", fail_all)
+    monkeypatch.setattr(fs, "next_epoch", next_epoch)
+    try:
+        with pytest.raises(Exception) as raised:
+            g.run_sync("k", lambda: "ran", timeout=10)
+        assert isinstance(raised.value, fs.EpochError), repr(raised.value)
+        assert failed_all.is_set()
+    finally:
+        close(g)
 
 
 def _unblock_fifo_reader(fifo: str) -> None:
