@@ -464,6 +464,8 @@ class Model:
     mailbox: dict[tuple[str, int], tuple[str, bytes, bool]] = field(default_factory=dict)
     tokens: list[int] = field(default_factory=list)  # every token handed out, in order
     known: dict[str, list[int]] = field(default_factory=dict)  # tokens seen per key
+    # (key, the leading call's nonce) -> the token of the running flight FORGET parked
+    forgot: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def find(self, key: str, token: int) -> MFlight | None:
         flight = self.current.get(key)
@@ -510,6 +512,10 @@ def step(lua: Lua, model: Model, data: st.DataObject) -> None:
                 cur.joiners += 1
         elif cur is not None and cur.state == "R":
             assert (kind, token) == (4, cur.token)
+        elif (parked := model.parked.get((key, model.forgot.get((key, nonce), 0)))) is not None \
+                and parked.state == "R" and parked.nonce == nonce:
+            # its own flight, parked by a FORGET since it led: a re-sent ACQUIRE
+            assert (kind, token) == (1, parked.token)
         else:
             assert kind == 1
             model.current[key] = MFlight(model.new_token(key, token), nonce)
@@ -620,6 +626,7 @@ def step(lua: Lua, model: Model, data: st.DataObject) -> None:
         else:
             assert answer == 2
             model.parked[(key, cur.token)] = cur
+            model.forgot[(key, cur.nonce)] = cur.token
 
     else:  # expire: the record's TTL ran out (a lost lease, or the end of retention)
         cur = model.current.pop(key, None)

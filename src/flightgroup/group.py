@@ -205,6 +205,10 @@ class FlightGroup:
                 raise ValueError("redis must be a redis://, rediss:// or unix:// URL")
             if not isinstance(namespace, str) or not namespace:
                 raise ValueError("the fleet scope needs a non-empty namespace")
+            if "}" in namespace:
+                # It would end the hash tag of the flight's Redis keys early, and split
+                # them over a Cluster's slots.
+                raise ValueError("a namespace cannot hold '}'")
             check_seconds("lease", lease, allow_none=False, allow_zero=False, allow_inf=False)
             if not isinstance(cluster, bool):
                 raise TypeError("cluster must be a bool")
@@ -1223,8 +1227,8 @@ class FlightGroup:
         """
         if key is not None and not callable(key):
             raise TypeError("key must be a callable that returns the call's key")
-        if name is not None and (not isinstance(name, str) or not name):
-            raise ValueError("name must be a non-empty str")
+        if name is not None and (not isinstance(name, str) or not name or "\x00" in name):
+            raise ValueError("name must be a non-empty str without NUL characters")
         check_seconds("deadline", deadline, allow_zero=False, allow_inf=False)
         for field, given, kind in (
             ("retry", retry, Retry),
@@ -1248,13 +1252,13 @@ class FlightGroup:
         _check_key(key)
         self._table.forget(key)
         if self._arbiter is not None:
-            self._arbiter.forget(key)
+            self._arbiter.forget(_plain_wire_key(key))
 
     def _forget_op(self, tkey: Hashable) -> None:
         self._table.forget(tkey)
         if self._arbiter is not None:
             namespace, op = cast("tuple[str, str]", tkey)
-            self._arbiter.forget(f"{namespace}\x00{op}")
+            self._arbiter.forget(f"\x00{namespace}\x00{op}")
 
     def stats(self) -> Stats:
         """A snapshot of this group's counters in this process."""
@@ -1337,12 +1341,20 @@ def _lease_lost(key: str, error: BaseException | None) -> BaseException:
 
 def _wire_key(flight: Flight) -> str:
     """The key a flight has in a wide scope: a decorated function's keys carry its
-    namespace (NUL-separated), so two functions never share a flight there either."""
+    namespace ("NUL namespace NUL key"), so two functions never share a flight there
+    either, nor a function and a plain key (see _plain_wire_key)."""
     tkey = flight.tkey
     if type(tkey) is str:
-        return tkey
+        return _plain_wire_key(tkey)
     namespace, op = cast("tuple[str, str]", tkey)  # a decorated function's
-    return f"{namespace}\x00{op}"
+    return f"\x00{namespace}\x00{op}"
+
+
+def _plain_wire_key(key: str) -> str:
+    """A plain key in a wide scope: as it is, unless it starts with a NUL; then it
+    starts with one more. A decorated function's key starts with a NUL and then its
+    namespace, which is never empty and holds no NUL, so the kinds never meet."""
+    return "\x00" + key if key.startswith("\x00") else key
 
 
 def _time_out(attempt: Attempt, task: asyncio.Task[None] | None) -> None:

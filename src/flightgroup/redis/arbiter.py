@@ -24,10 +24,12 @@ work ends on its own thread).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hashlib
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -78,6 +80,10 @@ _RETRY_PAUSE = 0.05  # between tries of a step that cannot reach Redis yet
 # one blocked connection). The server's maxclients is the bound that matters
 # (tests/test_fleet_review.py::test_two_hundred_keys_at_once_all_lead).
 _MAX_CONNECTIONS = 2**31
+# The longest TTL given to Redis (about 31,700 years). Past PEXPIRE's range, a script
+# fails after its HSET (a Lua script has no rollback): a running record, or a mailbox,
+# without a TTL, which every later caller of the key would join for ever.
+_MAX_TTL_MS = 10**15
 _ANSWERS = {1: "lead", 2: "join", 3: "kept", 4: "wait for the next flight"}
 # What a step treats as "Redis is out of reach now": it tries again until its own
 # limit. (A Cluster client's errors are not RedisErrors.)
@@ -192,7 +198,7 @@ class RedisArbiter:
         self.url = url
         self.namespace = namespace
         self._lease = lease
-        self._lease_ms = max(1, round(lease * 1000))
+        self._lease_ms = _ms(lease)
         self._timeout = min(_COMMAND_TIMEOUT, max(_MIN_COMMAND_TIMEOUT, lease / 4))
         self._cluster = cluster
         self._max_value_bytes = max_value_bytes
@@ -346,9 +352,17 @@ class RedisArbiter:
         or refused it because the flight is no longer this leader's (True)."""
         lead = call.lead
         assert lead is not None
-        with lead.lock:
-            lead.work_done = True
-        if not self._post_task(self._land(lead, outcome, done)) and done is not None:
+        # In order with close(): a landing made before it is posted before its _close,
+        # which waits for it; one made after is not posted, and the work left running
+        # is interrupted by _close (marked done first, it was neither landed nor
+        # interrupted: its joiners waited out the lease).
+        with self._start_lock:
+            posted = not self._closing
+            if posted:
+                with lead.lock:
+                    lead.work_done = True
+                posted = self._post_task(self._land(lead, outcome, done))
+        if not posted and done is not None:
             done(True)  # the group closed: nothing can land any more
 
     def withdraw(self, call: FleetCall) -> None:
@@ -375,10 +389,19 @@ class RedisArbiter:
         return flights
 
     def _wait(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
-        loop = self._ensure_started()
-        future = asyncio.run_coroutine_threadsafe(coro, loop)
+        try:
+            loop = self._ensure_started()
+            future = asyncio.run_coroutine_threadsafe(coro, loop)
+        except RuntimeError:  # the loop closed meanwhile
+            coro.close()
+            raise self._closed() from None
+        except BaseException:
+            coro.close()
+            raise
         try:
             return future.result(timeout)
+        except concurrent.futures.CancelledError:  # close() stopped the loop under it
+            raise self._closed() from None
         except (RedisError, RedisClusterException) as exc:  # (the latter: no RedisError)
             raise self._unavailable(exc) from exc
         except TimeoutError as exc:
@@ -426,8 +449,13 @@ class RedisArbiter:
         if self._fatal is not None:
             self._end(call, Event.FAILED, self._unavailable(self._fatal))
             return
-        if self._ready is not None and not self._ready.done():
-            await asyncio.shield(self._ready)
+        if self._cluster and self._ready is not None and not self._ready.done():
+            # A Cluster client's first commands race its discovery (see _startup): wait
+            # for it, at most a command timeout. A single server's scripts need no
+            # wait (a missing one costs a NOSCRIPT round trip): a frozen server fails
+            # the first call in 4 command timeouts, as any other, not in 8.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._ready), self._timeout)
         names = _Names(self.namespace, call.key, self._cluster)
         min_token = _NO_FLIGHT_YET if call.fresh else 0
         while True:
@@ -540,7 +568,8 @@ class RedisArbiter:
                 token = int(fields.get(b"v", b"0"))
                 if follow:
                     call.inbox.put(Event.JOINED, token, 0, 0.0, "")
-                deadline = time.monotonic() + self._lease + _SLACK
+                # Ask CHECK first: the flight's own lease left (the leader's, not ours).
+                deadline = time.monotonic()
                 continue
             return (Event.LANDED, token, decode_outcome(code, fields.get(b"v")), False)
 
@@ -586,7 +615,7 @@ class RedisArbiter:
 
     def _grace_ms(self, keep: float) -> int:
         """How long a mailbox lives: past any joiner's wait and any kept outcome."""
-        return round(max(self._lease, keep) * 1000) + 1000
+        return _ms(max(self._lease, keep) + 1.0)
 
     def _lose(self, lead: FleetLead, reason: str) -> None:
         if lead.lose():
@@ -728,8 +757,8 @@ class RedisArbiter:
                 try:
                     reply = await self._script(
                         "complete", [names.record, names.parked(token), names.mailbox(token)],
-                        [token, code, payload, round(keep * 1000), self._grace_ms(keep),
-                         self._max_value_bytes],
+                        [token, code, payload, min(_MAX_TTL_MS, round(keep * 1000)),
+                         self._grace_ms(keep), self._max_value_bytes],
                     )
                 except ResponseError as exc:  # refused (over max_value_bytes): not landed
                     log.warning("Redis refused a landing of %s: %s", key_digest(call.key), exc)
@@ -753,11 +782,14 @@ class RedisArbiter:
 
     async def _status(self, limit: int) -> list[dict[str, Any]]:
         client = self._client
-        pattern = f"fg:{{{_glob_escape(self.namespace)}:*"
+        prefix = f"fg:{{{self.namespace}:"
+        pattern = f"{_glob_escape(prefix)}*"
+        # The glob also matches a longer namespace ("app" finds "app:v2"): only a
+        # record or a parked record of this one (the key's digest, then the tag's end).
+        ours = re.compile(re.escape(prefix.encode()) + rb"[0-9a-f]{64}\}(?::x:[0-9]+)?\Z")
         names: list[bytes] = []
         async for name in client.scan_iter(match=pattern, count=1000):
-            tail = name.rsplit(b"}", 1)[-1]
-            if tail == b"" or tail.startswith(b":x:"):
+            if ours.match(name):
                 names.append(name)
                 if len(names) >= limit:
                     break
@@ -893,6 +925,11 @@ def _let_go(loop: asyncio.AbstractEventLoop) -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork)
+
+
+def _ms(seconds: float) -> int:
+    """A duration for PEXPIRE: at least 1 ms, at most _MAX_TTL_MS."""
+    return max(1, min(_MAX_TTL_MS, round(seconds * 1000)))
 
 
 def _glob_escape(text: str) -> str:

@@ -18,6 +18,9 @@ tag, so one flight's keys live in one Cluster slot):
   code (``ok``, ``err``, ``tmo``, ``int``, or ``next``: a retry moved the flight to the
   token in ``v``), ``v`` the payload, ``f`` = 1 when it was written for a flight that did
   not land (fenced or abandoned). TTL: the grace time.
+- ``fg:{ns:d}:o:<nonce>``: the token of a running flight that a FORGET parked, under
+  the nonce of the call that leads it: a re-sent ACQUIRE of that call (its reply lost)
+  leads the parked flight again instead of a second one. TTL: a minute, as below.
 - ``fg:{ns:d}:g:<nonce>``: a FORGET's answer, under the nonce of that ``forget``: a
   re-sent FORGET answers it again instead of acting twice. TTL: a minute, past
   redis-py's re-sends.
@@ -85,6 +88,16 @@ if v[1] and tonumber(v[1]) >= tonumber(ARGV[4]) then
   return {2, v[1], redis.call('PTTL', rec), v[6] or '0', v[7] or '', string.format('%.0f', age)}
 end
 if v[1] and v[2] == 'R' then return {4, v[1], redis.call('PTTL', rec)} end
+-- A re-send of an ACQUIRE that led, after a FORGET parked that flight: lead it again,
+-- not a second one (its joiners wait for it). FORGET left the nonce's token.
+local parked = redis.call('GET', rec .. ':o:' .. ARGV[1])
+if parked then
+  local x = rec .. ':x:' .. parked
+  local p = redis.call('HMGET', x, 't', 's', 'o')
+  if p[1] == parked and p[2] == 'R' and p[3] == ARGV[1] then
+    return {1, parked, redis.call('PTTL', x)}
+  end
+end
 local tok, clock = next_token(KEYS[2], ARGV[3])
 redis.call('DEL', rec)
 redis.call('HSET', rec, 't', tok, 's', 'R', 'o', ARGV[1], 'k', ARGV[7], 'p', ARGV[5],
@@ -219,12 +232,14 @@ if KEYS[2] then
   if seen then return tonumber(seen) end
 end
 local answer = 0
-local v = redis.call('HMGET', KEYS[1], 't', 's')
+local v = redis.call('HMGET', KEYS[1], 't', 's', 'o')
 if v[1] and v[2] == 'D' then
   redis.call('DEL', KEYS[1])
   answer = 1
 elseif v[1] then
   redis.call('RENAME', KEYS[1], KEYS[1] .. ':x:' .. v[1])
+  -- Its leading call's ACQUIRE may be re-sent (its reply lost): it finds its flight.
+  if v[3] then redis.call('SET', KEYS[1] .. ':o:' .. v[3], v[1], 'PX', ARGV[1] or 60000) end
   answer = 2
 end
 if KEYS[2] then redis.call('SET', KEYS[2], answer, 'PX', ARGV[1]) end
