@@ -382,7 +382,8 @@ def test_forget_drops_a_kept_outcome_and_parks_a_running_flight(lua: Lua) -> Non
     # a new call leads a new flight beside it
     t2 = int(lua.acquire("k", "n3")[1])
     assert t2 > t1
-    assert lua.acquire("k", "n1")[:2] == [2, str(t2).encode()]  # the old nonce: a joiner now
+    # the old nonce (a re-sent ACQUIRE of the call that led t1): leads t1 again
+    assert lua.acquire("k", "n1")[:2] == [1, str(t1).encode()]
     # the parked flight is still renewed, checked, retried and landed by its token
     assert lua.renew([("k", t1), ("k", t2)], 20_000) == [1, 1]
     assert lua.r.pttl(parked) > 10_000
@@ -502,8 +503,13 @@ def step(lua: Lua, model: Model, data: st.DataObject) -> None:
                      "next": (cur.token + 1) if cur else 0}[min_kind]
         reply = lua.acquire(key, nonce, min_token)
         kind, token = int(reply[0]), int(reply[1])
+        parked = model.parked.get((key, model.forgot.get((key, nonce), 0)))
         if cur is not None and cur.state == "R" and cur.nonce == nonce:
             assert (kind, token) == (1, cur.token)  # its own flight: leads again
+        elif parked is not None and parked.state == "R" and parked.nonce == nonce:
+            # its own flight, parked by a FORGET since it led (a re-sent ACQUIRE),
+            # whatever the key's record holds now
+            assert (kind, token) == (1, parked.token)
         elif cur is not None and cur.token >= min_token:
             if cur.state == "D":
                 assert reply == [3, str(cur.token).encode(), cur.code.encode(), cur.payload]
@@ -512,10 +518,6 @@ def step(lua: Lua, model: Model, data: st.DataObject) -> None:
                 cur.joiners += 1
         elif cur is not None and cur.state == "R":
             assert (kind, token) == (4, cur.token)
-        elif (parked := model.parked.get((key, model.forgot.get((key, nonce), 0)))) is not None \
-                and parked.state == "R" and parked.nonce == nonce:
-            # its own flight, parked by a FORGET since it led: a re-sent ACQUIRE
-            assert (kind, token) == (1, parked.token)
         else:
             assert kind == 1
             model.current[key] = MFlight(model.new_token(key, token), nonce)

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from .policy import FlightPolicy
 
 __all__ = [
-    "Arbiter", "Event", "Inbox", "LeadState", "from_wire", "post", "start_loop", "to_wire",
+    "Arbiter", "Event", "Inbox", "LeadState", "from_wire", "key_as_called", "post", "start_loop",
+    "to_wire",
 ]
 
 
@@ -74,6 +75,13 @@ def start_loop(
     thread.start()
     ready.wait()
     return loop, thread
+
+
+def key_as_called(sent: str) -> str:
+    """The key as its caller gave it, from the key a wide scope sent (group.py's
+    ``_wire_key``): a plain key that starts with a NUL was sent with one more. A
+    decorated function's key stays as sent: NUL, its namespace, NUL, the key."""
+    return sent[1:] if sent.startswith("\x00\x00") else sent
 
 
 def post(loop: asyncio.AbstractEventLoop | None, fn: Callable[..., object], *args: Any) -> bool:

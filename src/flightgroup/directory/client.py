@@ -41,7 +41,7 @@ from ..errors import (
     UnavailableError,
     renewed,
 )
-from ..wide import Event, Inbox, LeadState, from_wire, post, start_loop, to_wire
+from ..wide import Event, Inbox, LeadState, from_wire, key_as_called, post, start_loop, to_wire
 from . import fs, wire
 from .coordinator import Coordinator
 
@@ -1018,6 +1018,9 @@ class DirectoryArbiter:
 
         self._post(ask)
         flights: list[dict[str, Any]] = waiter.result(timeout)
+        for flight in flights:
+            if isinstance(flight.get("key"), str):
+                flight["key"] = key_as_called(flight["key"])
         return flights
 
     # -- closing ----------------------------------------------------------------

@@ -50,7 +50,7 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from .._log import DigestOf, key_digest, log
 from ..directory import wire
 from ..errors import GroupClosedError, UnavailableError
-from ..wide import Event, Inbox, LeadState, post, start_loop
+from ..wide import Event, Inbox, LeadState, key_as_called, post, start_loop
 from . import scripts
 
 if TYPE_CHECKING:
@@ -233,6 +233,9 @@ class RedisArbiter:
                 raise self._closed()
             if self._loop is not None:
                 return self._loop
+            # This process leads from now on (a group made before a fork starts in
+            # the child: its pid, not the parent's, is the one status() shows).
+            self._pid = os.getpid()
             loop, self._thread = start_loop("flightgroup-fleet", self._setup)
             self._loop = loop
             return loop
@@ -391,7 +394,12 @@ class RedisArbiter:
     def _wait(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
         try:
             loop = self._ensure_started()
-            future = asyncio.run_coroutine_threadsafe(coro, loop)
+            # In order with close(), as submit() is: posted before its _close, or not
+            # at all (posted after, it was dropped with the loop: a wait of `timeout`).
+            with self._start_lock:
+                if self._closing:
+                    raise self._closed()
+                future = asyncio.run_coroutine_threadsafe(coro, loop)
         except RuntimeError:  # the loop closed meanwhile
             coro.close()
             raise self._closed() from None
@@ -806,7 +814,7 @@ class RedisArbiter:
             if state != b"R" or token is None:
                 continue
             flights.append({
-                "key": (key or b"").decode(errors="replace"),
+                "key": key_as_called((key or b"").decode(errors="replace")),
                 "token": int(token),
                 "leader_pid": int(pid or 0),
                 "host": (host or b"").decode(errors="replace"),
@@ -831,7 +839,8 @@ class RedisArbiter:
             return
         future: Future[None] = asyncio.run_coroutine_threadsafe(self._close(), loop)
         with contextlib.suppress(Exception):
-            future.result(2 * _COMMAND_TIMEOUT + self._lease)
+            # (A lease past threading.TIMEOUT_MAX made result() raise at once.)
+            future.result(min(threading.TIMEOUT_MAX, 2 * _COMMAND_TIMEOUT + self._lease))
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(loop.stop)
         if self._thread is not None and self._thread is not threading.current_thread():

@@ -79,6 +79,18 @@ local v = redis.call('HMGET', rec, 't', 's', 'o', 'c', 'v', 'p', 'h', 'b')
 if v[1] and v[2] == 'R' and v[3] == ARGV[1] then
   return {1, v[1], redis.call('PTTL', rec)}
 end
+-- A re-send of an ACQUIRE that led, after a FORGET parked that flight: lead it again,
+-- not a second one (its joiners wait for it), whatever the key's record holds now (the
+-- forgetting caller's next call may lead a newer flight at once). FORGET left the
+-- nonce's token; a nonce leads one flight only, so this is always that call's own.
+local parked = redis.call('GET', rec .. ':o:' .. ARGV[1])
+if parked then
+  local x = rec .. ':x:' .. parked
+  local p = redis.call('HMGET', x, 't', 's', 'o')
+  if p[1] == parked and p[2] == 'R' and p[3] == ARGV[1] then
+    return {1, parked, redis.call('PTTL', x)}
+  end
+end
 if v[1] and tonumber(v[1]) >= tonumber(ARGV[4]) then
   if v[2] == 'D' then return {3, v[1], v[4] or 'int', v[5] or ''} end
   redis.call('HINCRBY', rec, 'j', 1)
@@ -88,16 +100,6 @@ if v[1] and tonumber(v[1]) >= tonumber(ARGV[4]) then
   return {2, v[1], redis.call('PTTL', rec), v[6] or '0', v[7] or '', string.format('%.0f', age)}
 end
 if v[1] and v[2] == 'R' then return {4, v[1], redis.call('PTTL', rec)} end
--- A re-send of an ACQUIRE that led, after a FORGET parked that flight: lead it again,
--- not a second one (its joiners wait for it). FORGET left the nonce's token.
-local parked = redis.call('GET', rec .. ':o:' .. ARGV[1])
-if parked then
-  local x = rec .. ':x:' .. parked
-  local p = redis.call('HMGET', x, 't', 's', 'o')
-  if p[1] == parked and p[2] == 'R' and p[3] == ARGV[1] then
-    return {1, parked, redis.call('PTTL', x)}
-  end
-end
 local tok, clock = next_token(KEYS[2], ARGV[3])
 redis.call('DEL', rec)
 redis.call('HSET', rec, 't', tok, 's', 'R', 'o', ARGV[1], 'k', ARGV[7], 'p', ARGV[5],
