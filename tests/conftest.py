@@ -82,6 +82,30 @@ def redis_server() -> Iterator[Any]:
 
 
 @pytest.fixture
+def holding_proxy(redis_server: Any) -> Iterator[Any]:
+    """A proxy to the module's redis-server that can cut and hold replies."""
+    from .redisproc import HoldingCutProxy
+
+    proxy = HoldingCutProxy(redis_server.port)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A Redis Cluster (3 masters) of this module's own."""
+    from .redisproc import RedisCluster
+
+    c = RedisCluster()
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
 def namespace() -> str:
     """A fleet namespace no other test uses."""
     return f"t{uuid.uuid4().hex[:12]}"

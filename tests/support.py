@@ -74,3 +74,8 @@ def in_thread(fn: Any, *args: Any, **kwargs: Any) -> tuple[threading.Thread, dic
     thread = threading.Thread(target=body, daemon=True)
     thread.start()
     return thread, out
+
+
+def outcome(box: dict[str, Any]) -> Any:
+    """What a thread of ``in_thread`` ended with: its result, or its error."""
+    return box["result"] if "result" in box else box.get("error")

@@ -73,6 +73,7 @@ from flightgroup import (
 )
 from flightgroup.redis.arbiter import RedisArbiter, _Names
 
+from .infleet import fleet_group, fleet_of, never
 from .redisproc import (
     CutProxy,
     HoldingCutProxy,
@@ -80,7 +81,7 @@ from .redisproc import (
     RedisServer,
     keys_without_ttl,
 )
-from .support import in_thread, wait_until
+from .support import in_thread, outcome, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -89,25 +90,6 @@ _PAST_PEXPIRE = 1e17  # seconds: finite, accepted, and past Redis's PEXPIRE rang
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-def _group(url: str, namespace: str, **options: Any) -> FlightGroup:
-    return FlightGroup(redis=url, namespace=namespace, codec=JSON, **options)
-
-
-def _fleet(group: FlightGroup) -> RedisArbiter:
-    arbiter = group._fleet
-    assert arbiter is not None
-    return arbiter
-
-
-def _never() -> Any:
-    raise AssertionError("a joiner's work never runs")
-
-
-def _outcome(box: dict[str, Any]) -> Any:
-    """What a thread of support.in_thread ended with: its result, or its error."""
-    return box["result"] if "result" in box else box.get("error")
 
 
 def _hold(
@@ -150,23 +132,14 @@ def server() -> Iterator[RedisServer]:
         s.close()
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[RedisCluster]:
-    c = RedisCluster()
-    try:
-        yield c
-    finally:
-        c.close()
-
-
 # -- 1. status() scans another namespace's flights ------------------------------------
 
 
 def test_status_lists_only_the_flights_of_its_own_namespace(
     redis_server: RedisServer, namespace: str
 ) -> None:
-    mine = _group(redis_server.url, namespace)
-    other = _group(redis_server.url, f"{namespace}:v2")
+    mine = fleet_group(redis_server.url, namespace)
+    other = fleet_group(redis_server.url, f"{namespace}:v2")
     started, release = threading.Event(), threading.Event()
 
     def work() -> str:
@@ -177,14 +150,14 @@ def test_status_lists_only_the_flights_of_its_own_namespace(
     thread, out = in_thread(other.run_sync, "k", work)
     try:
         assert started.wait(10)
-        assert _fleet(other).status()  # it runs, in its own namespace
-        assert _fleet(mine).status() == []  # nothing runs in this one
+        assert fleet_of(other).status()  # it runs, in its own namespace
+        assert fleet_of(mine).status() == []  # nothing runs in this one
     finally:
         release.set()
         thread.join(10)
         mine.close()
         other.close()
-    assert _outcome(out).value == "other"
+    assert outcome(out).value == "other"
 
 
 # -- 2. a namespace that starts with "}" on a Cluster ---------------------------------
@@ -196,7 +169,7 @@ def test_a_namespace_with_a_closing_brace_is_refused(redis_server: RedisServer, 
     early: on a Cluster they fell into different slots and every call failed with
     UnavailableError (CROSSSLOT). It is refused when the group is made, naming why."""
     with pytest.raises(ValueError, match="namespace cannot hold '}'"):
-        _group(redis_server.url, bad)
+        fleet_group(redis_server.url, bad)
 
 
 def test_a_namespace_with_an_opening_brace_and_glob_characters_works_on_a_cluster(
@@ -205,7 +178,7 @@ def test_a_namespace_with_an_opening_brace_and_glob_characters_works_on_a_cluste
     """Pin: "{", "*" and "[" in a namespace leave the hash tag whole (one slot per
     flight); two groups share one flight and status() finds it."""
     namespace = f"a{{b*[{uuid.uuid4().hex[:6]}"
-    a, b = (_group(cluster.url, namespace, cluster=True) for _ in range(2))
+    a, b = (fleet_group(cluster.url, namespace, cluster=True) for _ in range(2))
     started, joined = threading.Event(), threading.Event()
 
     def work() -> str:
@@ -216,15 +189,15 @@ def test_a_namespace_with_an_opening_brace_and_glob_characters_works_on_a_cluste
     lead, led = in_thread(a.run_sync, "k{1}", work)
     try:
         assert started.wait(10)
-        assert [f["key"] for f in _fleet(b).status()] == ["k{1}"]
-        got = b.run_sync("k{1}", _never, on_join=joined.set)
+        assert [f["key"] for f in fleet_of(b).status()] == ["k{1}"]
+        got = b.run_sync("k{1}", never, on_join=joined.set)
         lead.join(10)
     finally:
         joined.set()
         a.close()
         b.close()
-    assert got.value == _outcome(led).value == "v"
-    assert got.joined and got.token == _outcome(led).token
+    assert got.value == outcome(led).value == "v"
+    assert got.joined and got.token == outcome(led).token
 
 
 # -- 3. a plain key and a decorated function's key ------------------------------------
@@ -239,8 +212,8 @@ def test_a_plain_key_never_shares_a_flight_with_a_decorated_function(
     was "name NUL key"; it is "NUL name NUL key"): a plain key of either text, called
     from another group, must lead a flight of its own, as it does in one process."""
     if scope == "fleet":
-        a = _group(redis_server.url, namespace)
-        b = _group(redis_server.url, namespace)
+        a = fleet_group(redis_server.url, namespace)
+        b = fleet_group(redis_server.url, namespace)
     else:
         a = FlightGroup(directory=directory, codec=JSON)
         b = FlightGroup(directory=directory, codec=JSON)
@@ -269,8 +242,8 @@ def test_a_plain_key_never_shares_a_flight_with_a_decorated_function(
         gate.set()
         a.close()
         b.close()
-    assert _outcome(dec) == "decorated"
-    result = _outcome(out)
+    assert outcome(dec) == "decorated"
+    result = outcome(out)
     assert result.value == "plain", f"the plain call got {result!r}"
     assert not result.joined
 
@@ -282,10 +255,10 @@ def test_a_lease_past_the_pexpire_range_leaves_no_record_without_a_ttl(
     server: RedisServer, namespace: str
 ) -> None:
     client = server.client()
-    sane = _group(server.url, namespace, lease=1.0)
+    sane = fleet_group(server.url, namespace, lease=1.0)
     try:
         try:
-            huge = _group(server.url, namespace, lease=_PAST_PEXPIRE)
+            huge = fleet_group(server.url, namespace, lease=_PAST_PEXPIRE)
         except ValueError:
             huge = None  # refused at construction: fine
         if huge is not None:
@@ -313,10 +286,10 @@ def test_a_retention_past_the_pexpire_range_lands_for_the_leader_too(
     server: RedisServer, namespace: str
 ) -> None:
     try:
-        leader = _group(server.url, namespace, retention=Retention(success=_PAST_PEXPIRE))
+        leader = fleet_group(server.url, namespace, retention=Retention(success=_PAST_PEXPIRE))
     except ValueError:
         return  # refused at construction: fine
-    joiner = _group(server.url, namespace)
+    joiner = fleet_group(server.url, namespace)
     started, joined = threading.Event(), threading.Event()
 
     def work() -> str:
@@ -327,7 +300,7 @@ def test_a_retention_past_the_pexpire_range_lands_for_the_leader_too(
     thread, led = in_thread(leader.run_sync, "k", work)
     try:
         assert started.wait(10)
-        got = joiner.run_sync("k", _never, on_join=joined.set)
+        got = joiner.run_sync("k", never, on_join=joined.set)
         thread.join(10)
         left = keys_without_ttl(server.client(), f"fg:{{{namespace}*")
     finally:
@@ -335,8 +308,8 @@ def test_a_retention_past_the_pexpire_range_lands_for_the_leader_too(
         leader.close()
         joiner.close()
     assert got.value == "v" and got.joined
-    assert not isinstance(_outcome(led), LeaseLostError), "the joiner got the value it landed"
-    assert _outcome(led).value == "v"
+    assert not isinstance(outcome(led), LeaseLostError), "the joiner got the value it landed"
+    assert outcome(led).value == "v"
     assert left == []
 
 
@@ -350,8 +323,8 @@ def test_a_landing_made_before_close_is_handed_over(
     preempted before it posts the landing to the group's loop, and ``close()`` runs
     then. close() must hand that landing over (or interrupt it for the joiners); it
     returns having done neither, and the landing's task never runs."""
-    a = _group(redis_server.url, namespace, lease=30)
-    fleet = _fleet(a)
+    a = fleet_group(redis_server.url, namespace, lease=30)
+    fleet = fleet_of(a)
     a.run_sync("warm-up", lambda: 0)
     posting, release, closed = threading.Event(), threading.Event(), threading.Event()
     post_task, close_steps = fleet._post_task, fleet._close
@@ -388,7 +361,7 @@ def test_a_landing_made_before_close_is_handed_over(
     finally:
         release.set()
         a.close()
-    assert isinstance(_outcome(led), GroupClosedError)  # closed while it waited (API)
+    assert isinstance(outcome(led), GroupClosedError)  # closed while it waited (API)
     (token,) = tokens
     state = client.hget(names.record, "s")
     entry = client.xrange(names.mailbox(token))
@@ -400,15 +373,6 @@ def test_a_landing_made_before_close_is_handed_over(
 # -- 7. a re-sent ACQUIRE after a FORGET ----------------------------------------------
 
 
-@pytest.fixture
-def holding_proxy(redis_server: RedisServer) -> Iterator[HoldingCutProxy]:
-    p = HoldingCutProxy(redis_server.port)
-    try:
-        yield p
-    finally:
-        p.close()
-
-
 def test_a_resent_acquire_after_a_forget_leads_the_flight_its_joiner_joined(
     redis_server: RedisServer, holding_proxy: HoldingCutProxy, namespace: str
 ) -> None:
@@ -418,9 +382,9 @@ def test_a_resent_acquire_after_a_forget_leads_the_flight_its_joiner_joined(
     nonce and leads t2: A runs the work once, under t2, and lands it; t1 is never
     renewed nor landed, so B, whose leader lives, is interrupted after a lease."""
     key = f"acq-{uuid.uuid4().hex}"
-    a = _group(holding_proxy.url, namespace, lease=1.5)
-    b = _group(redis_server.url, namespace, lease=1.5)
-    forgetter = _group(redis_server.url, namespace, lease=1.5)
+    a = fleet_group(holding_proxy.url, namespace, lease=1.5)
+    b = fleet_group(redis_server.url, namespace, lease=1.5)
+    forgetter = fleet_group(redis_server.url, namespace, lease=1.5)
     tokens: list[int] = []
     joined = threading.Event()
 
@@ -436,7 +400,7 @@ def test_a_resent_acquire_after_a_forget_leads_the_flight_its_joiner_joined(
         threads.append(lead)
         assert holding_proxy.held.wait(10)  # t1 led in Redis; the re-send is held
         assert holding_proxy.cuts == 1
-        join, got = in_thread(b.run_sync, key, _never, on_join=joined.set)
+        join, got = in_thread(b.run_sync, key, never, on_join=joined.set)
         threads.append(join)
         assert joined.wait(10)
         forgetter.forget(key)  # t1 parked
@@ -449,8 +413,8 @@ def test_a_resent_acquire_after_a_forget_leads_the_flight_its_joiner_joined(
             thread.join(10)
         for g in (a, b, forgetter):
             g.close()
-    assert _outcome(led).value == "v" and tokens == [_outcome(led).token]  # ran once
-    result = _outcome(got)
+    assert outcome(led).value == "v" and tokens == [outcome(led).token]  # ran once
+    result = outcome(got)
     assert not isinstance(result, FlightInterruptedError), result
     assert result.value == "v" and result.joined
 
@@ -466,8 +430,8 @@ def test_the_first_call_does_not_wait_for_the_startup_pipeline(
     with redis-py's own retries: 4 more command timeouts on a frozen server) before its
     own ACQUIRE. Here the startup never ends (held on an event): the first call still
     leads and returns on a live server."""
-    group = _group(redis_server.url, namespace)
-    fleet = _fleet(group)
+    group = fleet_group(redis_server.url, namespace)
+    fleet = fleet_of(group)
     held, release = threading.Event(), threading.Event()
     startup = fleet._startup
 
@@ -492,10 +456,10 @@ def test_the_first_call_does_not_wait_for_the_startup_pipeline(
 def test_a_forget_racing_close_raises_no_cancelled_error(
     redis_server: RedisServer, namespace: str
 ) -> None:
-    a = _group(redis_server.url, namespace)
+    a = fleet_group(redis_server.url, namespace)
     a.run_sync("warm-up", lambda: 0)
     ran, release = threading.Event(), threading.Event()
-    _hold(_fleet(a), "forget", ran, release)
+    _hold(fleet_of(a), "forget", ran, release)
     thread, out = in_thread(a.forget, "k")
     try:
         assert ran.wait(10)  # Redis ran it; its reply is not heard yet
@@ -503,12 +467,12 @@ def test_a_forget_racing_close_raises_no_cancelled_error(
     finally:
         release.set()
         thread.join(10)
-    ended = _outcome(out)
+    ended = outcome(out)
     assert not isinstance(ended, concurrent.futures.CancelledError)
     assert ended is None or isinstance(ended, GroupClosedError | UnavailableError), ended
     # The group's status() after close: GroupClosedError, not "Event loop is closed".
     with pytest.raises(GroupClosedError):
-        _fleet(a).status(timeout=5)
+        fleet_of(a).status(timeout=5)
 
 
 # -- 10. a joiner that follows a retry waits its own lease, not the leader's ------------
@@ -521,9 +485,9 @@ def test_a_joiner_that_followed_a_retry_hears_its_leaders_death_within_the_leade
     record runs out 1 s later. A joiner of a group with a lease of 30 s follows the
     retry's `next` and must be interrupted about a (leader's) lease later, as it is
     without a retry; it waits until its own deadline of 30 s instead."""
-    a = _group(redis_server.url, namespace, lease=1.0, retry=_RETRY_NOW)
-    b = _group(redis_server.url, namespace, lease=30.0)
-    fleet = _fleet(a)
+    a = fleet_group(redis_server.url, namespace, lease=1.0, retry=_RETRY_NOW)
+    b = fleet_group(redis_server.url, namespace, lease=30.0)
+    fleet = fleet_of(a)
     tokens: list[int] = []
     joined, fail, release = threading.Event(), threading.Event(), threading.Event()
 
@@ -542,7 +506,7 @@ def test_a_joiner_that_followed_a_retry_hears_its_leaders_death_within_the_leade
     lead, _ = in_thread(a.run_sync, "k", work)
     try:
         wait_until(lambda: bool(tokens), "the first attempt")
-        join, got = in_thread(b.run_sync, "k", _never, on_join=joined.set, timeout=4.0)
+        join, got = in_thread(b.run_sync, "k", never, on_join=joined.set, timeout=4.0)
         assert joined.wait(10)
         fail.set()
         join.join(10)
@@ -553,7 +517,7 @@ def test_a_joiner_that_followed_a_retry_hears_its_leaders_death_within_the_leade
         a.close()
         b.close()
     assert len(tokens) == 2  # it followed the retry
-    result = _outcome(got)
+    result = outcome(got)
     assert not isinstance(result, TimeoutError), "still waiting 4 s after a 1 s lease ran out"
     assert isinstance(result, FlightInterruptedError), result
 
@@ -575,13 +539,14 @@ def test_calls_and_closes_leave_no_connection_or_thread_behind(
 
     base, threads = clients(), _fleet_threads()
     for _ in range(3):
-        g = _group(server.url, namespace, lease=2)
+        g = fleet_group(server.url, namespace, lease=2)
         g.run_sync("k", lambda: 1)
         g.close()
     wait_until(lambda: clients() == base, "the closed groups' connections to go")
     assert _fleet_threads() == threads
 
-    lead, join = _group(server.url, namespace, lease=2), _group(server.url, namespace, lease=2)
+    lead = fleet_group(server.url, namespace, lease=2)
+    join = fleet_group(server.url, namespace, lease=2)
     started, release = threading.Event(), threading.Event()
     try:
         lead.run_sync("warm-up", lambda: 0)
@@ -600,7 +565,7 @@ def test_calls_and_closes_leave_no_connection_or_thread_behind(
         assert started.wait(10)
         for _ in range(5):
             with pytest.raises(TimeoutError):
-                join.run_sync("long", _never, timeout=0.05)
+                join.run_sync("long", never, timeout=0.05)
 
         async def cancelled() -> None:
             for _ in range(5):
@@ -611,7 +576,7 @@ def test_calls_and_closes_leave_no_connection_or_thread_behind(
         assert blocked() <= 1  # one read for the key, whatever the callers that left
         release.set()
         thread.join(10)
-        assert _outcome(out).value == "v"
+        assert outcome(out).value == "v"
         wait_until(lambda: blocked() == 0, "the read to end with the landing")
     finally:
         release.set()
@@ -638,8 +603,8 @@ def test_a_resent_attempt_keeps_the_flight_and_its_joiners(
     runs once per attempt."""
     key = f"attempt-{uuid.uuid4().hex}"
     names = _Names(namespace, key, False)
-    a = _group(proxy.url, namespace, retry=_RETRY_NOW)
-    b = _group(redis_server.url, namespace)
+    a = fleet_group(proxy.url, namespace, retry=_RETRY_NOW)
+    b = fleet_group(redis_server.url, namespace)
     tokens: list[int] = []
     joined = threading.Event()
 
@@ -654,7 +619,7 @@ def test_a_resent_attempt_keeps_the_flight_and_its_joiners(
     thread, led = in_thread(a.run_sync, key, work)
     try:
         wait_until(lambda: bool(tokens), "the first attempt")
-        got = b.run_sync(key, _never, on_join=joined.set)
+        got = b.run_sync(key, never, on_join=joined.set)
         thread.join(10)
     finally:
         joined.set()
@@ -662,7 +627,7 @@ def test_a_resent_attempt_keeps_the_flight_and_its_joiners(
         b.close()
     assert proxy.cuts == 1
     assert len(tokens) == 2 and tokens[1] > tokens[0]
-    assert _outcome(led).value == "v" and _outcome(led).token == tokens[1]
+    assert outcome(led).value == "v" and outcome(led).token == tokens[1]
     assert got.value == "v" and got.joined and got.token == tokens[1]
     entries = redis_server.client().xrange(names.mailbox(tokens[0]))
     assert [e[1] for e in entries] == [{b"c": b"next", b"v": str(tokens[1]).encode()}]
@@ -676,11 +641,11 @@ def test_a_leading_callers_timeout_at_each_step_withdraws_only_that_caller(
     Redis) is held: it raises TimeoutError; the flight goes on and the joiner in
     another group gets its value."""
     key = f"timeout-{step}-{uuid.uuid4().hex}"
-    a = _group(redis_server.url, namespace, retry=_RETRY_NOW if step == "attempt" else None)
-    b = _group(redis_server.url, namespace)
+    a = fleet_group(redis_server.url, namespace, retry=_RETRY_NOW if step == "attempt" else None)
+    b = fleet_group(redis_server.url, namespace)
     a.run_sync("warm-up", lambda: 0)
     ran, release, joined = threading.Event(), threading.Event(), threading.Event()
-    _hold(_fleet(a), step, ran, release)
+    _hold(fleet_of(a), step, ran, release)
     runs: list[int] = []
 
     def work() -> str:
@@ -696,11 +661,11 @@ def test_a_leading_callers_timeout_at_each_step_withdraws_only_that_caller(
             assert ran.wait(10)  # led in Redis: the joiner can join it already
         else:
             wait_until(lambda: bool(runs), "the work")
-        join, got = in_thread(b.run_sync, key, _never, on_join=joined.set)
+        join, got = in_thread(b.run_sync, key, never, on_join=joined.set)
         assert joined.wait(10)
         thread.join(10)
         assert ran.is_set()
-        assert isinstance(_outcome(led), TimeoutError)
+        assert isinstance(outcome(led), TimeoutError)
         release.set()
         join.join(10)
     finally:
@@ -708,15 +673,15 @@ def test_a_leading_callers_timeout_at_each_step_withdraws_only_that_caller(
         release.set()
         a.close()
         b.close()
-    result = _outcome(got)
+    result = outcome(got)
     assert result.value == "v" and result.joined and result.token == runs[-1]
     assert len(runs) == (2 if step == "attempt" else 1)
 
 
 def test_close_waits_for_a_landing_in_flight(redis_server: RedisServer, namespace: str) -> None:
-    a = _group(redis_server.url, namespace)
-    b = _group(redis_server.url, namespace)
-    fleet = _fleet(a)
+    a = fleet_group(redis_server.url, namespace)
+    b = fleet_group(redis_server.url, namespace)
+    fleet = fleet_of(a)
     a.run_sync("warm-up", lambda: 0)
     order: list[str] = []
     ran, release, closing, joined = (threading.Event() for _ in range(4))
@@ -735,7 +700,7 @@ def test_close_waits_for_a_landing_in_flight(redis_server: RedisServer, namespac
 
     thread, led = in_thread(a.run_sync, "k", work)
     try:
-        join, got = in_thread(b.run_sync, "k", _never, on_join=joined.set)
+        join, got = in_thread(b.run_sync, "k", never, on_join=joined.set)
         assert ran.wait(10)  # COMPLETE ran in Redis, its reply is held
         closer, _ = in_thread(lambda: (a.close(), order.append("closed")))
         assert closing.wait(10)
@@ -748,16 +713,16 @@ def test_close_waits_for_a_landing_in_flight(redis_server: RedisServer, namespac
         a.close()
         b.close()
     assert order == ["landing heard", "closed"]
-    assert _outcome(got).value == "v" and _outcome(got).joined
-    assert isinstance(_outcome(led), GroupClosedError)  # it still waited when closed
+    assert outcome(got).value == "v" and outcome(got).joined
+    assert isinstance(outcome(led), GroupClosedError)  # it still waited when closed
 
 
 def test_closing_a_joiners_group_ends_its_blocked_read(
     server: RedisServer, namespace: str
 ) -> None:
     client = server.client()
-    a = _group(server.url, namespace, lease=30)
-    b = _group(server.url, namespace, lease=30)
+    a = fleet_group(server.url, namespace, lease=30)
+    b = fleet_group(server.url, namespace, lease=30)
     started, release = threading.Event(), threading.Event()
 
     def work() -> str:
@@ -768,11 +733,11 @@ def test_closing_a_joiners_group_ends_its_blocked_read(
     thread, led = in_thread(a.run_sync, "k", work)
     try:
         assert started.wait(10)
-        join, got = in_thread(b.run_sync, "k", _never)
+        join, got = in_thread(b.run_sync, "k", never)
         wait_until(lambda: int(client.info("clients")["blocked_clients"]) == 1, "the read")
         b.close()
         join.join(10)
-        assert isinstance(_outcome(got), GroupClosedError)
+        assert isinstance(outcome(got), GroupClosedError)
         wait_until(lambda: int(client.info("clients")["blocked_clients"]) == 0, "no read")
         release.set()
         thread.join(10)
@@ -780,7 +745,7 @@ def test_closing_a_joiners_group_ends_its_blocked_read(
         release.set()
         a.close()
         b.close()
-    assert _outcome(led).value == "v"
+    assert outcome(led).value == "v"
 
 
 def test_odd_keys_and_a_namespace_of_glob_characters(
@@ -791,9 +756,9 @@ def test_odd_keys_and_a_namespace_of_glob_characters(
     flights (its SCAN pattern is escaped)."""
     globby = f"{namespace}*?[x]\\"
     key = "{a}*?[b]\\ é"
-    a, b = _group(redis_server.url, globby), _group(redis_server.url, globby)
+    a, b = fleet_group(redis_server.url, globby), fleet_group(redis_server.url, globby)
     # The unescaped pattern fg:{NS*?[x]\\:* would match this namespace's records.
-    other = _group(redis_server.url, f"{namespace}Qx")
+    other = fleet_group(redis_server.url, f"{namespace}Qx")
     started, joined, other_started, release = (threading.Event() for _ in range(4))
 
     def work() -> str:
@@ -810,8 +775,8 @@ def test_odd_keys_and_a_namespace_of_glob_characters(
     side, _ = in_thread(other.run_sync, "other", other_work)
     try:
         assert started.wait(10) and other_started.wait(10)
-        assert [f["key"] for f in _fleet(b).status()] == [key]
-        got = b.run_sync(key, _never, on_join=joined.set)
+        assert [f["key"] for f in fleet_of(b).status()] == [key]
+        got = b.run_sync(key, never, on_join=joined.set)
         lead.join(10)
     finally:
         joined.set()
@@ -819,7 +784,7 @@ def test_odd_keys_and_a_namespace_of_glob_characters(
         side.join(10)
         for g in (a, b, other):
             g.close()
-    assert got.value == "v" and got.joined and got.token == _outcome(led).token
+    assert got.value == "v" and got.joined and got.token == outcome(led).token
     digest = hashlib.sha256(key.encode()).hexdigest()
     assert _Names(globby, key, False).record == f"fg:{{{globby}:{digest}}}"
     assert keys_without_ttl(redis_server.client(), "fg:*") == []

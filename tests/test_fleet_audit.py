@@ -26,14 +26,12 @@ import inspect
 import itertools
 import threading
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 
 from flightgroup import (
-    JSON,
     FlightGroup,
     FlightInterruptedError,
     Retention,
@@ -44,6 +42,7 @@ from flightgroup.redis import scripts
 from flightgroup.redis.arbiter import RedisArbiter, _Names
 
 from .dirproc import assert_value, harness
+from .infleet import fleet_group, fleet_of
 from .redisproc import HoldingCutProxy, RedisServer, keys_without_ttl
 from .support import LoopThread, in_thread, wait_until
 
@@ -57,26 +56,7 @@ def never(*_: Any) -> Any:
     raise AssertionError("this caller must not run the work")
 
 
-def arbiter_of(group: FlightGroup) -> RedisArbiter:
-    arbiter = group._arbiter
-    assert isinstance(arbiter, RedisArbiter)
-    return arbiter
-
-
-def group(url: str, namespace: str, **options: Any) -> FlightGroup:
-    return FlightGroup(redis=url, namespace=namespace, codec=JSON, **options)
-
-
 # -- 1. a re-sent FORGET --------------------------------------------------------------
-
-
-@pytest.fixture
-def holding_proxy(redis_server: RedisServer) -> Iterator[HoldingCutProxy]:
-    p = HoldingCutProxy(redis_server.port)
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 @pytest.mark.timeout(40)
@@ -108,10 +88,10 @@ def test_a_resent_forget_leaves_the_next_flight_alone(
         return "second"
 
     retention = Retention(success=30.0) if newer == "kept" else None
-    forgetter = group(holding_proxy.url, namespace)
-    a = group(redis_server.url, namespace)
-    b = group(redis_server.url, namespace, retention=retention)
-    c = group(redis_server.url, namespace)
+    forgetter = fleet_group(holding_proxy.url, namespace)
+    a = fleet_group(redis_server.url, namespace)
+    b = fleet_group(redis_server.url, namespace, retention=retention)
+    c = fleet_group(redis_server.url, namespace)
     threads: list[threading.Thread] = []
     try:
         forgetter.run_sync("warm-up", lambda: 0)  # its scripts are loaded, a connection idles
@@ -232,7 +212,7 @@ def test_a_landing_before_the_joiners_first_read_is_not_lost(
     key = f"level-{uuid.uuid4().hex}"
     client = redis_server.client()
     names = _Names(namespace, key, False)
-    a, b = group(redis_server.url, namespace), group(redis_server.url, namespace)
+    a, b = fleet_group(redis_server.url, namespace), fleet_group(redis_server.url, namespace)
     started, want_read, landed = threading.Event(), threading.Event(), threading.Event()
     reads: list[Any] = []
     joiner_scripts: list[str] = []
@@ -240,7 +220,7 @@ def test_a_landing_before_the_joiners_first_read_is_not_lost(
     try:
         a.run_sync("warm-up-a", lambda: 0)
         b.run_sync("warm-up-b", lambda: 0)  # b's blocking client exists from now on
-        leader, joiner = arbiter_of(a), arbiter_of(b)
+        leader, joiner = fleet_of(a), fleet_of(b)
         leader_script, joiner_script = leader._script, joiner._script
 
         async def leader_scripts(name: str, keys: Any, args: Any) -> Any:
@@ -335,11 +315,11 @@ def test_flights_led_at_once_are_renewed_in_one_call_per_tick(
     enough, release = threading.Event(), threading.Event()
     started = [threading.Event() for _ in keys]
     lost: list[bool] = []
-    g = group(redis_server.url, namespace, lease=0.6)  # a tick every 0.2 s
+    g = fleet_group(redis_server.url, namespace, lease=0.6)  # a tick every 0.2 s
     threads = []
     try:
         g.run_sync("warm-up", lambda: 0)
-        arbiter = arbiter_of(g)
+        arbiter = fleet_of(g)
         original = arbiter._script
 
         async def script(name: str, keys_: Any, args: Any) -> Any:
@@ -388,10 +368,10 @@ def test_flights_led_at_once_are_renewed_in_one_call_per_tick(
 def test_the_default_lease_is_ten_seconds(redis_server: RedisServer, namespace: str) -> None:
     assert inspect.signature(FlightGroup).parameters["lease"].default == 10.0
     assert inspect.signature(RedisArbiter).parameters["lease"].default == 10.0
-    g = group(redis_server.url, namespace)
+    g = fleet_group(redis_server.url, namespace)
     started, release = threading.Event(), threading.Event()
     try:
-        assert arbiter_of(g)._lease == 10.0
+        assert fleet_of(g)._lease == 10.0
 
         def work() -> int:
             started.set()
@@ -430,9 +410,9 @@ def test_a_frozen_server_ends_new_calls_and_joiners() -> None:
     groups: list[FlightGroup] = []
     threads: list[threading.Thread] = []
     try:
-        leader = group(server.url, "n", lease=0.6)
-        joiner = group(server.url, "n", lease=0.6)
-        fresh_group = group(server.url, "n", lease=0.6)
+        leader = fleet_group(server.url, "n", lease=0.6)
+        joiner = fleet_group(server.url, "n", lease=0.6)
+        fresh_group = fleet_group(server.url, "n", lease=0.6)
         groups += [leader, joiner, fresh_group]
         leader.run_sync("warm-up-l", lambda: 0)
         joiner.run_sync("warm-up-j", lambda: 0)
@@ -453,7 +433,7 @@ def test_a_frozen_server_ends_new_calls_and_joiners() -> None:
         wait_until(lambda: _blocked_clients(server) >= 1, "the joiner's XREAD in Redis")
         server.stop()
         try:
-            cold = group(server.url, "n", lease=0.6)  # made while frozen: its startup too
+            cold = fleet_group(server.url, "n", lease=0.6)  # made while frozen: its startup too
             groups.append(cold)
             new_calls = [in_thread(g.run_sync, "new", never) for g in (fresh_group, cold)]
             threads += [thread for thread, _ in new_calls]
@@ -490,7 +470,7 @@ def test_a_leaders_timeout_or_cancel_withdraws_only_that_caller(
     B would be interrupted and C would lead a new flight (another token, a second run).
     (The async callers run on a loop that lives on: the flight's own task is there.)"""
     key = f"withdraw-{uuid.uuid4().hex}"
-    a, b, c = (group(redis_server.url, namespace) for _ in range(3))
+    a, b, c = (fleet_group(redis_server.url, namespace) for _ in range(3))
     runs: list[int] = []
     started, release = threading.Event(), threading.Event()
     b_joined, c_joined = threading.Event(), threading.Event()

@@ -36,7 +36,6 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -49,39 +48,12 @@ from flightgroup import (
     UnavailableError,
     current_lease,
 )
-from flightgroup.redis.arbiter import RedisArbiter
 
+from .infleet import fleet_group, fleet_of, never
 from .redisproc import HoldingCutProxy, RedisServer
-from .support import in_thread
+from .support import in_thread, outcome
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def _group(url: str, namespace: str, **options: Any) -> FlightGroup:
-    return FlightGroup(redis=url, namespace=namespace, codec=JSON, **options)
-
-
-def _fleet(group: FlightGroup) -> RedisArbiter:
-    arbiter = group._fleet
-    assert arbiter is not None
-    return arbiter
-
-
-def _never() -> Any:
-    raise AssertionError("a joiner's work never runs")
-
-
-def _outcome(box: dict[str, Any]) -> Any:
-    return box["result"] if "result" in box else box.get("error")
-
-
-@pytest.fixture
-def holding_proxy(redis_server: RedisServer) -> Iterator[HoldingCutProxy]:
-    p = HoldingCutProxy(redis_server.port)
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 # -- 1. a re-sent ACQUIRE after "forget, then call" ------------------------------------
@@ -97,9 +69,9 @@ def test_a_resent_acquire_still_leads_its_parked_flight_when_a_new_flight_starte
     value. It joins t2 instead; t1 is never renewed, and B gets FlightInterruptedError
     a lease later."""
     key = f"acq-{uuid.uuid4().hex}"
-    a = _group(holding_proxy.url, namespace, lease=1.5)
-    b = _group(redis_server.url, namespace, lease=1.5)
-    other = _group(redis_server.url, namespace, lease=1.5)
+    a = fleet_group(holding_proxy.url, namespace, lease=1.5)
+    b = fleet_group(redis_server.url, namespace, lease=1.5)
+    other = fleet_group(redis_server.url, namespace, lease=1.5)
     joined, other_runs, other_release = threading.Event(), threading.Event(), threading.Event()
     tokens: list[int] = []
 
@@ -120,7 +92,7 @@ def test_a_resent_acquire_still_leads_its_parked_flight_when_a_new_flight_starte
         threads.append(lead)
         assert holding_proxy.held.wait(10)  # t1 led in Redis; the re-send is held
         assert holding_proxy.cuts == 1
-        join, got = in_thread(b.run_sync, key, _never, on_join=joined.set, timeout=15)
+        join, got = in_thread(b.run_sync, key, never, on_join=joined.set, timeout=15)
         threads.append(join)
         assert joined.wait(10)  # B waits for t1
         other.forget(key)  # t1 parked (…:o:<A's nonce> names it)
@@ -138,13 +110,13 @@ def test_a_resent_acquire_still_leads_its_parked_flight_when_a_new_flight_starte
             thread.join(15)
         for g in (a, b, other):
             g.close()
-    result = _outcome(got)
+    result = outcome(got)
     assert not isinstance(result, FlightInterruptedError), (
         f"B's flight t1 was dropped while its leader A lived: {result!r}; "
-        f"A got {_outcome(led)!r}, its work ran {len(tokens)} time(s)"
+        f"A got {outcome(led)!r}, its work ran {len(tokens)} time(s)"
     )
     assert result.value == "A's value" and result.joined
-    assert _outcome(led).value == "A's value" and not _outcome(led).joined
+    assert outcome(led).value == "A's value" and not outcome(led).joined
 
 
 # -- 2. forget() posted as the loop shuts down ----------------------------------------
@@ -160,9 +132,9 @@ def test_a_forget_posted_as_the_loop_shuts_down_does_not_wait_out_its_timeout(
     The commit promises that a forget racing close raises GroupClosedError (or it
     could return, as forget on a closed group does); it waits 4 command timeouts + 1 s
     and raises UnavailableError."""
-    g = _group(redis_server.url, namespace, lease=1.0)  # forget's own bound: 5 s
+    g = fleet_group(redis_server.url, namespace, lease=1.0)  # forget's own bound: 5 s
     g.run_sync("warm-up", lambda: 0)
-    fleet = _fleet(g)
+    fleet = fleet_of(g)
     loop = fleet._loop
     assert loop is not None
     in_forget, loop_closing, posted = threading.Event(), threading.Event(), threading.Event()
@@ -203,7 +175,7 @@ def test_a_forget_posted_as_the_loop_shuts_down_does_not_wait_out_its_timeout(
         forgetting.join(20)
         if closing is not None:
             closing.join(20)
-    ended = _outcome(out)
+    ended = outcome(out)
     assert not isinstance(ended, UnavailableError), (
         f"forget() waited out its timeout on a closed group's dropped FORGET: {ended!r}"
     )
@@ -222,9 +194,9 @@ def test_close_with_a_lease_past_timeout_max_hands_over_the_landing(
     returned, or after it waited a second. With lease=1e10 s (finite, accepted, past
     threading.TIMEOUT_MAX ~9.2e9 s) close() returns at once and the loop stops under the
     landing: the joiner elsewhere waits (here to its own timeout), the record runs."""
-    a = _group(redis_server.url, namespace, lease=1e10)
-    b = _group(redis_server.url, namespace, lease=1.0)
-    fleet = _fleet(a)
+    a = fleet_group(redis_server.url, namespace, lease=1e10)
+    b = fleet_group(redis_server.url, namespace, lease=1.0)
+    fleet = fleet_of(a)
     a.run_sync("warm-up", lambda: 0)
     started, joined = threading.Event(), threading.Event()
     completing, gate = threading.Event(), threading.Event()
@@ -248,7 +220,7 @@ def test_close_with_a_lease_past_timeout_max_hands_over_the_landing(
     closing: threading.Thread | None = None
     try:
         assert started.wait(10)
-        join, got = in_thread(b.run_sync, "k", _never, on_join=joined.set, timeout=8)
+        join, got = in_thread(b.run_sync, "k", never, on_join=joined.set, timeout=8)
         assert completing.wait(10)  # the work returned; land() posted the landing
         closing, _ = in_thread(a.close)
         closing.join(1.0)  # returned at once (the bug), or waits for the landing
@@ -264,7 +236,7 @@ def test_close_with_a_lease_past_timeout_max_hands_over_the_landing(
         if closing is not None:
             closing.join(20)
         b.close()
-    result = _outcome(got)
+    result = outcome(got)
     assert not isinstance(result, TimeoutError), "the landing made before close() was dropped"
     assert result.value == "v" and result.joined
 
@@ -279,7 +251,7 @@ def test_status_shows_the_raw_key_of_a_plain_key_that_starts_with_a_nul(
     """A plain key that starts with a NUL is sent with one more (ADR 0019); status()
     of either wide scope shows it as its caller gave it."""
     if scope == "fleet":
-        g = _group(redis_server.url, namespace)
+        g = fleet_group(redis_server.url, namespace)
     else:
         g = FlightGroup(directory=directory, codec=JSON)
     started, release = threading.Event(), threading.Event()
@@ -298,7 +270,7 @@ def test_status_shows_the_raw_key_of_a_plain_key_that_starts_with_a_nul(
         release.set()
         thread.join(10)
         g.close()
-    assert _outcome(out).value == "v"
+    assert outcome(out).value == "v"
     assert keys == ["\x00k"], keys
 
 

@@ -842,15 +842,6 @@ def test_a_frozen_server_loses_the_leaders_lease() -> None:
 # -- a Redis Cluster ------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[RedisCluster]:
-    c = RedisCluster()
-    try:
-        yield c
-    finally:
-        c.close()
-
-
 def slot_owners(cluster: RedisCluster) -> dict[int, int]:
     """slot -> the port of the master that serves it."""
     owners = {}
