@@ -288,6 +288,24 @@ def test_durable_write_cleans_up_when_encoding_fails(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_durable_write_makes_its_temp_file_in_the_folder_given(tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    seen: list[str] = []
+    real_fsync = os.fsync
+
+    def looking_fsync(fd: int) -> None:  # the temp file is written and open: look for it
+        seen.extend(leftovers(tmp_path) + [f"scratch/{n}" for n in leftovers(scratch)])
+        real_fsync(fd)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "fsync", looking_fsync)
+        fs.durable_write(str(tmp_path / "file"), "x", temp_directory=str(scratch))
+    assert (tmp_path / "file").read_text() == "x"
+    assert seen and all(name.startswith("scratch/file.") for name in seen)
+    assert leftovers(tmp_path) == leftovers(scratch) == []
+
+
 # --- next_epoch and read_epoch ------------------------------------------------------------
 
 
@@ -307,6 +325,20 @@ def test_a_fresh_directory_starts_at_1_and_adds_1(group_dir: Path) -> None:
     assert epochs(group_dir) == ("3\n", "3\n")
     assert fs.read_epoch(str(group_dir)) == 3
     assert leftovers(group_dir) == [] and leftovers(group_dir / fs.STATE) == []
+
+
+def test_a_term_removes_the_temp_files_a_crashed_epoch_write_left(group_dir: Path) -> None:
+    # API.md keeps the top level to the named files: the temp files of both epoch copies
+    # are made in state/, and a crash between their write and rename leaves them there
+    # until the next term (its writer holds flight.lock, so nobody else writes them).
+    assert fs.next_epoch(str(group_dir)) == 1
+    state = group_dir / fs.STATE
+    (state / f"{fs.EPOCH_NAME}.0123.tmp").write_text("7\n")
+    (state / "epoch.4567.tmp").write_text("")
+    (state / "kept-by-hand").write_text("mine")
+    assert fs.next_epoch(str(group_dir)) == 2  # a temp file is never read as a copy
+    assert leftovers(state) == [] and leftovers(group_dir) == []
+    assert (state / "kept-by-hand").read_text() == "mine"
 
 
 def test_empty_key_lock_files_do_not_make_a_directory_old(group_dir: Path) -> None:

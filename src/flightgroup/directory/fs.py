@@ -244,15 +244,18 @@ def _fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
-def durable_write(path: str, text: str) -> None:
+def durable_write(path: str, text: str, temp_directory: str | None = None) -> None:
     """Replace the contents of ``path`` with ``text`` (UTF-8) so that a crash leaves either
     the old contents or the new, never a mix, and the new ones survive a power loss once
-    this returns: a temp file beside it, fsync, rename over it, fsync of the directory.
+    this returns: a temp file, fsync, rename over ``path``, fsync of its directory.
 
-    On an error the temp file is removed and the error raised; ``path`` is unchanged.
+    The temp file is made in ``temp_directory`` (on the same file system, so the rename
+    stays atomic), by default beside ``path``. On an error it is removed and the error
+    raised; ``path`` is unchanged. A crash can leave it behind: it ends in ``.tmp``.
     """
     data = text.encode("utf-8")
-    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+    folder = os.path.dirname(path) if temp_directory is None else temp_directory
+    tmp = os.path.join(folder, f"{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
     fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
     try:
         try:
@@ -410,11 +413,27 @@ def next_epoch(directory: str) -> int:
             "directory, and reset the fencing tokens your storage remembers."
         )
     epoch = last + 1
-    durable_write(first_path, f"{epoch}\n")
     # state/ may have been removed by hand; the second copy is worth recreating it for.
-    _make_directory(os.path.dirname(second_path))
+    # Both temp files are made there: API.md keeps the top level to the named files.
+    state = os.path.dirname(second_path)
+    _make_directory(state)
+    _remove_stale_temp_files(state)
+    durable_write(first_path, f"{epoch}\n", temp_directory=state)
     durable_write(second_path, f"{epoch}\n")
     return epoch
+
+
+def _remove_stale_temp_files(state: str) -> None:
+    """Remove the temp files a crash in the middle of an epoch write left in ``state``.
+    Only the election's winner writes there, so none of them is being written now."""
+    try:
+        names = os.listdir(state)
+    except OSError:
+        return
+    for name in names:
+        if name.endswith(".tmp"):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(state, name))
 
 
 def read_epoch(directory: str) -> int | None:
