@@ -51,12 +51,13 @@ if child == 0:
     def say(**what):
         os.write(to_parent_w, (json.dumps(what) + "\n").encode())
     try:
+        out["closed_at_once"] = parent_group.closed
         for name, key in (("parent_group", "used-in-child"), ("parent_group_held", "held")):
             try:  # "held" was in flight in the parent's table when it forked
                 parent_group.run_sync(key, lambda: 1, timeout=10)
                 out[name] = "served"
             except BaseException as exc:
-                out[name] = [type(exc).__name__, str(exc)]
+                out[name] = [type(exc).__name__, str(exc), getattr(exc, "__notes__", [])]
         try:
             parent_group.forget("held")
             out["forget"] = "returned"
@@ -137,9 +138,12 @@ def test_a_parents_fleet_group_used_in_a_forked_child_raises_instead_of_hanging(
     in the parent's table at the fork. forget() returns, as on any closed group, and
     close() returns at once instead of waiting out the lease."""
     assert "error" not in forked, forked
+    assert forked["closed_at_once"] is True, forked  # the group counts as closed there
     for outcome in (forked["parent_group"], forked["parent_group_held"]):
-        assert outcome[0] == "GroupClosedError", outcome
-        assert "a forked child must make a group of its own" in outcome[1], outcome
+        # API.md's text; why, and the parent's pid, in a note
+        assert outcome[:2] == ["GroupClosedError", "This flight group is closed."], outcome
+        assert len(outcome[2]) == 1 and "This fleet group was started in process" in outcome[2][0]
+        assert "make a group of its own here" in outcome[2][0], outcome
     assert forked["forget"] == "returned", forked
     assert forked["closed"] is True, forked
 

@@ -218,4 +218,7 @@ def renewed(error: BaseException) -> BaseException:
     except Exception:
         return error
     made.__cause__ = error.__cause__
+    notes = getattr(error, "__notes__", None)
+    if notes:
+        made.__notes__ = list(notes)
     return made

@@ -154,6 +154,7 @@ class FlightGroup:
         "__weakref__",
         "_arbiter",
         "_closed",
+        "_closed_why",
         "_codec",
         "_deadline",
         "_fleet",
@@ -274,6 +275,7 @@ class FlightGroup:
         self._max_value_bytes = max_value_bytes
         self._table = FlightTable(wide=self._arbiter is not None)
         self._closed = False
+        self._closed_why: str | None = None  # why, when not by close(): a forked child
 
     # -- calls ------------------------------------------------------------------
 
@@ -362,7 +364,7 @@ class FlightGroup:
                 raise
             if signal is SETTLED:
                 return self._deliver(flight, False)
-            raise GroupClosedError()
+            raise self._closed_error()
         return await self._follow(role, flight, waiter, work, on_join, timeout, loop, self._policy)
 
     async def _run_op(
@@ -371,7 +373,7 @@ class FlightGroup:
         """``run`` for a decorated function: ``tkey`` is its namespaced key. Returns the
         Result (the wrapper takes its value; a traced group reads its token)."""
         if self._closed:
-            raise GroupClosedError()
+            raise self._closed_error()
         loop = events.get_running_loop()
         task = asyncio.current_task(loop)
         if task is not None and task.cancelling():
@@ -403,7 +405,7 @@ class FlightGroup:
         _check_key(key)
         _check_call(work, on_join, timeout, fresh)
         if self._closed:
-            raise GroupClosedError()
+            raise self._closed_error()
         if timeout is not None and timeout <= 0:  # type: ignore[operator]
             raise TimeoutError(f"timeout of 0 s for {key!r}: the call neither led nor joined")
 
@@ -476,7 +478,7 @@ class FlightGroup:
             if signal is SETTLED:
                 return self._deliver(flight, leader)
             if signal is CLOSED:
-                raise GroupClosedError()
+                raise self._closed_error()
             # A claim on the flight after the one this caller waited for.
             assert isinstance(signal, Flight)
             flight, fresh_of = signal, None
@@ -660,7 +662,7 @@ class FlightGroup:
             if signal is SETTLED:
                 return self._deliver(flight, leader)
             if signal is CLOSED:
-                raise GroupClosedError()
+                raise self._closed_error()
             assert isinstance(signal, Flight)
             flight, fresh_of = signal, None
             role, waiter = table.claim(flight, new_thread_waiter, policy)
@@ -1166,7 +1168,7 @@ class FlightGroup:
     def _deliver(self, flight: Flight, leader: bool) -> Result[Any]:
         """Turn a settled flight into this caller's return value or exception."""
         if flight.closed:  # the group closed while this caller's flight ran
-            raise GroupClosedError()
+            raise self._closed_error()
         outcome = flight.outcome
         if outcome is Outcome.VALUE:
             data = flight.data
@@ -1266,8 +1268,18 @@ class FlightGroup:
 
     @property
     def closed(self) -> bool:
-        """True once the group is closed."""
+        """True once the group is closed; in a forked child, also a wide group that was
+        started in the parent (its thread was not copied: docs/adr/0014 and 0018)."""
         return self._closed
+
+    def _closed_error(self) -> GroupClosedError:
+        """API.md's GroupClosedError; when the group was not closed by close(), the reason
+        is a note on it (shown in tracebacks; ``str()`` stays the contract's text)."""
+        if self._closed_why is None:
+            return GroupClosedError()
+        from .wide import closed_in_fork
+
+        return closed_in_fork(self._closed_why)
 
     def close(self) -> None:
         """Close the group: waiting calls raise GroupClosedError, later calls too.
@@ -1425,13 +1437,15 @@ def _retrieve(task: asyncio.Task[None]) -> None:
         task.exception()
 
 
-def _forget_flights(ref: weakref.ref[FlightGroup]) -> None:
+def _forget_flights(ref: weakref.ref[FlightGroup], why: str) -> None:
     """(In a forked child of a started wide group) the flights copied from the
     parent have no thread here to end them: a call joining one would wait for ever.
     A new table, so every call reaches the arbiter, which raises."""
     group = ref()
     if group is not None:
         group._table = FlightTable(wide=True)
+        group._closed = True
+        group._closed_why = why
 
 
 def _current_flight() -> Flight | None:
@@ -1485,7 +1499,7 @@ def _make_coalesce(
             def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
                 tkey, op = op_key(args, kwargs)
                 if group._closed:
-                    raise GroupClosedError()
+                    raise group._closed_error()
                 work = functools.partial(fn, *args, **kwargs)
                 return group._call_sync(tkey, op, work, policy).value
 

@@ -17,7 +17,12 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .directory import wire
-from .errors import FlightFailedError, FlightInterruptedError, FlightTimeoutError
+from .errors import (
+    FlightFailedError,
+    FlightInterruptedError,
+    FlightTimeoutError,
+    GroupClosedError,
+)
 from .flight import Outcome
 
 if TYPE_CHECKING:
@@ -25,17 +30,33 @@ if TYPE_CHECKING:
     from .policy import FlightPolicy
 
 __all__ = [
-    "Arbiter", "Event", "Inbox", "LeadState", "from_wire", "key_as_called", "post", "start_loop",
-    "to_wire",
+    "Arbiter", "Event", "Inbox", "LeadState", "closed_in_fork", "forked_reason", "from_wire",
+    "key_as_called", "post", "start_loop", "to_wire",
 ]
+
+
+def forked_reason(scope: str, parent: int) -> str:
+    """Why a wide group copied into a forked child is closed there."""
+    return (
+        f"This {scope} group was started in process {parent}, and its thread was not "
+        "copied into this forked child: make a group of its own here."
+    )
+
+
+def closed_in_fork(why: str) -> GroupClosedError:
+    """API.md's GroupClosedError, the reason as a note (``str()`` stays the contract's)."""
+    error = GroupClosedError()
+    error.add_note(why)
+    return error
 
 
 class Arbiter(Protocol):
     """What the engine asks of a wide scope's arbiter (a call is the arbiter's own
     object: it has an ``inbox`` and, while it leads, a ``lead`` with ``lost``)."""
 
-    # Called in a forked child of a started group (the group drops its flights there).
-    on_fork: Callable[[], None] | None
+    # Called in a forked child of a started group, with the reason (forked_reason): the
+    # group drops its flights there and counts as closed.
+    on_fork: Callable[[str], None] | None
 
     def submit(self, key: str, fresh: bool) -> Any: ...
     def bind(self, call: Any, attempt: Attempt) -> None: ...

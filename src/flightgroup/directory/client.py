@@ -41,7 +41,18 @@ from ..errors import (
     UnavailableError,
     renewed,
 )
-from ..wide import Event, Inbox, LeadState, from_wire, key_as_called, post, start_loop, to_wire
+from ..wide import (
+    Event,
+    Inbox,
+    LeadState,
+    closed_in_fork,
+    forked_reason,
+    from_wire,
+    key_as_called,
+    post,
+    start_loop,
+    to_wire,
+)
 from . import fs, wire
 from .coordinator import Coordinator
 
@@ -301,7 +312,7 @@ class DirectoryArbiter:
         self._close_by = 0.0  # closing waits for acks until then
         self._finishing = False
         # Called in a forked child of a started group (its group drops its flights).
-        self.on_fork: Callable[[], None] | None = None
+        self.on_fork: Callable[[str], None] | None = None
         _arbiters.add(self)
 
     # -- starting ---------------------------------------------------------------
@@ -1211,16 +1222,14 @@ def _after_fork() -> None:
         arbiter._campaign_lock = threading.Lock()
         if not started:
             continue
-        arbiter._fatal = GroupClosedError(
-            f"this directory group was started in process {parent}; a forked child "
-            "must make a group of its own"
-        )
+        why = forked_reason("directory", parent)
+        arbiter._fatal = closed_in_fork(why)
         arbiter._closing = True  # close() has nothing to wait for
         arbiter._loop = arbiter._thread = arbiter._kick = None
         arbiter._channel = arbiter._coordinator = None
         arbiter._campaigner = None
         if arbiter.on_fork is not None:
-            arbiter.on_fork()
+            arbiter.on_fork(why)
 
 
 os.register_at_fork(after_in_child=_after_fork)

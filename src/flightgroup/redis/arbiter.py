@@ -50,7 +50,16 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from .._log import DigestOf, key_digest, log
 from ..directory import wire
 from ..errors import GroupClosedError, UnavailableError
-from ..wide import Event, Inbox, LeadState, key_as_called, post, start_loop
+from ..wide import (
+    Event,
+    Inbox,
+    LeadState,
+    closed_in_fork,
+    forked_reason,
+    key_as_called,
+    post,
+    start_loop,
+)
 from . import scripts
 
 if TYPE_CHECKING:
@@ -219,7 +228,7 @@ class RedisArbiter:
         self._closed_why: str | None = None  # set in a forked child (see _after_fork)
         self._fatal: Exception | None = None  # the clients could not be made
         # Called in a forked child of a started group (its group drops its flights).
-        self.on_fork: Callable[[], None] | None = None
+        self.on_fork: Callable[[str], None] | None = None
         _arbiters.add(self)
 
     # -- starting ---------------------------------------------------------------
@@ -306,7 +315,7 @@ class RedisArbiter:
     def _closed(self) -> GroupClosedError:
         if self._closed_why is None:
             return GroupClosedError()
-        return GroupClosedError(self._closed_why)
+        return closed_in_fork(self._closed_why)
 
     def _post(self, fn: Callable[..., object], *args: Any) -> bool:
         return post(self._loop, fn, *args)
@@ -898,16 +907,13 @@ def _after_fork() -> None:
         if arbiter._loop is not None:
             _let_go(arbiter._loop)
         arbiter._closing = True  # close() has nothing to wait for
-        arbiter._closed_why = (
-            f"this fleet group was started in process {parent}; a forked child must "
-            "make a group of its own"
-        )
+        arbiter._closed_why = forked_reason("fleet", parent)
         arbiter._loop = arbiter._thread = arbiter._ready = arbiter._renewer = None
         arbiter._client = arbiter._blocking = None
         arbiter._scripts = {}
         arbiter._calls, arbiter._leads, arbiter._tasks = set(), set(), set()
         if arbiter.on_fork is not None:
-            arbiter.on_fork()
+            arbiter.on_fork(arbiter._closed_why)
 
 
 def _let_go(loop: asyncio.AbstractEventLoop) -> None:
