@@ -1048,7 +1048,7 @@ class FlightGroup:
             return Outcome.LOST, _lease_lost(flight.key, error)
         from .wide import to_wire
 
-        wired = to_wire(flight.key, outcome, data, error, flight.policy)
+        wired = to_wire(flight.key, outcome, data, error, flight.policy, self._max_value_bytes)
         arbiter.land(call, wired, flight.stragglers)
         return outcome, error
 
@@ -1078,7 +1078,8 @@ class FlightGroup:
             else:
                 self._settle_landed(flight, outcome, None, error, data)
 
-        fleet.land(call, to_wire(flight.key, outcome, data, error, flight.policy), landed)
+        wired = to_wire(flight.key, outcome, data, error, flight.policy, self._max_value_bytes)
+        fleet.land(call, wired, landed)
 
     def _will_retry(
         self, flight: Flight, number: int, outcome: Outcome, error: BaseException | None

@@ -226,14 +226,13 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-_MESSAGE_MAX = 8192  # characters of a failure's message that cross processes
-
-
 def to_wire(
     key: str, outcome: Outcome, data: bytes | None, error: BaseException | None,
-    policy: FlightPolicy,
+    policy: FlightPolicy, limit: int,
 ) -> wire.Outcome:
-    """The outcome a leader lands, as the wire carries it (with its Retention time)."""
+    """The outcome a leader lands, as the wire carries it (with its Retention time).
+    ``limit`` is the group's ``max_value_bytes``: a failure's message crosses whole
+    (API.md: ``.message`` is its ``str()``) unless its UTF-8 could pass that bound."""
     retention = policy.retention
     if outcome is Outcome.VALUE:
         keep = retention.success if retention is not None else None
@@ -241,9 +240,9 @@ def to_wire(
     assert error is not None
     if outcome is Outcome.ERROR:
         kind, module, message, _ = FlightFailedError.describe(key, error)
-        if len(message) > _MESSAGE_MAX:  # the frame (or Redis entry) carries a bounded text
-            cut = len(message) - _MESSAGE_MAX
-            message = f"{message[:_MESSAGE_MAX]}... ({cut} more characters)"
+        keep = limit // 4  # characters that surely fit: at most 4 UTF-8 bytes each
+        if len(message) > keep and len(message.encode("utf-8", "surrogatepass")) > limit:
+            message = f"{message[:keep]}... (cut)"
         keep = retention.error if retention is not None else None
         return wire.Failure(kind, module, message, keep or None)
     if outcome is Outcome.TIMEOUT and isinstance(error, FlightTimeoutError):
