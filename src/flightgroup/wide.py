@@ -228,7 +228,7 @@ def _resolve(fut: asyncio.Future[None]) -> None:
 
 def to_wire(
     key: str, outcome: Outcome, data: bytes | None, error: BaseException | None,
-    policy: FlightPolicy, limit: int,
+    policy: FlightPolicy, limit: int | None,
 ) -> wire.Outcome:
     """The outcome a leader lands, as the wire carries it (with its Retention time).
     ``limit`` is the group's ``max_value_bytes``: a failure's message crosses whole
@@ -240,9 +240,12 @@ def to_wire(
     assert error is not None
     if outcome is Outcome.ERROR:
         kind, module, message, _ = FlightFailedError.describe(key, error)
-        keep = limit // 4  # characters that surely fit: at most 4 UTF-8 bytes each
-        if len(message) > keep and len(message.encode("utf-8", "surrogatepass")) > limit:
-            message = f"{message[:keep]}... (cut)"
+        # A quarter of the bound in characters surely fits (4 UTF-8 bytes each at most).
+        if (
+            limit is not None and len(message) > limit // 4
+            and len(message.encode("utf-8", "surrogatepass")) > limit
+        ):
+            message = f"{message[: limit // 4]}... (cut)"
         keep = retention.error if retention is not None else None
         return wire.Failure(kind, module, message, keep or None)
     if outcome is Outcome.TIMEOUT and isinstance(error, FlightTimeoutError):
