@@ -308,6 +308,9 @@ class DirectoryArbiter:
         # Requests answered to a thread that waits (status, forget): id -> its future.
         self._waiters: dict[int, Future[Any]] = {}
         self._closed_future: Future[None] = Future()
+        # Set when the first close() returns: a second one (another thread, a with-block
+        # after an explicit close) returns no sooner (API.md: once landings are handed over).
+        self._close_returned = threading.Event()
         self._campaigner: _Campaign | None = None  # its election thread's state
         self._close_by = 0.0  # closing waits for acks until then
         self._finishing = False
@@ -1041,9 +1044,18 @@ class DirectoryArbiter:
         acknowledged, then disconnect; stop coordinating if this group does. Works
         still running keep their key locks until they end."""
         with self._start_lock, self._send_lock:  # submit() checks it under the send lock
-            if self._closing:
-                return
+            again = self._closing
             self._closing = True
+        if again:
+            if self._thread is not threading.current_thread():
+                self._close_returned.wait(self._reconnect_timeout + 10)
+            return
+        try:
+            self._close()
+        finally:
+            self._close_returned.set()
+
+    def _close(self) -> None:
         with self._campaign_lock:  # a won election finishes its epoch write first
             pass
         if self._campaigner is not None:
@@ -1225,6 +1237,8 @@ def _after_fork() -> None:
         why = forked_reason("directory", parent)
         arbiter._fatal = closed_in_fork(why)
         arbiter._closing = True  # close() has nothing to wait for
+        arbiter._close_returned = threading.Event()
+        arbiter._close_returned.set()
         arbiter._loop = arbiter._thread = arbiter._kick = None
         arbiter._channel = arbiter._coordinator = None
         arbiter._campaigner = None
