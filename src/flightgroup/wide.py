@@ -236,7 +236,11 @@ def to_wire(
     retention = policy.retention
     if outcome is Outcome.VALUE:
         keep = retention.success if retention is not None else None
-        return wire.Value(data if data is not None else b"", keep or None)
+        if retention is None or not keep:
+            return wire.Value(data if data is not None else b"")
+        return wire.Value(
+            data if data is not None else b"", keep, retention.max_items, retention.max_bytes
+        )
     assert error is not None
     if outcome is Outcome.ERROR:
         kind, module, message, _ = FlightFailedError.describe(key, error)
@@ -247,7 +251,9 @@ def to_wire(
         ):
             message = f"{message[: limit // 4]}... (cut)"
         keep = retention.error if retention is not None else None
-        return wire.Failure(kind, module, message, keep or None)
+        if retention is None or not keep:
+            return wire.Failure(kind, module, message)
+        return wire.Failure(kind, module, message, keep, retention.max_items, retention.max_bytes)
     if outcome is Outcome.TIMEOUT and isinstance(error, FlightTimeoutError):
         return wire.Timeout(error.deadline)
     return wire.Interrupted(f"its work was stopped by {type(error).__qualname__}")

@@ -400,20 +400,26 @@ class FrameSplitter:
 
 @dataclass(frozen=True, slots=True)
 class Value:
-    """A flight's value: the codec's bytes, and how long the coordinator keeps it (seconds)."""
+    """A flight's value: the codec's bytes, and how long the coordinator keeps it
+    (seconds); when kept, the leader's Retention bounds on the group's kept outcomes."""
 
     data: bytes
     keep: float | None = None
+    max_items: int | None = None
+    max_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """A flight whose work raised: the exception's class, module and ``str()``."""
+    """A flight whose work raised: the exception's class, module and ``str()``; how long
+    it is kept, and the leader's Retention bounds, as for a :class:`Value`."""
 
     type: str
     module: str
     message: str
     keep: float | None = None
+    max_items: int | None = None
+    max_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
