@@ -85,12 +85,6 @@ def test_a_wide_scope_keeps_nothing_over_max_bytes(wide: dict[str, Any]) -> None
         g.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="API.md (Policies): 'a kept failure raises FlightFailedError (with __cause__ in "
-    "the leader's process)'; in the directory and fleet scopes a kept failure served to "
-    "the very group that led it has __cause__ None",
-)
 def test_a_kept_failure_in_the_leaders_process_has_the_error_as_cause(
     wide: dict[str, Any],
 ) -> None:

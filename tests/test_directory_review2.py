@@ -215,11 +215,6 @@ def test_a_frozen_joiner_gets_the_value_when_a_newer_lead_reasserts_first(h: Har
 # -- a kept failure in the leader's own group ----------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a kept failure served back to the group that led it has no __cause__; "
-    "API.md promises the original exception as __cause__ in the leader's process",
-)
 def test_a_kept_failure_has_its_cause_in_the_group_that_led_it(directory: str) -> None:
     g = group(directory, retention=Retention(success=None, error=60.0))
     try:

@@ -67,7 +67,7 @@ from .stats import Stats
 if TYPE_CHECKING:
     from .directory.client import DirectoryArbiter
     from .redis.arbiter import RedisArbiter
-    from .wide import Arbiter, Event
+    from .wide import Arbiter, Event, KeptCauses
 
     Call = Any  # a wide scope's call: the arbiter's own object (see wide.Arbiter)
 
@@ -153,6 +153,7 @@ class FlightGroup:
     __slots__ = (
         "__weakref__",
         "_arbiter",
+        "_causes",
         "_closed",
         "_closed_why",
         "_codec",
@@ -276,6 +277,7 @@ class FlightGroup:
         self._table = FlightTable(wide=self._arbiter is not None)
         self._closed = False
         self._closed_why: str | None = None  # why, when not by close(): a forked child
+        self._causes: KeptCauses | None = None  # made at a wide group's first kept failure
 
     # -- calls ------------------------------------------------------------------
 
@@ -706,7 +708,12 @@ class FlightGroup:
             if _EAGER:  # the request goes out now, from this call
                 flight.task = asyncio.Task(wide, loop=loop, eager_start=True)  # type: ignore[call-arg]
             else:
-                flight.task = loop.create_task(wide)
+                task = flight.task = loop.create_task(wide)
+                # Cancelled before its first step, it never asked the scope: the flight
+                # is this process's alone, and ends here (its joiners here interrupted).
+                task.add_done_callback(
+                    functools.partial(self._unstarted_wide, weakref.ref(flight))
+                )
             return
         coro = self._drive_async(flight, work)
         if _EAGER:
@@ -735,6 +742,12 @@ class FlightGroup:
         flight = flight_ref()
         if flight is not None and flight.outcome is None and task.cancelled():
             self._land(flight, Outcome.INTERRUPTED, None, asyncio.CancelledError())
+
+    def _unstarted_wide(self, flight_ref: weakref.ref[Flight], task: asyncio.Task[None]) -> None:
+        flight = flight_ref()
+        if flight is not None and flight.outcome is None and task.cancelled():
+            stopped = FlightInterruptedError(flight.key, "its loop stopped before it began")
+            self._settle_remote(flight, Outcome.INTERRUPTED, stopped)
 
     async def _drive_async(
         self, flight: Flight, work: Callable[[], Awaitable[Any]], call: Call | None = None
@@ -1002,8 +1015,11 @@ class FlightGroup:
         from .wide import Event, from_wire
 
         if event is Event.LANDED:
-            token, landed, _kept = args
+            token, landed, kept = args
             outcome, error, data = from_wire(flight.key, landed)
+            causes = self._causes
+            if kept and error is not None and causes is not None:
+                error.__cause__ = causes.cause(flight.key, token)  # one this group landed
             self._settle_remote(flight, outcome, error, data, token, joined=True)
         elif event is Event.FAILED:
             self._settle_remote(flight, Outcome.INTERRUPTED, args[0])
@@ -1049,8 +1065,22 @@ class FlightGroup:
         from .wide import to_wire
 
         wired = to_wire(flight.key, outcome, data, error, flight.policy, self._max_value_bytes)
+        self._remember_cause(flight, wired, error)
         arbiter.land(call, wired, flight.stragglers)
         return outcome, error
+
+    def _remember_cause(
+        self, flight: Flight, wired: object, error: BaseException | None
+    ) -> None:
+        """A failure landed to be kept: keep its error here for as long, for the kept
+        failure's ``__cause__`` when it is served back to this group."""
+        from .directory import wire
+        from .wide import KeptCauses
+
+        if isinstance(wired, wire.Failure) and wired.keep and error is not None:
+            if self._causes is None:
+                self._causes = KeptCauses()
+            self._causes.remember(flight.key, flight.token, error, wired.keep)
 
     def _land_fleet(
         self,
@@ -1079,6 +1109,7 @@ class FlightGroup:
                 self._settle_landed(flight, outcome, None, error, data)
 
         wired = to_wire(flight.key, outcome, data, error, flight.policy, self._max_value_bytes)
+        self._remember_cause(flight, wired, error)
         fleet.land(call, wired, landed)
 
     def _will_retry(

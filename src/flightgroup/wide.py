@@ -11,8 +11,9 @@ import asyncio
 import collections
 import contextlib
 import threading
+import time
 from _thread import LockType, allocate_lock
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -30,8 +31,8 @@ if TYPE_CHECKING:
     from .policy import FlightPolicy
 
 __all__ = [
-    "Arbiter", "Event", "Inbox", "LeadState", "closed_in_fork", "forked_reason", "from_wire",
-    "key_as_called", "post", "start_loop", "to_wire",
+    "Arbiter", "Event", "Inbox", "KeptCauses", "LeadState", "closed_in_fork", "forked_reason",
+    "from_wire", "key_as_called", "post", "start_loop", "to_wire",
 ]
 
 
@@ -224,6 +225,39 @@ class Inbox:
 def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+class KeptCauses:
+    """The errors of failures this group landed to be kept, by (table key, token), while
+    they are kept: a kept failure served back here raises FlightFailedError with the
+    very error as ``__cause__`` (API.md: "with ``__cause__`` in the leader's process").
+
+    Bounded: at most ``limit`` errors (the oldest go first), each for its keep time."""
+
+    __slots__ = ("_errors", "_limit", "_lock")
+
+    def __init__(self, limit: int = 1024) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._errors: collections.OrderedDict[tuple[Hashable, int], tuple[float, BaseException]]
+        self._errors = collections.OrderedDict()
+
+    def remember(self, key: Hashable, token: int, error: BaseException, seconds: float) -> None:
+        now = time.monotonic()
+        with self._lock:
+            errors = self._errors
+            errors[key, token] = (now + seconds, error)
+            errors.move_to_end((key, token))
+            # The oldest first: past the bound, or expired (the rest go with the bound).
+            while len(errors) > self._limit or next(iter(errors.values()))[0] <= now:
+                errors.popitem(last=False)
+
+    def cause(self, key: Hashable, token: int) -> BaseException | None:
+        with self._lock:
+            held = self._errors.get((key, token))
+        if held is None or held[0] <= time.monotonic():
+            return None
+        return held[1]
 
 
 def to_wire(
