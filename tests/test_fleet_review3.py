@@ -53,11 +53,6 @@ pytestmark = pytest.mark.timeout(60)
 # -- 1. a landing that Redis refuses for a moment (OOM, BUSY, READONLY) --------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_land takes any ResponseError of COMPLETE (OOM, BUSY, READONLY) as final: "
-    "LeaseLostError for a leader whose lease was never lost, joiners interrupted a lease later",
-)
 def test_a_landing_refused_by_a_server_out_of_memory_for_a_moment_is_made_again(
     namespace: str,
 ) -> None:

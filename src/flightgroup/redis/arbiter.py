@@ -769,6 +769,8 @@ class RedisArbiter:
         token = lead.token
         code, payload, keep = encode_outcome(outcome)
         fenced = True  # until Redis said it landed: whatever ends this, done() is told
+        refusals = 0  # passing server errors heard (the first one is logged)
+        began = time.monotonic()
         try:
             while True:
                 try:
@@ -777,13 +779,30 @@ class RedisArbiter:
                         [token, code, payload, min(_MAX_TTL_MS, round(keep * 1000)),
                          self._grace_ms(keep), self._max_value_bytes],
                     )
-                except ResponseError as exc:  # refused (over max_value_bytes): not landed
-                    log.warning("Redis refused a landing of %s: %s", key_digest(call.key), exc)
-                    break
                 except _UNREACHABLE as exc:
-                    if time.monotonic() - lead.renewed_at > self._lease:
-                        self._lose(lead, f"Redis was out of reach for a whole lease ({exc})")
+                    if _refused_as_too_large(exc):  # COMPLETE's own refusal: final
+                        log.warning("Redis refused a landing of %s: %s", key_digest(call.key), exc)
+                        await self._abandon(lead, "Redis refused its leader's landing")
                         break
+                    # Out of reach, or a passing server error (OOM under noeviction,
+                    # BUSY, READONLY in a failover, LOADING): the lease still runs, so
+                    # try again within it. (Every ResponseError was taken as final: a
+                    # leader whose lease was never lost got LeaseLostError and its
+                    # joiners waited the lease out, tests/test_fleet_review3.py::
+                    # test_a_landing_refused_by_a_server_out_of_memory_for_a_moment_is_made_again.)
+                    # Bounded by a lease from the landing's start too: RENEW goes on
+                    # meanwhile, and may be taken (PEXPIRE is no write OOM refuses)
+                    # while COMPLETE is refused for good: the leader and its joiners
+                    # waited for ever.
+                    if time.monotonic() - min(lead.renewed_at, began) > self._lease:
+                        self._lose(lead, f"Redis did not take its landing for a lease ({exc})")
+                        if isinstance(exc, ResponseError):  # it answers: tell the joiners
+                            await self._abandon(lead, "Redis refused its leader's landing")
+                        break
+                    if isinstance(exc, ResponseError) and not refusals:
+                        log.info("Redis refused a landing of %s for now, trying again: %s",
+                                 key_digest(call.key), exc)
+                    refusals += isinstance(exc, ResponseError)
                     await asyncio.sleep(_RETRY_PAUSE)
                     continue
                 fenced = int(reply[0]) == 0
@@ -940,6 +959,12 @@ def _let_go(loop: asyncio.AbstractEventLoop) -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork)
+
+
+def _refused_as_too_large(exc: BaseException) -> bool:
+    """COMPLETE's one deliberate refusal (a value over max_value_bytes), told by its
+    text from every other server error, which passes (OOM, BUSY, READONLY, LOADING)."""
+    return isinstance(exc, ResponseError) and scripts.OVER_MAX_VALUE_BYTES in str(exc)
 
 
 def _ms(seconds: float) -> int:

@@ -33,7 +33,22 @@ persistence, a failover that lost writes), and stay exact below 2**53.
 
 from __future__ import annotations
 
-__all__ = ["ABANDON", "ACQUIRE", "ATTEMPT", "CHECK", "COMPLETE", "FORGET", "RENEW", "SCRIPTS"]
+__all__ = [
+    "ABANDON",
+    "ACQUIRE",
+    "ATTEMPT",
+    "CHECK",
+    "COMPLETE",
+    "FORGET",
+    "OVER_MAX_VALUE_BYTES",
+    "RENEW",
+    "SCRIPTS",
+]
+
+# The text of COMPLETE's one deliberate refusal (a value over max_value_bytes): the
+# arbiter tells it by this text from every other server error (OOM, BUSY, READONLY,
+# LOADING, ...), which is passing and is tried again.
+OVER_MAX_VALUE_BYTES = "flightgroup: the outcome is over max_value_bytes"
 
 # A Lua prelude shared by the scripts that act on a flight by its token: the record
 # holding token ``tok`` is the key's record, or the parked one.
@@ -133,7 +148,7 @@ COMPLETE = _FIND + """
 -- here: the leader got LeaseLostError and its joiners waited a lease to be interrupted
 -- (tests/test_fleet_processes.py::test_a_value_over_max_value_bytes).
 if ARGV[2] == 'ok' and #ARGV[3] > tonumber(ARGV[6]) then
-  return redis.error_reply('ERR flightgroup: the outcome is over max_value_bytes')
+  return redis.error_reply('ERR """ + OVER_MAX_VALUE_BYTES + """')
 end
 local key, state, joiners = find(KEYS[1], KEYS[2], ARGV[1])
 if key and state == 'D' then return {1, joiners} end
