@@ -90,6 +90,10 @@ class _Flight:
     lead_id: int
     started: float
     reasserted: bool = False
+    # Not the key's current flight: a forget() detached it, or it reasserted a landing
+    # while a newer flight of the key ran. It serves its own joiners and rejoins by
+    # token, never a new call (see _detached).
+    detached: bool = False
     # every token the flight had that this coordinator knows (``token`` too)
     tokens: set[int] = field(default_factory=set)
     ended: bool = False  # landed or interrupted: it is nobody's to end again
@@ -129,6 +133,10 @@ class _Ending:
 
 
 _TOKENS_MAX = wire.MAX_EARLIER + 1  # the tokens a flight keeps: its current and earlier ones
+# state/forgotten/<sha256 of the key>: the last token of a flight of the key that a forget()
+# detached (fixed-width decimal text), so that a later term knows it (ADR 0020).
+_FORGOTTEN = "forgotten"
+_MARK_SIZE = 64
 
 
 class _ProbeError(Exception):
@@ -242,6 +250,9 @@ class Coordinator:
         self._handshake_timeout = handshake_timeout
         self._sequence = 0
         self._flights: dict[str, _Flight] = {}
+        # key -> its flights that are not its current one (detached, see _Flight), until
+        # they end: their joiners and rejoins by token still reach them
+        self._detached: dict[str, list[_Flight]] = {}
         self._waiting: dict[str, list[_Waiting]] = {}
         self._polled: set[str] = set()  # waited-for keys with no watcher: probed by a timer
         self._poll_timer: asyncio.TimerHandle | None = None
@@ -464,10 +475,11 @@ class Coordinator:
 
     def _rejoin(self, session: _Session, id: int, key: str, tokens: frozenset[int]) -> None:
         """A rejoin of the flight that had (any of) ``tokens``."""
-        flight = self._flights.get(key)
-        if flight is not None and not flight.tokens.isdisjoint(tokens):
-            self._join(flight, session, id)
+        mine = self._flight_of(key, tokens)
+        if mine is not None:
+            self._join(mine, session, id)
             return
+        flight = self._flights.get(key)
         ending = self._ending_of(tokens)
         if ending is not None:
             self._send_ending(session, id, ending.token, ending.outcome)
@@ -487,6 +499,17 @@ class Coordinator:
                 self._wait_for_key(key, _Waiting(session, id, tokens, False))
                 return
         session.send(wire.interrupted_frame(id, "its flight ended while this call reconnected"))
+
+    def _flight_of(self, key: str, tokens: frozenset[int]) -> _Flight | None:
+        """The running flight of ``key`` that had (any of) ``tokens``: the current one,
+        or one that is detached."""
+        flight = self._flights.get(key)
+        if flight is not None and not flight.tokens.isdisjoint(tokens):
+            return flight
+        for each in self._detached.get(key, ()):
+            if not each.tokens.isdisjoint(tokens):
+                return each
+        return None
 
     def _join(self, flight: _Flight, session: _Session, id: int) -> None:
         flight.joiners[(session, id)] = None
@@ -522,6 +545,8 @@ class Coordinator:
             session.send(wire.rejected_frame(id, f"no token for the next attempt: {exc}"))
             return
         _add_tokens(flight, {flight.token})
+        if flight.detached:  # a later term must know this token is of a forgotten flight
+            self._mark_forgotten(flight.key, flight.token)
         session.send(wire.lead_frame(id, flight.token))
         # Joiners learn the new token (a `joined` again), so that after a failover
         # they rejoin the flight by the token its leader reasserts.
@@ -589,6 +614,13 @@ class Coordinator:
         """Hand ``outcome`` to every joiner of ``flight`` (which left the table);
         returns the sessions written to."""
         flight.ended = True
+        if flight.detached:
+            others = self._detached.get(flight.key)
+            if others is not None:
+                with contextlib.suppress(ValueError):
+                    others.remove(flight)
+                if not others:
+                    del self._detached[flight.key]
         written: set[_Session] = set()
         for session, id in flight.joiners:
             session.parties.pop(id, None)
@@ -646,53 +678,127 @@ class Coordinator:
         key, token = request.key, request.token
         # A leader's tokens only grow: an "earlier" one that does not is no token of its.
         tokens = frozenset((token, *(t for t in request.earlier if t < token)))
-        flight = self._flights.get(key)
-        if flight is not None:
-            if not flight.tokens.isdisjoint(tokens):
-                # The same flight, its leader back on a new connection (it may have missed
-                # the token of an attempt: it asks again, its `attempt` is still out).
-                if flight.leader is session:
-                    session.send(
-                        wire.error_frame(request.id, "this connection already leads the flight")
-                    )
-                    return
-                if flight.leader is not None:
-                    flight.leader.leads.pop(flight.lead_id, None)
-                flight.leader, flight.lead_id = session, request.id
-                session.leads[request.id] = flight
-                flight.token = max(flight.token, token)
-                _add_tokens(flight, tokens)
+        same = self._flight_of(key, tokens)
+        if same is not None:
+            # The same flight, its leader back on a new connection (it may have missed
+            # the token of an attempt: it asks again, its `attempt` is still out).
+            if same.leader is session:
+                session.send(
+                    wire.error_frame(request.id, "this connection already leads the flight")
+                )
                 return
+            if same.leader is not None:
+                same.leader.leads.pop(same.lead_id, None)
+            same.leader, same.lead_id = session, request.id
+            session.leads[request.id] = same
+            same.token = max(same.token, token)
+            _add_tokens(same, tokens)
+            return
+        # A forget() detached this flight (in this term or an earlier one): it comes
+        # back for its own joiners only (ADR 0020).
+        mark = self._forgotten_mark(key)
+        detached = mark is not None and min(tokens) <= mark
+        flight = self._flights.get(key)
+        if not detached and flight is not None:
             if flight.token > token:
                 session.send(wire.rejected_frame(request.id, "a newer flight of the key runs"))
                 return
             # An older flight holds the key (it cannot hold its lock too): the newer wins.
             if flight.leader is not None:
                 flight.leader.leads.pop(flight.lead_id, None)
-                flight.leader.send(wire.rejected_frame(flight.lead_id, "a newer flight reasserted"))
+                flight.leader.send(
+                    wire.rejected_frame(flight.lead_id, "a newer flight reasserted")
+                )
             self._interrupt(flight, "a newer flight of the key took over")
-        # Reasserts are rare (after a failover): a scan of the endings is fine.
-        newer = max((t for t, e in self._endings.items() if e.key == key), default=0)
-        if newer > token:
-            session.send(wire.rejected_frame(request.id, "a newer flight of the key ended"))
-            return
+        if not detached:
+            # Reasserts are rare (after a failover): a scan of the endings is fine.
+            newer = max((t for t, e in self._endings.items() if e.key == key), default=0)
+            if newer > token:
+                session.send(wire.rejected_frame(request.id, "a newer flight of the key ended"))
+                return
         started = time.monotonic()
-        flight = _Flight(key, token, session, request.id, started, reasserted=True)
+        flight = _Flight(
+            key, token, session, request.id, started, reasserted=True, detached=detached
+        )
         _add_tokens(flight, tokens)
-        self._flights[key] = flight
         session.leads[request.id] = flight
+        if detached:
+            self._detached.setdefault(key, []).append(flight)
+            # Only the rejoins of this very flight stop waiting; new calls go on waiting
+            # for the key's lock, then lead.
+            waiting = self._waiting.get(key)
+            if waiting:
+                mine = [
+                    w for w in waiting
+                    if w.rejoin is not None and not w.rejoin.isdisjoint(flight.tokens)
+                ]
+                if mine:
+                    waiting[:] = [w for w in waiting if w not in mine]
+                    for each in mine:
+                        self._resume(each, key)
+            return
+        self._flights[key] = flight
         self._releasing.pop(key, None)
-        for waiting in self._waiting.pop(key, ()):
-            self._resume(waiting, key)
+        for each in self._waiting.pop(key, ()):
+            self._resume(each, key)
 
     def _forget(self, key: str) -> None:
         """The next call of ``key`` leads a new flight; a kept outcome is dropped.
-        The running flight goes on for its callers (its key lock still makes a new
-        leader wait for its work's end)."""
+        The running flight goes on for its callers, detached (its key lock still
+        makes a new leader wait for its work's end). Its token is written down before
+        the forget is confirmed, so a later term that hears its reassert keeps it
+        detached too (ADR 0020)."""
         self._drop_kept(key)
         flight = self._flights.pop(key, None)
         if flight is not None:
             self._releasing.pop(key, None)
+            flight.detached = True
+            self._detached.setdefault(key, []).append(flight)
+            self._mark_forgotten(key, flight.token)
+
+    def _forgotten_path(self, key: str) -> str:
+        digest = os.path.basename(fs.key_lock_path(self.directory, key))
+        return os.path.join(self.directory, fs.STATE, _FORGOTTEN, digest)
+
+    def _mark_forgotten(self, key: str, token: int) -> None:
+        """Write down that the flight of ``key`` with ``token`` (and every earlier one)
+        was forgotten. Written before the forget is confirmed; a process's death does
+        not undo a write (the page cache is the kernel's), so the next term reads it."""
+        path = self._forgotten_path(key)
+        data = b"%-20d\n" % token  # fixed width: no truncate, the token only grows
+        try:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except FileNotFoundError:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(os.path.dirname(path), 0o700)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                os.pwrite(fd, data, 0)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.warning(
+                "cannot write down a forget in %s (%s): a later coordinator may let "
+                "calls join the forgotten flight", self.directory, exc.strerror or exc,
+            )
+
+    def _forgotten_mark(self, key: str) -> int | None:
+        """The last forgotten token of ``key`` (see _mark_forgotten), or None."""
+        try:
+            fd = os.open(self._forgotten_path(key), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            raw = os.read(fd, _MARK_SIZE)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        try:
+            return int(raw.strip() or b"x")
+        except ValueError:
+            return None
 
     # -- key locks --------------------------------------------------------------
 
@@ -807,8 +913,9 @@ class Coordinator:
         del session.parties[id]
         flight = self._flights.get(key)
         if waiting.rejoin is not None:
-            if flight is not None and not flight.tokens.isdisjoint(waiting.rejoin):
-                self._join(flight, session, id)
+            mine = self._flight_of(key, waiting.rejoin)
+            if mine is not None:
+                self._join(mine, session, id)
             else:
                 ending = self._ending_of(waiting.rejoin)
                 if ending is not None:
@@ -905,7 +1012,8 @@ class Coordinator:
                 "joiners": len(flight.joiners),
                 "age_s": round(now - flight.started, 3),
             }
-            for flight in self._flights.values()
+            for flights in (self._flights.values(), *self._detached.values())
+            for flight in flights
         ]
 
 
