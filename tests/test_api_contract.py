@@ -51,12 +51,19 @@ def test_call_options_are_keyword_only_with_the_contracts_defaults() -> None:
 # -- deviations ----------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="API.md (Policies): a kept outcome is served 'until its time runs out or it is "
-    "evicted (LRU by items, ...)', and Retention is group-wide in every scope; the "
-    "directory coordinator and Redis ignore Retention.max_items (the coordinator bounds "
-    "at its own 10,000 items, Redis not at all), so an evicted outcome is still served",
+@pytest.mark.parametrize(
+    "wide",
+    [
+        pytest.param("directory", marks=pytest.mark.xfail(
+            strict=True,
+            reason="API.md (Policies): a kept outcome is served 'until its time runs out or "
+            "it is evicted (LRU by items, ...)', and Retention is group-wide in every scope; "
+            "the directory coordinator ignores Retention.max_items (it bounds at its own "
+            "10,000 items), so an evicted outcome is still served",
+        )),
+        "fleet",
+    ],
+    indirect=True,
 )
 def test_a_wide_scope_evicts_kept_outcomes_past_max_items(wide: dict[str, Any]) -> None:
     g = FlightGroup(retention=Retention(success=60.0, max_items=1), **wide)
@@ -69,11 +76,18 @@ def test_a_wide_scope_evicts_kept_outcomes_past_max_items(wide: dict[str, Any]) 
         g.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="API.md (Policies): kept outcomes are evicted 'LRU by items, then by encoded "
-    "bytes' (Retention.max_bytes); the directory and fleet scopes ignore max_bytes and "
-    "keep an outcome larger than it",
+@pytest.mark.parametrize(
+    "wide",
+    [
+        pytest.param("directory", marks=pytest.mark.xfail(
+            strict=True,
+            reason="API.md (Policies): kept outcomes are evicted 'LRU by items, then by "
+            "encoded bytes' (Retention.max_bytes); the directory scope ignores max_bytes "
+            "and keeps an outcome larger than it",
+        )),
+        "fleet",
+    ],
+    indirect=True,
 )
 def test_a_wide_scope_keeps_nothing_over_max_bytes(wide: dict[str, Any]) -> None:
     g = FlightGroup(retention=Retention(success=60.0, max_bytes=10), **wide)

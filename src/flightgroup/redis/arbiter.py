@@ -135,12 +135,18 @@ class FleetLead(LeadState):
 class _Names:
     """The Redis key names of one flightgroup key."""
 
-    __slots__ = ("fence", "record")
+    __slots__ = ("fence", "kept", "record")
 
     def __init__(self, namespace: str, key: str, cluster: bool) -> None:
         digest = hashlib.sha256(key.encode(errors="surrogatepass")).hexdigest()
         self.record = f"fg:{{{namespace}:{digest}}}"
         self.fence = f"{self.record}:f" if cluster else f"fg:{{{namespace}}}:fence"
+        # The namespace's index of kept outcomes (Retention's LRU bounds), which the
+        # scripts that keep, serve or drop an outcome update in the same step. None on
+        # a Cluster: it lives in another slot than the records, so only TTLs bound
+        # kept outcomes there (ADR 0021).
+        index = f"fg:{{{namespace}}}:kept"
+        self.kept = [] if cluster else [index, f"{index}:x", f"{index}:b"]
 
     def parked(self, token: int) -> str:
         return f"{self.record}:x:{token}"
@@ -167,6 +173,22 @@ def encode_outcome(outcome: wire.Outcome) -> tuple[str, bytes, float]:
     if isinstance(outcome, wire.Timeout):
         return "tmo", repr(outcome.deadline).encode(), 0.0
     return "int", outcome.reason.encode(), 0.0
+
+
+def kept_bounds(outcome: wire.Outcome) -> tuple[int, int, int]:
+    """(size, max_items, max_bytes) of an outcome for the kept index (0: no bound).
+    Size: a value's encoded bytes; a failure's, the UTF-8 bytes of its type, module
+    and message (as the directory scope counts them)."""
+    if isinstance(outcome, wire.Value):
+        size = len(outcome.data)
+    elif isinstance(outcome, wire.Failure):
+        size = sum(
+            len(text.encode("utf-8", "surrogatepass"))
+            for text in (outcome.type, outcome.module, outcome.message)
+        )
+    else:
+        return 0, 0, 0
+    return size, outcome.max_items or 0, outcome.max_bytes or 0
 
 
 def decode_outcome(code: bytes | None, payload: bytes | None) -> wire.Outcome:
@@ -391,7 +413,9 @@ class RedisArbiter:
         # as the first send did, instead of parking the flight led in the gap.
         nonce = uuid.uuid4().hex
         self._wait(
-            self._script("forget", [names.record, names.forgot(nonce)], [_FORGET_MEMORY_MS]),
+            self._script(
+                "forget", [names.record, names.forgot(nonce), *names.kept], [_FORGET_MEMORY_MS]
+            ),
             timeout if timeout is not None else 4 * self._timeout + 1,
         )
 
@@ -480,7 +504,7 @@ class RedisArbiter:
             try:
                 reply = await self._script(
                     "acquire",
-                    [names.record, names.fence],
+                    [names.record, names.fence, *names.kept],
                     [call.nonce, self._lease_ms, _FENCE_TTL_MS, min_token, self._pid,
                      self._host, call.key.encode("utf-8", "surrogatepass")],
                 )
@@ -768,6 +792,7 @@ class RedisArbiter:
         names = _Names(self.namespace, call.key, self._cluster)
         token = lead.token
         code, payload, keep = encode_outcome(outcome)
+        size, max_items, max_bytes = kept_bounds(outcome)
         fenced = True  # until Redis said it landed: whatever ends this, done() is told
         refusals = 0  # passing server errors heard (the first one is logged)
         began = time.monotonic()
@@ -775,9 +800,11 @@ class RedisArbiter:
             while True:
                 try:
                     reply = await self._script(
-                        "complete", [names.record, names.parked(token), names.mailbox(token)],
+                        "complete",
+                        [names.record, names.parked(token), names.mailbox(token), *names.kept],
                         [token, code, payload, min(_MAX_TTL_MS, round(keep * 1000)),
-                         self._grace_ms(keep), self._max_value_bytes],
+                         self._grace_ms(keep), self._max_value_bytes,
+                         size, max_items, max_bytes],
                     )
                 except _UNREACHABLE as exc:
                     if _refused_as_too_large(exc):  # COMPLETE's own refusal: final

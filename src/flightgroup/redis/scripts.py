@@ -25,6 +25,13 @@ tag, so one flight's keys live in one Cluster slot):
   re-sent FORGET answers it again instead of acting twice. TTL: a minute, past
   redis-py's re-sends.
 - ``fg:{ns}:fence`` (``fg:{ns:d}:f`` on a Cluster): the last token given out. TTL: a day.
+- ``fg:{ns}:kept``, ``fg:{ns}:kept:x``, ``fg:{ns}:kept:b`` (not on a Cluster): the index
+  of the namespace's kept outcomes, for Retention's LRU bounds. Members are kept records'
+  names: by last use (server µs; a landing that keeps, and each ACQUIRE served from the
+  record, is a use), by expiry (server µs: expired members are purged), and their sizes
+  (a hash, with the sum in its field ``total``). TTL: at least the longest retention
+  given to a member. Scripts that get these three keys keep it; without them (a Cluster,
+  where they are in another slot than the records) only TTLs bound kept outcomes.
 
 Tokens are ``max(last + 1, server time in µs)``: they grow per key and across keys of
 one Redis (per key on a Cluster), survive the loss of the fence key (a restart without
@@ -82,14 +89,70 @@ local function field(fields, name)
 end
 """
 
-# KEYS: record, fence. ARGV: nonce, lease ms, fence ttl ms, min token, pid, host, raw key.
+# The kept-outcome index (see the module): ``idx`` is {by use, by expiry, sizes}, or nil
+# when the caller sent no index keys (a Cluster). Never creates a key it does not give a
+# TTL: ZREM, HDEL and ZADD XX create nothing; HINCRBY runs only on a hash that exists.
+_INDEX = """
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local function index_of(first)
+  if KEYS[first + 2] then return {KEYS[first], KEYS[first + 1], KEYS[first + 2]} end
+  return nil
+end
+local function unindex(idx, member)
+  redis.call('ZREM', idx[1], member)
+  redis.call('ZREM', idx[2], member)
+  local size = redis.call('HGET', idx[3], member)
+  if size then
+    redis.call('HDEL', idx[3], member)
+    redis.call('HINCRBY', idx[3], 'total', -tonumber(size))
+  end
+end
+-- Keep `rec` (its outcome just kept for `retain` ms) in the index as its newest use,
+-- after purging the expired members, and evict the least recently used others (their
+-- records, if still kept, are deleted) until at most max_items and max_bytes (0: no
+-- bound) are kept. The new one is never evicted: its size alone is within max_bytes.
+local function keep_in(idx, rec, size, retain, max_items, max_bytes)
+  local now = now_us()
+  local expired = redis.call('ZRANGEBYSCORE', idx[2], '-inf', string.format('%.0f', now))
+  for _, member in ipairs(expired) do unindex(idx, member) end
+  unindex(idx, rec)
+  redis.call('ZADD', idx[1], string.format('%.0f', now), rec)
+  redis.call('ZADD', idx[2], string.format('%.0f', now + retain * 1000), rec)
+  redis.call('HSET', idx[3], rec, size)
+  redis.call('HINCRBY', idx[3], 'total', size)
+  while true do
+    local over = max_items > 0 and redis.call('ZCARD', idx[1]) > max_items
+    if not over and max_bytes > 0 then
+      over = tonumber(redis.call('HGET', idx[3], 'total') or '0') > max_bytes
+    end
+    if not over then break end
+    local lru = redis.call('ZRANGE', idx[1], 0, 1)
+    local victim = lru[1]
+    if victim == rec then victim = lru[2] end
+    if not victim then break end
+    -- only a kept outcome goes: the member's record may hold a newer running flight
+    if redis.call('HGET', victim, 's') == 'D' then redis.call('DEL', victim) end
+    unindex(idx, victim)
+  end
+  for _, k in ipairs(idx) do
+    if redis.call('PTTL', k) < retain then redis.call('PEXPIRE', k, retain) end
+  end
+end
+"""
+
+# KEYS: record, fence[, the kept index: by use, by expiry, sizes].
+# ARGV: nonce, lease ms, fence ttl ms, min token, pid, host, raw key.
 # -> {1, token, lease left ms}            lead
 #    {2, token, lease left ms, pid, host, age µs}   join
 #    {3, token, code, payload}            a kept outcome
 #    {4, token, lease left ms}            fresh: a flight that began before the call runs;
 #                                         wait for its end, then ask again from token + 1
-ACQUIRE = _FIND + """
+ACQUIRE = _FIND + _INDEX + """
 local rec = KEYS[1]
+local idx = index_of(3)
 local v = redis.call('HMGET', rec, 't', 's', 'o', 'c', 'v', 'p', 'h', 'b')
 if v[1] and v[2] == 'R' and v[3] == ARGV[1] then
   return {1, v[1], redis.call('PTTL', rec)}
@@ -107,7 +170,11 @@ if parked then
   end
 end
 if v[1] and tonumber(v[1]) >= tonumber(ARGV[4]) then
-  if v[2] == 'D' then return {3, v[1], v[4] or 'int', v[5] or ''} end
+  if v[2] == 'D' then
+    -- a hit is a use (LRU); XX: a record the index does not hold is not added
+    if idx then redis.call('ZADD', idx[1], 'XX', string.format('%.0f', now_us()), rec) end
+    return {3, v[1], v[4] or 'int', v[5] or ''}
+  end
   redis.call('HINCRBY', rec, 'j', 1)
   local now = redis.call('TIME')
   local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
@@ -116,6 +183,7 @@ if v[1] and tonumber(v[1]) >= tonumber(ARGV[4]) then
 end
 if v[1] and v[2] == 'R' then return {4, v[1], redis.call('PTTL', rec)} end
 local tok, clock = next_token(KEYS[2], ARGV[3])
+if idx and v[2] == 'D' then unindex(idx, rec) end  -- a fresh call replaces a kept outcome
 redis.call('DEL', rec)
 redis.call('HSET', rec, 't', tok, 's', 'R', 'o', ARGV[1], 'k', ARGV[7], 'p', ARGV[5],
   'h', ARGV[6], 'b', string.format('%.0f', clock), 'j', 0, 'a', 1)
@@ -139,10 +207,12 @@ end
 return out
 """
 
-# KEYS: record, parked, mailbox. ARGV: token, code, payload, retain ms, grace ms, max bytes.
+# KEYS: record, parked, mailbox[, the kept index: by use, by expiry, sizes].
+# ARGV: token, code, payload, retain ms, grace ms, max bytes (max_value_bytes)
+#       [, size, max_items, max_bytes: Retention's, for a kept outcome; 0 = no bound].
 # -> {1, joiners} landed (also when this is a retry of a landing that went through),
 #    {0} fenced: the flight is no longer this leader's; its joiners are told `int`.
-COMPLETE = _FIND + """
+COMPLETE = _FIND + _INDEX + """
 -- Only a value is bounded: a failure's payload (type, module, message) must land even
 -- over the limit, or a leader's ValueTooLargeError (or a long error message) was refused
 -- here: the leader got LeaseLostError and its joiners waited a lease to be interrupted
@@ -167,11 +237,19 @@ if not key or state ~= 'R' then
 end
 redis.call('XADD', KEYS[3], 'MAXLEN', '1', '*', 'c', ARGV[2], 'v', ARGV[3])
 redis.call('PEXPIRE', KEYS[3], ARGV[5])
-if tonumber(ARGV[4]) > 0 and key == KEYS[1] then
+local retain = tonumber(ARGV[4])
+local size, max_items, max_bytes = tonumber(ARGV[7] or '0'), tonumber(ARGV[8] or '0'),
+  tonumber(ARGV[9] or '0')
+local idx = index_of(4)
+-- An outcome whose size alone is over Retention.max_bytes is not kept (and the key's
+-- older kept outcome is gone already: this flight's record replaced it).
+if retain > 0 and key == KEYS[1] and (max_bytes == 0 or size <= max_bytes) then
   redis.call('HSET', key, 's', 'D', 'c', ARGV[2], 'v', ARGV[3])
   redis.call('PEXPIRE', key, ARGV[4])
+  if idx then keep_in(idx, key, size, retain, max_items, max_bytes) end
 else
   redis.call('DEL', key)
+  if idx and key == KEYS[1] then unindex(idx, key) end
 end
 return {1, joiners}
 """
@@ -236,14 +314,15 @@ return {1, tok}
 """
 
 # KEYS: record, and the forget's own nonce key (``fg:{ns:d}:g:<nonce>``; the arbiter
-# always sends it). ARGV: how long the nonce key is kept, ms.
+# always sends it)[, the kept index: by use, by expiry, sizes].
+# ARGV: how long the nonce key is kept, ms.
 # -> 0 nothing to forget, 1 a kept outcome dropped, 2 a running flight parked (it runs
 # on for its joiners; the next call leads a new flight).
 # A re-sent FORGET (its reply was lost; redis-py sends it again) finds its nonce and
 # answers as the first send did, acting on nothing: the flight it would find now is
 # another caller's newer one (led, or landed and kept, in the gap), which it must not
 # park or delete (tests/test_fleet_audit.py::test_a_resent_forget_leaves_the_next_flight_alone).
-FORGET = """
+FORGET = _INDEX + """
 if KEYS[2] then
   local seen = redis.call('GET', KEYS[2])
   if seen then return tonumber(seen) end
@@ -252,6 +331,8 @@ local answer = 0
 local v = redis.call('HMGET', KEYS[1], 't', 's', 'o')
 if v[1] and v[2] == 'D' then
   redis.call('DEL', KEYS[1])
+  local idx = index_of(3)
+  if idx then unindex(idx, KEYS[1]) end
   answer = 1
 elseif v[1] then
   redis.call('RENAME', KEYS[1], KEYS[1] .. ':x:' .. v[1])
