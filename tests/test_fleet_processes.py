@@ -209,7 +209,8 @@ def test_a_value_over_max_value_bytes(
     assert_value(a.expect("done", "n"), "small", joined=False)
     assert len(h.runs_of("k")) == 2
 
-    # The bound is a value's: an error whose description is longer still lands.
+    # The bound is a value's: an error whose description is longer still lands, its
+    # message cut to a quarter of the bound in characters (each is 4 UTF-8 bytes at most).
     a.call("e", "k2", h.work(block=True, **{"raise": "e" * 300}))
     a.expect("started", "e")
     b.call("j", "k2", h.work())
@@ -217,7 +218,7 @@ def test_a_value_over_max_value_bytes(
     a.release("e")
     assert_error(a.expect("done", "e"), "ValueError")
     attrs = assert_error(b.expect("done", "j"), "FlightFailedError")
-    assert attrs["error_type"] == "ValueError" and attrs["message"] == "e" * 300
+    assert attrs["error_type"] == "ValueError" and attrs["message"] == "e" * 25 + "... (cut)"
 
 
 # -----------------------------------------------------------------------------

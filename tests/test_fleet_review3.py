@@ -118,11 +118,6 @@ def test_a_landing_refused_by_a_server_out_of_memory_for_a_moment_is_made_again(
 # -- 2. a wide leader's task cancelled before its first step (Python 3.11's path) ------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_start_async returns for a wide group before adding the _unstarted callback: "
-    "a driver task cancelled before its first step leaves the flight RUNNING for ever",
-)
 def test_a_wide_leaders_task_cancelled_before_its_first_step_still_settles(
     redis_server: RedisServer, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -255,11 +250,6 @@ def test_fresh_callers_of_two_processes_that_came_during_one_flight_share_the_ne
 # -- 4. a kept failure in the leader's own process ---------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a kept failure served from Redis in the leader's own process has no __cause__, "
-    "which API.md promises there",
-)
 def test_a_kept_failure_has_its_cause_in_the_leaders_process(
     redis_server: RedisServer, namespace: str
 ) -> None:
