@@ -161,12 +161,6 @@ def _led_by(h: Harness, key: str, pid: int) -> bool:
     return any(f["key"] == key and f["leader_pid"] == pid for f in _status(h))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a call led while the previous flight's landing waits for its ack reasserts "
-    "first after a failover; the landed flight's reassert and landing are refused and its "
-    "frozen joiner is interrupted",
-)
 def test_a_frozen_joiner_gets_the_value_when_a_newer_lead_reasserts_first(h: Harness) -> None:
     a = h.spawn_warm("a")  # the coordinator
     b = h.spawn_warm("b")  # the leader

@@ -494,7 +494,10 @@ class DirectoryArbiter:
             for lead in list(self._leads.values()):
                 if lead.acked or (lead.lost and not lead.cut):
                     continue
-                reassert = partial(wire.reassert_frame, lead.call.id, lead.call.key, lead.token)
+                reassert = partial(
+                    wire.reassert_frame, lead.call.id, lead.call.key, lead.token,
+                    landed=lead.landing is not None,
+                )
                 channel.send(_fitting(reassert, lead.earlier, self._max_frame))
                 if lead.landing is not None:
                     channel.send(lead.landing)
@@ -1285,7 +1288,7 @@ def _request_size(key: str) -> int:
     most = 2**63 - 1
     return max(
         len(wire.run_frame(most, key, fresh=True, flight=most)),
-        len(wire.reassert_frame(most, key, most)),
+        len(wire.reassert_frame(most, key, most, landed=True)),
     ) - 4
 
 

@@ -701,21 +701,30 @@ class Coordinator:
         flight = self._flights.get(key)
         if not detached and flight is not None:
             if flight.token > token:
-                session.send(wire.rejected_frame(request.id, "a newer flight of the key runs"))
-                return
-            # An older flight holds the key (it cannot hold its lock too): the newer wins.
-            if flight.leader is not None:
-                flight.leader.leads.pop(flight.lead_id, None)
-                flight.leader.send(
-                    wire.rejected_frame(flight.lead_id, "a newer flight reasserted")
-                )
-            self._interrupt(flight, "a newer flight of the key took over")
+                if not request.landed:
+                    session.send(wire.rejected_frame(request.id, "a newer flight of the key runs"))
+                    return
+                # It landed already (its landing follows): its joiners still get it; the
+                # newer flight stays the key's (ADR 0022).
+                detached = True
+            else:
+                # An older flight holds the key (it cannot hold its lock too): the newer wins.
+                if flight.leader is not None:
+                    flight.leader.leads.pop(flight.lead_id, None)
+                    flight.leader.send(
+                        wire.rejected_frame(flight.lead_id, "a newer flight reasserted")
+                    )
+                self._interrupt(flight, "a newer flight of the key took over")
         if not detached:
             # Reasserts are rare (after a failover): a scan of the endings is fine.
             newer = max((t for t, e in self._endings.items() if e.key == key), default=0)
             if newer > token:
-                session.send(wire.rejected_frame(request.id, "a newer flight of the key ended"))
-                return
+                if not request.landed:
+                    session.send(
+                        wire.rejected_frame(request.id, "a newer flight of the key ended")
+                    )
+                    return
+                detached = True  # (as above)
         started = time.monotonic()
         flight = _Flight(
             key, token, session, request.id, started, reasserted=True, detached=detached

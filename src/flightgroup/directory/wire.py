@@ -477,12 +477,14 @@ class Cancel:
 @dataclass(frozen=True, slots=True)
 class Reassert:
     """``reassert``: a new coordinator is told this process leads ``key`` with ``token``;
-    ``earlier``: the flight's tokens before ``token`` (one per earlier attempt)."""
+    ``earlier``: the flight's tokens before ``token`` (one per earlier attempt);
+    ``landed``: the flight landed already (its ``land`` follows on the connection)."""
 
     id: int
     key: str
     token: int
     earlier: tuple[int, ...] = ()
+    landed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -758,11 +760,17 @@ def _cancel(header: Mapping[str, Any], payload: bytes | None) -> Cancel:
 
 
 def _reassert(header: Mapping[str, Any], payload: bytes | None) -> Reassert:
+    landed = header.get("landed")
+    if landed is None:  # absent or null: not landed
+        landed = False
+    elif type(landed) is not bool:
+        _bad("landed", "a boolean", header)
     return Reassert(
         _id_field(header, "id"),
         _key_field(header),
         _id_field(header, "token"),
         _earlier_field(header),
+        landed,
     )
 
 
@@ -966,12 +974,17 @@ def cancel_frame(id: int) -> bytes:
     return _frame(b'{"op":"cancel","id":%d}' % id)
 
 
-def reassert_frame(id: int, key: str, token: int, earlier: Sequence[int] = ()) -> bytes:
+def reassert_frame(
+    id: int, key: str, token: int, earlier: Sequence[int] = (), *, landed: bool = False
+) -> bytes:
     """``reassert``: tell a new coordinator this process leads ``key`` with ``token``
-    (``earlier``: the flight's tokens of its earlier attempts, oldest first)."""
+    (``earlier``: the flight's tokens of its earlier attempts, oldest first; ``landed``:
+    its ``land`` follows)."""
     header: dict[str, Any] = {"op": "reassert", "id": id, "key": key, "token": token}
     if earlier:
         header["earlier"] = _earlier_list(earlier)
+    if landed:
+        header["landed"] = True
     return encode_frame(header)
 
 

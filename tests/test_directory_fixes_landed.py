@@ -1,0 +1,140 @@
+"""A landed flight that reasserts after a newer flight of its key (ADR 0022): its landing
+is taken for its own joiners and acknowledged; the newer flight stays the key's.
+
+Driven over raw connections to a coordinator of the test process, so the order of the
+reasserts is the test's; nothing waits on a bare sleep.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from flightgroup.directory import wire
+
+from .dirproc import HELLO_OK, RawConn
+from .ingroup import close, coordinating
+
+pytestmark = pytest.mark.timeout(60)
+
+OLD = 1 << 32 | 5  # a flight of an earlier term that landed
+NEW = 1 << 32 | 6  # the key's next flight, led while the landing waited for its ack
+
+
+def _frame(conn: RawConn, op: str) -> tuple[dict[str, Any], bytes]:
+    header, payload = conn.read_frame()
+    assert header["op"] == op, header
+    return header, payload
+
+
+def _served(conn: RawConn) -> None:
+    """Every frame sent on ``conn`` before this was served (frames go in order)."""
+    conn.send_frame({"op": "status", "id": 999})
+    _frame(conn, "status")
+
+
+def test_a_landed_reassert_older_than_the_running_flight_lands_for_its_joiners(
+    directory: str,
+) -> None:
+    a = coordinating(directory)
+    sock = os.path.join(directory, "flight.sock")
+    try:
+        with (
+            RawConn(sock) as x,
+            RawConn(sock) as b,
+            RawConn(sock) as c,
+            RawConn(sock) as n,
+        ):
+            for conn in (x, b, c, n):
+                assert conn.hello() == HELLO_OK
+            x.send_frame({"op": "reassert", "id": 1, "key": "k", "token": NEW})
+            _served(x)
+            b.send(
+                wire.reassert_frame(1, "k", OLD, landed=True)
+                + wire.land_frame(1, OLD, wire.Value(b'"old"'))
+            )
+            header, _ = b.read_frame()
+            assert header == {"op": "ack", "id": 1}  # not rejected: its lease holds
+            # Its joiner, rejoining by its token, gets its value.
+            c.send_frame({"op": "run", "id": 1, "key": "k", "flight": OLD})
+            header, payload = _frame(c, "landed")
+            assert (header["token"], payload) == (OLD, b'"old"')
+            # A new call joins the newer flight, never gets the older one's outcome.
+            n.send_frame({"op": "run", "id": 1, "key": "k"})
+            assert _frame(n, "joined")[0]["token"] == NEW
+            x.send(wire.land_frame(1, NEW, wire.Value(b'"new"')))
+            assert _frame(x, "ack")[0]["id"] == 1
+            header, payload = _frame(n, "landed")
+            assert (header["token"], payload) == (NEW, b'"new"')
+    finally:
+        close(a)
+
+
+def test_a_landed_reassert_older_than_an_ended_flight_lands_for_its_joiners(
+    directory: str,
+) -> None:
+    a = coordinating(directory)
+    sock = os.path.join(directory, "flight.sock")
+    try:
+        with RawConn(sock) as x, RawConn(sock) as b, RawConn(sock) as c:
+            for conn in (x, b, c):
+                assert conn.hello() == HELLO_OK
+            x.send(
+                wire.reassert_frame(1, "k", NEW) + wire.land_frame(1, NEW, wire.Value(b"1"))
+            )
+            _frame(x, "ack")
+            b.send(
+                wire.reassert_frame(1, "k", OLD, landed=True)
+                + wire.land_frame(1, OLD, wire.Value(b"0"))
+            )
+            assert _frame(b, "ack")[0]["id"] == 1
+            c.send_frame({"op": "run", "id": 1, "key": "k", "flight": OLD})
+            header, payload = _frame(c, "landed")
+            assert (header["token"], payload) == (OLD, b"0")
+    finally:
+        close(a)
+
+
+def test_an_older_reassert_that_did_not_land_is_still_refused(directory: str) -> None:
+    a = coordinating(directory)
+    sock = os.path.join(directory, "flight.sock")
+    try:
+        with RawConn(sock) as x, RawConn(sock) as b:
+            assert x.hello() == HELLO_OK and b.hello() == HELLO_OK
+            x.send_frame({"op": "reassert", "id": 1, "key": "k", "token": NEW})
+            _served(x)
+            b.send_frame({"op": "reassert", "id": 1, "key": "k", "token": OLD})
+            header, _ = _frame(b, "rejected")
+            assert header["id"] == 1
+    finally:
+        close(a)
+
+
+@pytest.mark.parametrize("bad", [1, "true", [], {}])
+def test_a_reassert_whose_landed_is_not_a_boolean_is_answered_error(
+    directory: str, bad: object
+) -> None:
+    a = coordinating(directory)
+    sock = os.path.join(directory, "flight.sock")
+    try:
+        with RawConn(sock) as b:
+            assert b.hello() == HELLO_OK
+            b.send_frame({"op": "reassert", "id": 3, "key": "k", "token": OLD, "landed": bad})
+            header, _ = _frame(b, "error")
+            assert header["id"] == 3 and "landed" in header["message"]
+            _served(b)  # the connection stays
+    finally:
+        close(a)
+
+
+def test_the_landed_field_is_optional_and_null_is_absent() -> None:
+    header, _ = wire.decode_body(wire.reassert_frame(1, "k", 2)[4:])
+    assert "landed" not in header
+    assert wire.parse_request(header, None) == wire.Reassert(1, "k", 2)
+    header["landed"] = None
+    assert wire.parse_request(header, None) == wire.Reassert(1, "k", 2)
+    header, _ = wire.decode_body(wire.reassert_frame(1, "k", 2, landed=True)[4:])
+    assert header["landed"] is True
+    assert wire.parse_request(header, None) == wire.Reassert(1, "k", 2, landed=True)
