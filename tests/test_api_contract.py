@@ -54,13 +54,7 @@ def test_call_options_are_keyword_only_with_the_contracts_defaults() -> None:
 @pytest.mark.parametrize(
     "wide",
     [
-        pytest.param("directory", marks=pytest.mark.xfail(
-            strict=True,
-            reason="API.md (Policies): a kept outcome is served 'until its time runs out or "
-            "it is evicted (LRU by items, ...)', and Retention is group-wide in every scope; "
-            "the directory coordinator ignores Retention.max_items (it bounds at its own "
-            "10,000 items), so an evicted outcome is still served",
-        )),
+        "directory",
         "fleet",
     ],
     indirect=True,
@@ -79,12 +73,7 @@ def test_a_wide_scope_evicts_kept_outcomes_past_max_items(wide: dict[str, Any]) 
 @pytest.mark.parametrize(
     "wide",
     [
-        pytest.param("directory", marks=pytest.mark.xfail(
-            strict=True,
-            reason="API.md (Policies): kept outcomes are evicted 'LRU by items, then by "
-            "encoded bytes' (Retention.max_bytes); the directory scope ignores max_bytes "
-            "and keeps an outcome larger than it",
-        )),
+        "directory",
         "fleet",
     ],
     indirect=True,

@@ -289,11 +289,6 @@ def test_a_second_close_returns_only_once_the_landings_were_handed_over(h: Harne
 # -- Retention's bounds ------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the coordinator ignores Retention.max_items (and max_bytes): it keeps up to "
-    "its own 10,000 outcomes whatever bound the group set",
-)
 def test_retention_max_items_bounds_the_directorys_kept_outcomes(directory: str) -> None:
     a, b = (group(directory, retention=Retention(success=60.0, max_items=1)) for _ in "ab")
     try:

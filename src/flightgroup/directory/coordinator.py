@@ -65,6 +65,8 @@ def _raised_at(exc: BaseException) -> str:
 
 
 _PEERCRED = struct.Struct("3i")
+# Kept outcomes (Retention): the bounds when a landing names none (a peer of an earlier
+# release); max_bytes absent is this coordinator's memory guard.
 _KEPT_MAX_ITEMS = 10_000
 _KEPT_MAX_BYTES = 256 * 1024 * 1024
 _RELEASING_MAX = 10_000
@@ -195,6 +197,15 @@ def _forget_watchers() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_watchers)
+
+
+def _kept_size(outcome: wire.Value | wire.Failure) -> int:
+    """The bytes a kept outcome counts for (Retention.max_bytes): a value's encoded bytes;
+    a failure's type, module and message in UTF-8."""
+    if isinstance(outcome, wire.Value):
+        return len(outcome.data)
+    text = outcome.type + outcome.module + outcome.message
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def _add_tokens(flight: _Flight, tokens: frozenset[int] | set[int]) -> None:
@@ -568,9 +579,9 @@ class Coordinator:
             del self._flights[key]
         outcome = land.outcome
         written = self._deliver(flight, outcome)
-        keep = getattr(outcome, "keep", None)
-        if keep and current:  # a flight detached by forget() is never kept
-            self._keep(key, flight.token, outcome, keep)
+        # A detached flight (forgotten, or older than the key's current one) is never kept.
+        if isinstance(outcome, (wire.Value, wire.Failure)) and outcome.keep and current:
+            self._keep(key, flight.token, outcome, outcome.keep)
         if len(self._releasing) >= _RELEASING_MAX:
             self._releasing.clear()  # only an optimisation: the probe takes over
         self._releasing[key] = flight.token
@@ -961,13 +972,24 @@ class Coordinator:
         for token in [t for t, e in self._endings.items() if e.until < now]:
             del self._endings[token]
 
-    def _keep(self, key: str, token: int, outcome: wire.Outcome, seconds: float) -> None:
-        size = len(outcome.data) if isinstance(outcome, wire.Value) else 0
+    def _keep(
+        self, key: str, token: int, outcome: wire.Value | wire.Failure, seconds: float
+    ) -> None:
+        """Keep ``outcome`` as ``key``'s for ``seconds``, under the bounds its leader's
+        Retention set (absent: the coordinator's own). An outcome over ``max_bytes``
+        alone is not kept (and the key's older one goes); then the least recently used
+        others are evicted until at most ``max_items`` and ``max_bytes`` remain."""
+        size = _kept_size(outcome)
+        max_items = outcome.max_items if outcome.max_items is not None else _KEPT_MAX_ITEMS
+        max_bytes = outcome.max_bytes if outcome.max_bytes is not None else _KEPT_MAX_BYTES
         self._drop_kept(key)
+        if size > max_bytes:
+            return
         self._kept[key] = (token, outcome, time.monotonic() + seconds, size)
         self._kept_bytes += size
-        while self._kept and (
-            len(self._kept) > _KEPT_MAX_ITEMS or self._kept_bytes > _KEPT_MAX_BYTES
+        # The new entry is the last (most recent) one: it is never evicted by its own keep.
+        while len(self._kept) > 1 and (
+            len(self._kept) > max_items or self._kept_bytes > max_bytes
         ):
             _, (_, _, _, dropped) = self._kept.popitem(last=False)
             self._kept_bytes -= dropped

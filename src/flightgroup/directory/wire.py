@@ -663,6 +663,17 @@ def _keep_field(header: Mapping[str, Any]) -> float | None:
     return _positive_field(header, "keep")
 
 
+def _bound_field(header: Mapping[str, Any], name: str) -> int | None:
+    """An optional Retention bound (``max_items``, ``max_bytes``): absent or null is
+    none (the coordinator's own); else an integer in [1, 2**63)."""
+    value = header.get(name)
+    if value is None:
+        return None
+    if type(value) is not int or not 1 <= value < _MAX_ID:
+        _bad(name, "an integer in [1, 2**63)", header)
+    return value
+
+
 def _request_id(header: Mapping[str, Any]) -> int | None:
     """The id an ``error`` answer echoes: the request's, when it was an integer."""
     value = header.get("id")
@@ -678,16 +689,14 @@ def outcome_fields(outcome: Outcome) -> tuple[dict[str, Any], bytes | None]:
     fields: dict[str, Any]
     if isinstance(outcome, Value):
         fields = {"outcome": "value"}
-        if outcome.keep is not None:
-            fields["keep"] = outcome.keep
+        _retention_fields(fields, outcome)
         return fields, outcome.data
     if isinstance(outcome, Failure):
         fields = {
             "outcome": "error",
             "error": {"type": outcome.type, "module": outcome.module, "message": outcome.message},
         }
-        if outcome.keep is not None:
-            fields["keep"] = outcome.keep
+        _retention_fields(fields, outcome)
         return fields, None
     if isinstance(outcome, Timeout):
         return {"outcome": "timeout", "deadline": outcome.deadline}, None
@@ -696,12 +705,25 @@ def outcome_fields(outcome: Outcome) -> tuple[dict[str, Any], bytes | None]:
     raise TypeError(f"not an outcome: {outcome!r}")
 
 
+def _retention_fields(fields: dict[str, Any], outcome: Value | Failure) -> None:
+    """``keep``, ``max_items`` and ``max_bytes`` of a value or failure, where set."""
+    if outcome.keep is not None:
+        fields["keep"] = outcome.keep
+    if outcome.max_items is not None:
+        fields["max_items"] = outcome.max_items
+    if outcome.max_bytes is not None:
+        fields["max_bytes"] = outcome.max_bytes
+
+
 def _outcome(header: Mapping[str, Any], payload: bytes | None) -> Outcome:
     kind = header.get("outcome")
     if kind == "value":
         if payload is None:
             raise BadRequest(None, "outcome 'value' needs a payload (the encoded value)")
-        return Value(payload, _keep_field(header))
+        return Value(
+            payload, _keep_field(header), _bound_field(header, "max_items"),
+            _bound_field(header, "max_bytes"),
+        )
     if kind == "error":
         error = header.get("error")
         if not isinstance(error, dict):
@@ -712,7 +734,10 @@ def _outcome(header: Mapping[str, Any], payload: bytes | None) -> Outcome:
             message = _str_field(error, "message")
         except BadRequest as exc:
             raise BadRequest(None, f"in field 'error': {exc.message}") from None
-        return Failure(type_, module, message, _keep_field(header))
+        return Failure(
+            type_, module, message, _keep_field(header), _bound_field(header, "max_items"),
+            _bound_field(header, "max_bytes"),
+        )
     if kind == "timeout":
         return Timeout(_positive_field(header, "deadline"))
     if kind == "interrupted":
@@ -919,6 +944,18 @@ def _keep(keep: float | None) -> bytes:
     return b"" if keep is None else b',"keep":' + _float(keep)
 
 
+def _retention(value: Value) -> bytes:
+    """The ``keep``, ``max_items`` and ``max_bytes`` fields of a template."""
+    if value.keep is None and value.max_items is None and value.max_bytes is None:
+        return b""
+    text = _keep(value.keep)
+    if value.max_items is not None:
+        text += b',"max_items":%d' % value.max_items
+    if value.max_bytes is not None:
+        text += b',"max_bytes":%d' % value.max_bytes
+    return text
+
+
 def _earlier_list(earlier: Sequence[int]) -> list[int]:
     """The tokens of an ``earlier`` field; ValueError for more than :data:`MAX_EARLIER`."""
     if len(earlier) > MAX_EARLIER:
@@ -957,7 +994,7 @@ def land_frame(id: int, token: int, outcome: Outcome) -> bytes:
         head = b'{"op":"land","id":%d,"token":%d,"outcome":"value"%s}' % (
             id,
             token,
-            _keep(outcome.keep),
+            _retention(outcome),
         )
         return _frame(head, outcome.data)
     fields, payload = outcome_fields(outcome)
@@ -1017,7 +1054,7 @@ def landed_frame(id: int, token: int, outcome: Outcome, kept: bool = False) -> b
         head = b'{"op":"landed","id":%d,"token":%d,"outcome":"value"%s,"kept":%s}' % (
             id,
             token,
-            _keep(outcome.keep),
+            _retention(outcome),
             b"true" if kept else b"false",
         )
         return _frame(head, outcome.data)
