@@ -1,5 +1,6 @@
-"""API.md, item by item: where the code deviates from the contract (strict xfails, each
-naming the line it breaks) and a few contract items nothing else pins yet."""
+"""API.md, item by item: the places an audit (2026-11-30) found the code deviating from
+the contract, each test naming the line it pins, and a few contract items nothing else
+pinned yet."""
 
 from __future__ import annotations
 
