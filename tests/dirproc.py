@@ -703,6 +703,19 @@ class Harness:
             threading.Event().wait(0.01)  # polling for a state other processes reach
         raise AssertionError(f"no coordinator (other than {not_pid}) serves: {last}")
 
+    def flights(self) -> list[dict[str, Any]]:
+        """The flights in progress, asked of whoever coordinates now (a raw connection)."""
+        with RawConn(self.path("flight.sock")) as conn:
+            assert conn.hello() == HELLO_OK
+            conn.send_frame({"op": "status", "id": 1})
+            header, _ = conn.read_frame()
+            assert header["op"] == "status", header
+            return list(header["flights"])
+
+    def led_by(self, key: str, pid: int) -> bool:
+        """Whether the coordinator now knows a flight of ``key`` led by process ``pid``."""
+        return any(f["key"] == key and f["leader_pid"] == pid for f in self.flights())
+
 
 def peer_pid(sock_path: str) -> int:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:

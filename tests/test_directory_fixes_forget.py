@@ -26,19 +26,6 @@ def h() -> Iterator[Harness]:
         yield hh
 
 
-def _status(h: Harness) -> list[dict[str, Any]]:
-    with RawConn(h.path("flight.sock")) as conn:
-        assert conn.hello() == HELLO_OK
-        conn.send_frame({"op": "status", "id": 1})
-        header, _ = conn.read_frame()
-        assert header["op"] == "status", header
-        return list(header["flights"])
-
-
-def _led_by(h: Harness, key: str, pid: int) -> bool:
-    return any(f["key"] == key and f["leader_pid"] == pid for f in _status(h))
-
-
 def test_a_forget_survives_a_coordinator_killed_right_after_confirming_it(h: Harness) -> None:
     a = h.spawn_warm("a")  # the coordinator, SIGKILLed once it confirmed the forget
     b = h.spawn_warm("b")  # leads the flight that is forgotten
@@ -50,7 +37,7 @@ def test_a_forget_survives_a_coordinator_killed_right_after_confirming_it(h: Har
     assert c.expect("forgot")["error"] is None  # confirmed by a
     a.kill()
     assert h.coordinator_pid(not_pid=a.pid) in (b.pid, c.pid)
-    wait_for(lambda: _led_by(h, "k", b.pid), "b reasserted its flight to the new term")
+    wait_for(lambda: h.led_by("k", b.pid), "b reasserted its flight to the new term")
 
     c.call("n", "k", h.work(**{"return": "new"}), on_join=True)
     # Frames of one connection are served in order: once a later call of c came back,

@@ -15,7 +15,7 @@ import pytest
 
 from flightgroup import JSON, FlightFailedError, FlightGroup, Retention
 
-from .dirproc import HELLO_OK, Harness, RawConn, assert_value, harness, wait_for
+from .dirproc import Harness, assert_value, harness, wait_for
 from .ingroup import Background, arbiter, close, coordinating, group
 from .support import wait_until
 
@@ -147,20 +147,6 @@ def test_fresh_callers_of_one_process_share_the_next_flight(directory: str) -> N
 # -- a landing not yet acknowledged when the coordinator dies ------------------------
 
 
-def _status(h: Harness) -> list[dict[str, Any]]:
-    """The flights in progress, asked of whoever coordinates now (a raw connection)."""
-    with RawConn(h.path("flight.sock")) as conn:
-        assert conn.hello() == HELLO_OK
-        conn.send_frame({"op": "status", "id": 1})
-        header, _ = conn.read_frame()
-        assert header["op"] == "status", header
-        return list(header["flights"])
-
-
-def _led_by(h: Harness, key: str, pid: int) -> bool:
-    return any(f["key"] == key and f["leader_pid"] == pid for f in _status(h))
-
-
 def test_a_frozen_joiner_gets_the_value_when_a_newer_lead_reasserts_first(h: Harness) -> None:
     a = h.spawn_warm("a")  # the coordinator
     b = h.spawn_warm("b")  # the leader
@@ -183,13 +169,13 @@ def test_a_frozen_joiner_gets_the_value_when_a_newer_lead_reasserts_first(h: Har
     # A new call of the key leads at once (the landed flight is "releasing"); its lead
     # waits for b's key lock, which b keeps until its landing is acknowledged.
     x.call("n", "k", h.work(**{"return": "next"}))
-    wait_for(lambda: _led_by(h, "k", x.pid), "x leads the next flight")
+    wait_for(lambda: h.led_by("k", x.pid), "x leads the next flight")
     assert not x.seen("started", "n")
 
     b.stop()  # b reconnects only after x's lead is reasserted
     a.kill()
     assert h.coordinator_pid(not_pid=a.pid) in (e.pid, x.pid)  # b and c are frozen
-    wait_for(lambda: _led_by(h, "k", x.pid), "x reasserted its lead to the new term")
+    wait_for(lambda: h.led_by("k", x.pid), "x reasserted its lead to the new term")
     b.cont()
     b.roundtrip("after")  # b's reassert and its landing reached the new term
     c.cont()

@@ -14,11 +14,10 @@ that reconfigures Redis starts a redis-server of its own (tests/redisproc.py).
   elsewhere wait out the lease and get FlightInterruptedError, though Redis took
   writes again at once. ATTEMPT and RENEW treat the same errors as "out of reach"
   and try again within the lease.
-- ``test_a_wide_leaders_task_cancelled_before_its_first_step_still_settles``: on the
-  path without eager tasks (Python 3.11), _start_async returns for a wide group before
-  it adds the ``_unstarted`` callback the process scope has. A loop that shuts down
-  before the task's first step leaves the flight RUNNING in the table: every later
-  call of the key in that group joins it and waits for ever.
+- (moved) on the path without eager tasks (Python 3.11), _start_async returned for a
+  wide group before it added the ``_unstarted`` callback the process scope has: a loop
+  that shut down before the task's first step left the flight RUNNING for ever. Fixed;
+  tests/test_review_findings.py's test of it now runs in every scope.
 - ``test_fresh_callers_of_two_processes_that_came_during_one_flight_share_the_next``:
   a fresh caller that waited locally for a flight's end leads the next local flight
   with ``fresh_lead``, whose ACQUIRE asks min_token = 2**53 ("no flight that exists
@@ -40,7 +39,6 @@ from typing import Any
 import pytest
 from redis.exceptions import ResponseError
 
-import flightgroup.group as group_module
 from flightgroup import FlightFailedError, Retention, current_lease
 
 from .infleet import fleet_group, fleet_of, never
@@ -116,36 +114,6 @@ def test_a_landing_refused_by_a_server_out_of_memory_for_a_moment_is_made_again(
 
 
 # -- 2. a wide leader's task cancelled before its first step (Python 3.11's path) ------------
-
-
-def test_a_wide_leaders_task_cancelled_before_its_first_step_still_settles(
-    redis_server: RedisServer, namespace: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """As tests/test_review_findings.py's test for the process scope, on a fleet group:
-    asyncio.run(main) where main starts a leader's task and returns at once. Without
-    eager tasks (3.11), the leader arrives, leads locally and schedules the driver
-    task; the loop stops; asyncio.run cancels every task, the driver before its
-    coroutine ever ran. Nothing settles the flight: the next call of the key joins it."""
-    monkeypatch.setattr(group_module, "_EAGER", False)
-    g = fleet_group(redis_server.url, namespace, lease=2.0)
-    ran: list[int] = []
-    tasks: list[asyncio.Task[Any]] = []
-
-    async def work() -> str:
-        ran.append(1)
-        return "v"
-
-    async def main() -> None:
-        tasks.append(asyncio.create_task(g.run("k", work)))  # fire and forget
-
-    try:
-        asyncio.run(main())
-        assert ran == [] and tasks[0].cancelled()  # the interleaving above happened
-        flight = g._table.flights.get("k")
-        assert flight is None, f"{flight!r} is stuck in the fleet group's table"
-        assert g.run_sync("k", lambda: "next", timeout=5).value == "next"
-    finally:
-        g.close()
 
 
 # -- 3. fresh callers of two processes that came during one flight -------------------------

@@ -1,15 +1,10 @@
-"""Parts the wide scopes share (flightgroup.wide), on their own; and the engine's paths
-that both wide scopes take, run on a directory group (the fleet's twins are in
-tests/test_fleet_review3.py)."""
+"""Parts the wide scopes share (flightgroup.wide), on their own, and the kept failure's
+cause across groups of one directory."""
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
 import pytest
 
-import flightgroup.group as group_module
 from flightgroup import FlightFailedError, Retention
 from flightgroup.wide import KeptCauses
 
@@ -63,30 +58,3 @@ def test_a_kept_failure_led_in_another_group_has_no_cause(directory: str) -> Non
         assert isinstance(own.value.__cause__, KeyError)
     finally:
         close(a, b)
-
-
-def test_a_wide_leaders_task_cancelled_before_its_first_step_still_settles(
-    directory: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Without eager tasks (3.11), asyncio.run(main) where main starts a leader's task
-    and returns: the driver task is cancelled before it asked the coordinator. The
-    flight stayed RUNNING in the table, and every later call of the key joined it."""
-    monkeypatch.setattr(group_module, "_EAGER", False)
-    g = group(directory)
-    ran: list[int] = []
-    tasks: list[asyncio.Task[Any]] = []
-
-    async def work() -> str:
-        ran.append(1)
-        return "v"
-
-    async def main() -> None:
-        tasks.append(asyncio.create_task(g.run("k", work)))  # fire and forget
-
-    try:
-        asyncio.run(main())
-        assert ran == [] and tasks[0].cancelled()  # the interleaving above happened
-        assert g._table.flights.get("k") is None
-        assert g.run_sync("k", lambda: "next", timeout=10).value == "next"
-    finally:
-        close(g)
