@@ -199,15 +199,6 @@ def _forget_watchers() -> None:
 os.register_at_fork(after_in_child=_forget_watchers)
 
 
-def _kept_size(outcome: wire.Value | wire.Failure) -> int:
-    """The bytes a kept outcome counts for (Retention.max_bytes): a value's encoded bytes;
-    a failure's type, module and message in UTF-8."""
-    if isinstance(outcome, wire.Value):
-        return len(outcome.data)
-    text = outcome.type + outcome.module + outcome.message
-    return len(text.encode("utf-8", "surrogatepass"))
-
-
 def _add_tokens(flight: _Flight, tokens: frozenset[int] | set[int]) -> None:
     """``flight`` had ``tokens`` too; it keeps the latest ``_TOKENS_MAX`` (the highest:
     tokens only grow from attempt to attempt)."""
@@ -979,7 +970,7 @@ class Coordinator:
         Retention set (absent: the coordinator's own). An outcome over ``max_bytes``
         alone is not kept (and the key's older one goes); then the least recently used
         others are evicted until at most ``max_items`` and ``max_bytes`` remain."""
-        size = _kept_size(outcome)
+        size = wire.kept_size(outcome)
         max_items = outcome.max_items if outcome.max_items is not None else _KEPT_MAX_ITEMS
         max_bytes = outcome.max_bytes if outcome.max_bytes is not None else _KEPT_MAX_BYTES
         self._drop_kept(key)

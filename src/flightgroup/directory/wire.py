@@ -74,6 +74,7 @@ __all__ = [
     "forget_frame",
     "interrupted_frame",
     "joined_frame",
+    "kept_size",
     "land_frame",
     "landed_frame",
     "lead_frame",
@@ -420,6 +421,15 @@ class Failure:
     keep: float | None = None
     max_items: int | None = None
     max_bytes: int | None = None
+
+
+def kept_size(outcome: Value | Failure) -> int:
+    """The bytes a kept outcome counts for against Retention.max_bytes, in both wide
+    scopes: a value's encoded bytes; a failure's type, module and message in UTF-8."""
+    if isinstance(outcome, Value):
+        return len(outcome.data)
+    text = outcome.type + outcome.module + outcome.message
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -946,8 +956,6 @@ def _keep(keep: float | None) -> bytes:
 
 def _retention(value: Value) -> bytes:
     """The ``keep``, ``max_items`` and ``max_bytes`` fields of a template."""
-    if value.keep is None and value.max_items is None and value.max_bytes is None:
-        return b""
     text = _keep(value.keep)
     if value.max_items is not None:
         text += b',"max_items":%d' % value.max_items

@@ -179,16 +179,9 @@ def kept_bounds(outcome: wire.Outcome) -> tuple[int, int, int]:
     """(size, max_items, max_bytes) of an outcome for the kept index (0: no bound).
     Size: a value's encoded bytes; a failure's, the UTF-8 bytes of its type, module
     and message (as the directory scope counts them)."""
-    if isinstance(outcome, wire.Value):
-        size = len(outcome.data)
-    elif isinstance(outcome, wire.Failure):
-        size = sum(
-            len(text.encode("utf-8", "surrogatepass"))
-            for text in (outcome.type, outcome.module, outcome.message)
-        )
-    else:
+    if not isinstance(outcome, (wire.Value, wire.Failure)):
         return 0, 0, 0
-    return size, outcome.max_items or 0, outcome.max_bytes or 0
+    return wire.kept_size(outcome), outcome.max_items or 0, outcome.max_bytes or 0
 
 
 def decode_outcome(code: bytes | None, payload: bytes | None) -> wire.Outcome:
