@@ -27,6 +27,7 @@ from flightgroup import (
     Retry,
     current_lease,
 )
+from flightgroup.directory import fs
 from flightgroup.directory.client import _OPENING, DirectoryArbiter
 
 from .dirproc import Child, Harness, assert_error, assert_value, harness, wait_for
@@ -176,27 +177,56 @@ def test_close_while_the_caller_takes_a_lead_told_as_it_opened_the_key_file(
 # -----------------------------------------------------------------------------
 
 
+def _fd_is_key_file(fd: int) -> bool:
+    try:
+        return "execution-locks" in os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return False
+
+
+class _Contended:
+    """A lead's lock that says when another thread waits to take it."""
+
+    def __init__(self, lock: Any, waiting: threading.Event) -> None:
+        self._lock, self._waiting = lock, waiting
+
+    def __enter__(self) -> bool:
+        if not self._lock.acquire(blocking=False):
+            self._waiting.set()
+            self._lock.acquire()
+        return True
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
 @pytest.mark.timeout(60)
 def test_a_lead_withdrawn_as_it_gets_its_key_lock_writes_no_other_file(
-    directory: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+    directory: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The key-lock thread got the lock and is about to write the token (held at its
+    pwrite); the call is withdrawn then. The withdrawal waits for the write (the lead's
+    lock), so the descriptor the token goes to is still the key's file: it is never
+    closed under the write and its number handed to another file."""
     c = _coordinating(directory)
     b = _connected(directory)
     arbiter = _arbiter(b)
     _a, release_a, runs = _closed_leader_holds(directory)
-    at_pwrite, go = threading.Event(), threading.Event()
-    written: list[int] = []
+    at_pwrite, go, withdrawing = threading.Event(), threading.Event(), threading.Event()
+    written: list[tuple[int, int]] = []
     real_pwrite = os.pwrite
 
     def pwrite(fd: int, data: bytes, offset: int) -> int:
         if _in_thread("flightgroup-keylock") and not at_pwrite.is_set():
-            written.append(fd)
+            (lead,) = arbiter._leads.values()
+            written.append((fd, lead.token))
+            # Its lock is held here (the `with` took it): a withdrawal must wait for it.
+            lead.lock = _Contended(lead.lock, withdrawing)  # type: ignore[assignment]
             at_pwrite.set()  # the key-lock thread got the lock: its token goes out now
             go.wait(20)
         return real_pwrite(fd, data, offset)
 
     monkeypatch.setattr(os, "pwrite", pwrite)
-    victim = str(tmp_path / "victim")
     try:
 
         async def work_b() -> str:
@@ -214,28 +244,15 @@ def test_a_lead_withdrawn_as_it_gets_its_key_lock_writes_no_other_file(
             # The program's loop ends here: the driver task is cancelled, the call withdrawn
 
         asyncio.run(main())
-
-        def closed() -> bool:
-            try:
-                return "execution-locks" not in os.readlink(f"/proc/self/fd/{written[0]}")
-            except OSError:
-                return True
-
-        wait_until(closed, "the withdrawal closed the lead's descriptor")
+        assert withdrawing.wait(20), "the withdrawal did not come while the token was due"
+        fd, token = written[0]
+        assert _fd_is_key_file(fd)  # the withdrawal waits on the lead's lock, fd still open
+        go.set()
+        wait_until(lambda: not _fd_is_key_file(fd), "the withdrawal closed the lead's descriptor")
+        wait_until(lambda: _lock_waiters() == 0, "the key-lock thread ended")
         assert not arbiter._leads
-        # The lead's descriptor is closed; its number goes to the next file opened.
-        fd = os.open(victim, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            if fd != written[0]:
-                os.dup2(fd, written[0])
-                os.close(fd)
-                fd = written[0]
-            go.set()
-            wait_until(lambda: _lock_waiters() == 0, "the key-lock thread ended")
-            with open(victim, "rb") as f:
-                assert f.read() == b"", "the lead's token went into a file it does not own"
-        finally:
-            os.close(fd)
+        with open(fs.key_lock_path(directory, "k"), "rb") as f:
+            assert f.read() == b"%-20d\n" % token  # the token went to the key's own file
         assert runs == ["a"]
         assert _key_lock_free(directory, "k")
     finally:
