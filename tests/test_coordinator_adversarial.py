@@ -449,3 +449,42 @@ def test_a_term_out_of_tokens_hands_over_to_a_new_term(directory: str) -> None:
         assert after.token > last.token
     finally:
         close_groups(b, a)
+
+
+def test_a_fresh_run_that_names_the_flight_it_came_during_takes_only_later_ones(
+    served: Served,
+) -> None:
+    """``run`` with ``fresh`` and ``after``: its callers came during the flight of token
+    ``after``, so a flight (or a kept outcome) of a higher token began after them."""
+    leader = served.connect()
+    leader.send(wire.run_frame(1, "k"))
+    head, _ = leader.read_frame()
+    assert head["op"] == "lead"
+    t1 = head["token"]
+    early = served.connect()  # its callers came during a flight before t1
+    early.send(wire.run_frame(1, "k", fresh=True, after=t1 - 1))
+    head, _ = early.read_frame()
+    assert (head["op"], head["id"], head["token"]) == ("joined", 1, t1)
+    during = served.connect()  # came during t1, or names no flight: t1 is too old
+    during.send(wire.run_frame(1, "k", fresh=True, after=t1))
+    during.send(wire.run_frame(2, "k", fresh=True))
+    wait_until(
+        lambda: served.on_loop(lambda: len(served.coordinator._flights["k"].fresh)) == 2,
+        "both fresh runs wait for t1's end",
+    )
+    leader.send(wire.land_frame(1, t1, wire.Value(b'"one"', keep=60.0)))
+    assert early.read_frame()[0]["op"] == "landed"
+    answers = {h["id"]: h for h, _ in (during.read_frame(), during.read_frame())}
+    assert answers[1]["op"] == "lead" and answers[2]["op"] == "joined"
+    t2 = answers[1]["token"]
+    assert t2 > t1
+    during.send(wire.land_frame(1, t2, wire.Value(b'"two"', keep=60.0)))
+    assert {h["op"] for h, _ in (during.read_frame(), during.read_frame())} == {"landed", "ack"}
+    # kept: t2's outcome serves a fresh run that came during t1, not one that came during t2
+    late = served.connect()
+    late.send(wire.run_frame(1, "k", fresh=True, after=t1))
+    head, payload = late.read_frame()
+    assert (head["op"], head["token"], head.get("kept"), payload) == ("landed", t2, True, b'"two"')
+    late.send(wire.run_frame(2, "k", fresh=True, after=t2))
+    head, _ = late.read_frame()
+    assert head["op"] == "lead" and head["token"] > t2

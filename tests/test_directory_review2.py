@@ -94,11 +94,6 @@ def _any_coordinator(*groups: FlightGroup) -> Any:
 # -- fresh callers of one process (ADR 0005) ---------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a fresh caller that comes while its process's fresh request still waits in "
-    "the coordinator waits for that flight's end instead of sharing it: one run too many",
-)
 def test_fresh_callers_of_one_process_share_the_next_flight(directory: str) -> None:
     a = coordinating(directory)  # coordinates and leads the running flight
     b = group(directory)

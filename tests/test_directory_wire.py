@@ -429,17 +429,20 @@ def test_read_line_returns_none_over_the_streams_own_smaller_limit() -> None:
 
 
 @prop
-@given(ids, keys, st.booleans(), st.none() | ids)
-@example(TOP, 'k"\n\\{}\x00\u2028é😀', True, TOP)
-@example(0, "\n", False, 0)
+@given(ids, keys, st.booleans(), st.none() | ids, st.none() | ids)
+@example(TOP, 'k"\n\\{}\x00\u2028é😀', True, TOP, TOP)
+@example(0, "\n", False, 0, None)
 def test_run_round_trips_and_matches_the_generic_encoder(
-    id: int, key: str, fresh: bool, flight: int | None
+    id: int, key: str, fresh: bool, flight: int | None, after: int | None
 ) -> None:
-    frame = wire.run_frame(id, key, fresh=fresh, flight=flight)
-    assert request_of(frame) == Run(id, key, fresh, flight)
+    frame = wire.run_frame(id, key, fresh=fresh, flight=flight, after=after)
+    sent_after = after if fresh else None  # only a fresh run names a flight to come after
+    assert request_of(frame) == Run(id, key, fresh, flight, after=sent_after)
     header: dict[str, Any] = {"op": "run", "id": id, "key": key}
     if fresh:
         header["fresh"] = True
+        if after is not None:
+            header["after"] = after
     if flight is not None:
         header["flight"] = flight
     assert frame == wire.encode_frame(header)  # the template is the encoder, byte for byte
@@ -706,6 +709,9 @@ def bad_requests() -> list[Any]:
         case({**RUN, "fresh": value}, "fresh")
     for value in ["t", True, -1, 2**63, 1.5]:
         case({**RUN, "flight": value}, "flight")
+        case({**RUN, "fresh": True, "after": value}, "after")
+    case({**RUN, "after": 5}, "after")  # after without fresh: nothing to come after
+    case({**RUN, "fresh": False, "after": 5}, "after")
     bad_earlier: list[Any] = [
         5, "1", True, {"0": 1}, [True], [False], [-1], [2**63], [1.0], ["1"], [None], [[1]],
         [1, 2, -3], list(range(wire.MAX_EARLIER + 1)),

@@ -119,11 +119,6 @@ def test_a_landing_refused_by_a_server_out_of_memory_for_a_moment_is_made_again(
 # -- 3. fresh callers of two processes that came during one flight -------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a fresh claim's next local flight ACQUIREs with min_token 2**53: it takes the "
-    "next flight, led by another process's fresh caller, for an old one and runs the work again",
-)
 def test_fresh_callers_of_two_processes_that_came_during_one_flight_share_the_next(
     redis_server: RedisServer, namespace: str
 ) -> None:

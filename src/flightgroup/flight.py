@@ -224,6 +224,9 @@ class Flight:
     # A shared empty dict until the first waiter comes (copy on first write).
     waiters: dict[Waiter, None] = {}  # noqa: RUF012 - replaced, never mutated
     fresh: list[Waiter] | None = None  # fresh callers waiting for the end
+    # (wide scopes) fresh callers that came before the scope let the work start here:
+    # woken with JOINED to join this flight instead of waiting for its end (ran_here)
+    promoted: frozenset[Waiter] = frozenset()
     claims = 0  # pending claims on an IDLE flight (I4)
     joiners = 0
     next: Flight | None = None  # the flight after this one, for its fresh callers
@@ -252,6 +255,9 @@ class Flight:
     # lock is held until each is set
     stragglers: list[threading.Event] | None = None
     fresh_lead = False  # its leader came with fresh=True (the wide scope must know)
+    # (wide scopes) the token of the flight whose end its fresh callers waited for: every
+    # flight of the scope that began after that one began after their calls
+    after: int | None = None
     remote = False
     joined_remote = False
 
@@ -284,11 +290,13 @@ class Flight:
         return f"<Flight key={self.key!r} token={self.token} {self.state.value}>"
 
 
-def signal_of(flight: Flight, fresh_of: Flight | None) -> Signal | Flight:
-    """The signal a waiter of ``flight`` was handed, read from the flight itself
+def signal_of(flight: Flight, fresh_of: Flight | None, waiter: Waiter) -> Signal | Flight:
+    """The signal ``waiter`` of ``flight`` was handed, read from the flight itself
     (valid once the waiter was detached, I3). ``fresh_of`` is the flight whose end
     a fresh caller waited for, else None."""
     if fresh_of is not None:
+        if waiter in fresh_of.promoted:
+            return JOINED
         following = fresh_of.next
         return following if following is not None else CLOSED
     return CLOSED if flight.closed else SETTLED
@@ -520,13 +528,20 @@ class FlightTable:
                 raise TooManyWaitersError(flight.key, limits.max_waiters)
 
     def claim(
-        self, flight: Flight, make_waiter: Callable[[], Waiter], policy: FlightPolicy
+        self,
+        flight: Flight,
+        make_waiter: Callable[[], Waiter],
+        policy: FlightPolicy,
+        claimed: bool = True,
     ) -> tuple[Role, Waiter | None]:
         """A fresh caller takes its claim on ``flight`` (the flight after the one
         it waited for): lead it if nobody does, else join it, or take its
-        outcome if it already ended (it started after the caller's call)."""
+        outcome if it already ended (it started after the caller's call).
+        ``claimed=False``: a caller promoted by ``ran_here`` joins the flight it
+        waited on (it holds no claim: that flight was never IDLE)."""
         with self.lock:
-            flight.claims -= 1
+            if claimed:
+                flight.claims -= 1
             if self.closed:
                 raise GroupClosedError()
             if flight.state is IDLE:
@@ -583,10 +598,22 @@ class FlightTable:
             flight.leader_waiter = waiter
             return True
 
-    def ran_here(self, flight: Flight) -> None:
-        """(Wide scopes) the scope let ``flight``'s work run here: count the flight."""
+    def ran_here(self, flight: Flight) -> list[Waiter] | None:
+        """(Wide scopes) the scope let ``flight``'s work run here: count the flight.
+
+        Its fresh callers came while it waited for the scope's answer, so before its
+        work starts: they join it (ADR 0005: the next flight to start is this one)
+        instead of waiting for its end and leading one more. Returns them, detached,
+        to wake with JOINED; each then joins through ``claim(claimed=False)``.
+        """
         with self.lock:
             self.stats.flights += 1
+            fresh = flight.fresh
+            if not fresh or flight.state is not RUNNING:
+                return None
+            flight.fresh = None
+            flight.promoted = frozenset(fresh)
+            return fresh
 
     def ran_elsewhere(self, flight: Flight, joined: bool) -> None:
         """(Wide scopes) ``flight`` ended without its work running here: its leading
@@ -710,6 +737,7 @@ class FlightTable:
                     # Its token comes when it is led (_lead): a flight that starts later
                     # must carry the larger token, even if it was made earlier.
                     following = Flight(tkey, flight.key, 0, IDLE)
+                    following.after = flight.token
                     flights[tkey] = following
                 following.claims += len(fresh)
                 flight.next = following

@@ -43,6 +43,7 @@ from .errors import (
 )
 from .flight import (
     CLOSED,
+    DONE,
     EXPIRED,
     JOINED,
     SETTLED,
@@ -464,19 +465,26 @@ class FlightGroup:
             finally:
                 if timer is not None:
                     timer.cancel()
-            if signal is JOINED:  # (wide scopes) this leading caller became a joiner
-                if on_join is not None:
-                    call_on_join, on_join = on_join, None
-                    call_on_join()  # its waiter was detached: nothing to withdraw
-                role = Role.LEADING
-                continue
             if signal is EXPIRED:
                 if table.withdraw(flight, fut):
                     raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
-                signal = signal_of(flight, fresh_of)
+                signal = signal_of(flight, fresh_of, fut)
                 if isinstance(signal, Flight):  # out of time: hand the claim back (I4)
                     table.release_claim(signal)
                     raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
+                if signal is JOINED or (leader and signal is SETTLED and flight.state is not DONE):
+                    # (wide scopes) told to wait as a joiner, out of time before it did
+                    raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
+            if signal is JOINED:  # (wide scopes) this caller is a joiner now
+                if on_join is not None:
+                    call_on_join, on_join = on_join, None
+                    call_on_join()  # its waiter was detached: nothing to withdraw
+                if leader:  # its flight joined one led elsewhere
+                    role = Role.LEADING
+                else:  # a fresh caller that ran_here made a joiner of the flight it waited on
+                    fresh_of = None
+                    role, waiter = table.claim(flight, loop.create_future, policy, claimed=False)
+                continue
             if signal is SETTLED:
                 return self._deliver(flight, leader)
             if signal is CLOSED:
@@ -657,10 +665,19 @@ class FlightGroup:
                 role = Role.LEADING
                 continue
             # Taken, or detached as we gave up: either way the signal is on the flight.
-            signal = signal_of(flight, fresh_of)
+            signal = signal_of(flight, fresh_of, waiter)
             if not taken and isinstance(signal, Flight):  # out of time: hand the claim back
                 table.release_claim(signal)
                 raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
+            if signal is JOINED:  # a fresh caller that ran_here made a joiner of its flight
+                if not taken:
+                    raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
+                if on_join is not None:
+                    call_on_join, on_join = on_join, None
+                    call_on_join()  # its waiter was detached: nothing to withdraw
+                fresh_of = None
+                role, waiter = table.claim(flight, new_thread_waiter, policy, claimed=False)
+                continue
             if signal is SETTLED:
                 return self._deliver(flight, leader)
             if signal is CLOSED:
@@ -688,9 +705,9 @@ class FlightGroup:
         hands back (I4).
         """
         if not self._table.withdraw(flight, waiter) and fresh_of is not None:
-            following = fresh_of.next
-            if following is not None:
-                self._table.release_claim(following)
+            signal = signal_of(flight, fresh_of, waiter)
+            if isinstance(signal, Flight):
+                self._table.release_claim(signal)
 
     # -- the leader's side -----------------------------------------------------
 
@@ -910,7 +927,7 @@ class FlightGroup:
         arbiter = self._arbiter
         assert arbiter is not None
         try:
-            call = arbiter.submit(_wire_key(flight), flight.fresh_lead)
+            call = arbiter.submit(_wire_key(flight), flight.fresh_lead, flight.after)
         except Exception as exc:  # a network directory, a refused version, closed
             self._settle_remote(flight, Outcome.INTERRUPTED, exc)
             return
@@ -948,7 +965,7 @@ class FlightGroup:
         assert arbiter is not None
         flight.parent = parent
         try:
-            call = arbiter.submit(_wire_key(flight), flight.fresh_lead)
+            call = arbiter.submit(_wire_key(flight), flight.fresh_lead, flight.after)
         except Exception as exc:
             self._settle_remote(flight, Outcome.INTERRUPTED, exc)
             return None
@@ -1001,7 +1018,9 @@ class FlightGroup:
         flight.token = token
         attempt = flight.attempt = Attempt(flight, token)
         flight.wide = call
-        self._table.ran_here(flight)
+        promoted = self._table.ran_here(flight)
+        if promoted:
+            wake(promoted, JOINED)
         self._arbiter.bind(call, attempt)
 
     def _joined_remote(self, flight: Flight, token: int) -> None:

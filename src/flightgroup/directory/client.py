@@ -73,6 +73,7 @@ class Call:
     """One local flight's request to the directory (its id is reused for the lead)."""
 
     __slots__ = (
+        "after",
         "earlier",
         "fd",
         "fresh",
@@ -87,7 +88,9 @@ class Call:
         "token",
     )
 
-    def __init__(self, id: int, key: str, fresh: bool, inbox: Inbox) -> None:
+    def __init__(
+        self, id: int, key: str, fresh: bool, inbox: Inbox, after: int | None = None
+    ) -> None:
         self.lock = threading.Lock()
         # The key lock file, opened ahead by the caller: None until then, _OPENING while
         # it opens, -1 once the lead took it or the call ended without leading.
@@ -96,6 +99,7 @@ class Call:
         self.id = id
         self.key = key
         self.fresh = fresh
+        self.after = after  # (fresh) a flight newer than this token is a later one
         self.inbox = inbox
         self.sent = False  # went out on the current connection
         self.joined = False  # heard `joined`: after a reconnect it rejoins by token
@@ -582,7 +586,7 @@ class DirectoryArbiter:
             rejoin = partial(wire.run_frame, call.id, call.key, flight=call.token)
             channel.send(_fitting(rejoin, call.earlier, max_frame))
         else:
-            channel.send(wire.run_frame(call.id, call.key, fresh=call.fresh))
+            channel.send(wire.run_frame(call.id, call.key, fresh=call.fresh, after=call.after))
 
     def _on_frames(self, frames: list[tuple[dict[str, Any], bytes | None]]) -> None:
         for header, payload in frames:
@@ -826,8 +830,9 @@ class DirectoryArbiter:
 
     # -- what drivers call (any thread) -----------------------------------------
 
-    def submit(self, key: str, fresh: bool) -> Call:
+    def submit(self, key: str, fresh: bool, after: int | None = None) -> Call:
         """Ask the directory to lead or join ``key``; events go to the call's inbox.
+        ``fresh``: only a flight that begins after the call, or after flight ``after``.
 
         The request goes out from this thread when connected. While it travels, this
         thread opens the key's lock file (creating it costs a journal write), so a
@@ -846,7 +851,7 @@ class DirectoryArbiter:
             if self._fatal is not None:
                 raise renewed(self._fatal)
             self._next_id += 1
-            call = Call(self._next_id, key, fresh, Inbox())
+            call = Call(self._next_id, key, fresh, Inbox(), after)
             self._calls[call.id] = call
             channel = self._channel
             if channel is not None:
@@ -1287,7 +1292,7 @@ def _request_size(key: str) -> int:
     reassert, with the longest id and token; ``earlier`` is cut to fit, see _fitting)."""
     most = 2**63 - 1
     return max(
-        len(wire.run_frame(most, key, fresh=True, flight=most)),
+        len(wire.run_frame(most, key, fresh=True, flight=most, after=most)),
         len(wire.reassert_frame(most, key, most, landed=True)),
     ) - 4
 

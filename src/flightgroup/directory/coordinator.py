@@ -105,6 +105,13 @@ class _Flight:
     fresh: list[tuple[_Session, int]] = field(default_factory=list)
 
 
+def _began_after(flight: _Flight, after: int | None) -> bool:
+    """``flight`` began after the flight whose last token is ``after`` (its first token
+    is higher: a key's flights take ever higher tokens); None: no flight that exists
+    began after a fresh call that comes now."""
+    return after is not None and min(flight.tokens, default=flight.token) > after
+
+
 @dataclass(eq=False)
 class _Waiting:
     """A run or rejoin waiting for a key whose lock another process holds."""
@@ -113,6 +120,7 @@ class _Waiting:
     id: int
     rejoin: frozenset[int] | None  # the tokens of the flight a rejoin wants, else None
     fresh: bool
+    after: int | None = None  # (fresh) a flight that began after this token's will do
 
 
 @dataclass(eq=False)
@@ -410,7 +418,7 @@ class Coordinator:
             elif request.flight is not None:
                 self._rejoin(session, request.id, request.key, _rejoin_tokens(request))
             else:
-                self._run(session, request.id, request.key, request.fresh)
+                self._run(session, request.id, request.key, request.fresh, after=request.after)
         elif isinstance(request, wire.Land):
             self._land(session, request)
         elif isinstance(request, wire.Attempt):
@@ -442,27 +450,35 @@ class Coordinator:
         return self.epoch << 32 | self._sequence
 
     def _run(
-        self, session: _Session, id: int, key: str, fresh: bool, kept: bool = True
+        self,
+        session: _Session,
+        id: int,
+        key: str,
+        fresh: bool,
+        kept: bool = True,
+        after: int | None = None,
     ) -> None:
         """Lead or join ``key``; ``kept``: a kept outcome may serve it (not a fresh
-        call, nor one that waited for the end of the very flight that is kept)."""
+        call, nor one that waited for the end of the very flight that is kept).
+        ``fresh``: only a flight that began after the call does; with ``after``, one
+        that began after the flight of that token (its callers came during that one)."""
         flight = self._flights.get(key)
         if flight is not None:
-            if fresh:
+            if fresh and not _began_after(flight, after):
                 flight.fresh.append((session, id))
                 session.parties[id] = flight
             else:
                 self._join(flight, session, id)
             return
-        if not fresh and kept:
+        if kept and (not fresh or after is not None):
             entry = self._kept_of(key)
-            if entry is not None:
+            if entry is not None and (after is None or entry[0] > after):  # after: fresh
                 token, outcome = entry
                 session.send(wire.landed_frame(id, token, outcome, kept=True))
                 return
         waiting = self._waiting.get(key)
         if waiting is not None:  # others already wait for this key's lock
-            waiting.append(_Waiting(session, id, None, fresh))
+            waiting.append(_Waiting(session, id, None, fresh, after))
             session.parties[id] = key
             return
         try:
@@ -473,7 +489,7 @@ class Coordinator:
         if not held:
             self._lead(session, id, key)
             return
-        self._wait_for_key(key, _Waiting(session, id, None, fresh))
+        self._wait_for_key(key, _Waiting(session, id, None, fresh, after))
 
     def _rejoin(self, session: _Session, id: int, key: str, tokens: frozenset[int]) -> None:
         """A rejoin of the flight that had (any of) ``tokens``."""
@@ -934,7 +950,7 @@ class Coordinator:
                 else:
                     session.send(wire.interrupted_frame(id, "its leader stopped before it landed"))
         elif flight is not None:
-            if waiting.fresh and flight.reasserted:
+            if waiting.fresh and flight.reasserted and not _began_after(flight, waiting.after):
                 flight.fresh.append((session, id))  # it started before this call
                 session.parties[id] = flight
             else:

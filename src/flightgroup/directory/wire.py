@@ -459,6 +459,7 @@ class Run:
     fresh: bool = False
     flight: int | None = None
     earlier: tuple[int, ...] = ()
+    after: int | None = None  # (fresh) any flight that began after this token's will do
 
 
 @dataclass(frozen=True, slots=True)
@@ -779,7 +780,12 @@ def _run(header: Mapping[str, Any], payload: bytes | None) -> Run:
     elif type(fresh) is not bool:
         _bad("fresh", "a boolean", header)
     flight = None if header.get("flight") is None else _id_field(header, "flight")
-    return Run(id, key, fresh, flight, _earlier_field(header))
+    after = None
+    if header.get("after") is not None:
+        after = _id_field(header, "after")
+        if not fresh:
+            _bad("after", "absent unless fresh is true", header)
+    return Run(id, key, fresh, flight, _earlier_field(header), after)
 
 
 def _land(header: Mapping[str, Any], payload: bytes | None) -> Land:
@@ -983,12 +989,16 @@ def run_frame(
     fresh: bool = False,
     flight: int | None = None,
     earlier: Sequence[int] = (),
+    after: int | None = None,
 ) -> bytes:
-    """``run``: lead or join ``key``; ``fresh`` joins only a later flight; ``flight`` rejoins
-    (``earlier``: the flight's tokens heard before it, oldest first)."""
+    """``run``: lead or join ``key``; ``fresh`` joins only a later flight (``after``: one
+    that began after the flight of that token); ``flight`` rejoins (``earlier``: the
+    flight's tokens heard before it, oldest first)."""
     body = b'{"op":"run","id":%d,"key":%s' % (id, _ENCODER.encode(key).encode())
     if fresh:
         body += b',"fresh":true'
+        if after is not None:
+            body += b',"after":%d' % after
     if flight is not None:
         body += b',"flight":%d' % flight
     if earlier:  # a rejoin of a flight that retried

@@ -102,11 +102,14 @@ _UNREACHABLE = (RedisError, RedisClusterException, OSError)
 class FleetCall:
     """One local flight's request to the namespace."""
 
-    __slots__ = ("fresh", "inbox", "key", "lead", "nonce", "reading", "task", "withdrawn")
+    __slots__ = (
+        "after", "fresh", "inbox", "key", "lead", "nonce", "reading", "task", "withdrawn"
+    )
 
-    def __init__(self, key: str, fresh: bool) -> None:
+    def __init__(self, key: str, fresh: bool, after: int | None = None) -> None:
         self.key = key
         self.fresh = fresh
+        self.after = after
         self.inbox = Inbox()
         self.nonce = uuid.uuid4().hex  # makes a re-sent ACQUIRE find its own flight
         self.lead: FleetLead | None = None
@@ -345,12 +348,13 @@ class RedisArbiter:
 
     # -- what drivers call (any thread) -----------------------------------------
 
-    def submit(self, key: str, fresh: bool) -> FleetCall:
-        """Ask the namespace to lead or join ``key``; events go to the call's inbox."""
+    def submit(self, key: str, fresh: bool, after: int | None = None) -> FleetCall:
+        """Ask the namespace to lead or join ``key``; events go to the call's inbox.
+        ``fresh``: only a flight that begins after the call, or after flight ``after``."""
         if self._closing:
             raise self._closed()
         loop = self._ensure_started()
-        call = FleetCall(key, fresh)
+        call = FleetCall(key, fresh, after)
         with self._start_lock:  # in order with close(): a call posted here is seen by it
             if self._closing:
                 raise self._closed()
@@ -491,7 +495,11 @@ class RedisArbiter:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._ready), self._timeout)
         names = _Names(self.namespace, call.key, self._cluster)
-        min_token = _NO_FLIGHT_YET if call.fresh else 0
+        # A fresh call takes a flight from min_token on: one newer than the flight its
+        # callers waited for here, else one newer than every flight there is now.
+        min_token = 0
+        if call.fresh:
+            min_token = _NO_FLIGHT_YET if call.after is None else call.after + 1
         while True:
             sent = time.monotonic()
             try:

@@ -1,0 +1,327 @@
+"""Fresh callers in the wide scopes (ADR 0005): a fresh caller that comes while its
+process's flight still waits for the scope's answer joins that flight if the scope lets
+it run here, since its work starts after the call; one that comes after the work
+started waits for the end and shares the next flight.
+
+The window between the scope's answer and the work's start is held open by a patched
+``_lead_wide`` that waits for an event, so every order below is forced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import flightgroup.group as group_module
+from flightgroup import JSON, FlightGroup, GroupClosedError
+from flightgroup.directory.client import DirectoryArbiter
+
+from .infleet import fleet_group
+from .ingroup import Background, close, coordinating
+from .support import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(params=["directory", "fleet"])
+def wide(request: pytest.FixtureRequest) -> Iterator[FlightGroup]:
+    if request.param == "directory":
+        g = FlightGroup(directory=request.getfixturevalue("directory"), codec=JSON)
+    else:
+        url = request.getfixturevalue("redis_server").url
+        g = fleet_group(url, request.getfixturevalue("namespace"), lease=2.0)
+    try:
+        yield g
+    finally:
+        g.close()
+
+
+class HeldLead:
+    """Holds ``g``'s next lead between the scope's LEAD answer and the work's start."""
+
+    def __init__(self, g: FlightGroup, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.reached, self.go = threading.Event(), threading.Event()
+        original = FlightGroup._lead_wide
+
+        def held(of: FlightGroup, *args: Any) -> None:
+            if of is g:
+                self.reached.set()
+                assert self.go.wait(20)
+            original(of, *args)
+
+        monkeypatch.setattr(FlightGroup, "_lead_wide", held)
+
+
+def fresh_waiting(g: FlightGroup, key: str, count: int) -> None:
+    wait_until(
+        lambda: (f := g._table.flights.get(key)) is not None and len(f.fresh or ()) == count,
+        f"{count} fresh callers wait on the local flight",
+    )
+
+
+def blocking_work(runs: list[str], name: str, started: threading.Event,
+                  release: threading.Event) -> Callable[[], str]:
+    def work() -> str:
+        runs.append(name)
+        started.set()
+        assert release.wait(20)
+        return name
+
+    return work
+
+
+def test_fresh_callers_that_came_before_the_lead_join_it(
+    wide: FlightGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    g, runs, joined = wide, [], []
+    hold = HeldLead(g, monkeypatch)
+    started, release = threading.Event(), threading.Event()
+    work = blocking_work(runs, "first", started, release)
+    leader = Background(lambda: g.run_sync("k", work))
+    assert hold.reached.wait(10)
+    sync_fresh = Background(lambda: g.run_sync("k", work, fresh=True))
+
+    async def async_call() -> Any:
+        async def awork() -> str:
+            return work()
+
+        return await g.run("k", awork, fresh=True, on_join=lambda: joined.append(1))
+
+    async_fresh = Background(lambda: asyncio.run(async_call()))
+    fresh_waiting(g, "k", 2)
+    hold.go.set()
+    assert started.wait(10)
+    # API.md: on_join runs in the joiner before it waits, so while the work still runs
+    wait_until(lambda: joined == [1], "the promoted async caller ran its on_join")
+    release.set()
+    first = leader.wait()
+    results = [sync_fresh.wait(), async_fresh.wait()]
+    assert runs == ["first"]
+    assert [(r.value, r.joined, r.token) for r in results] == [("first", True, first.token)] * 2
+    assert (first.value, first.joined) == ("first", False)
+    assert joined == [1]  # on_join once, in the joiner that asked for it
+    assert g.stats().joins == 2 and g.stats().flights == 1
+    assert "k" not in g._table.flights
+
+
+def test_a_fresh_caller_that_comes_once_the_work_runs_shares_the_next_flight(
+    wide: FlightGroup,
+) -> None:
+    g, runs = wide, []
+    started, release = threading.Event(), threading.Event()
+    leader = Background(lambda: g.run_sync("k", blocking_work(runs, "first", started, release)))
+    assert started.wait(10)
+    late = [
+        Background(lambda: g.run_sync("k", lambda: runs.append("second") or "second", fresh=True))
+        for _ in range(2)
+    ]
+    fresh_waiting(g, "k", 2)
+    release.set()
+    assert leader.wait().value == "first"
+    results = [each.wait() for each in late]
+    assert runs == ["first", "second"]
+    assert sorted(r.joined for r in results) == [False, True]
+    assert {r.value for r in results} == {"second"}
+
+
+def test_a_promoted_caller_that_times_out_withdraws_alone(
+    wide: FlightGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    g, runs = wide, []
+    hold = HeldLead(g, monkeypatch)
+    started, release = threading.Event(), threading.Event()
+    work = blocking_work(runs, "first", started, release)
+    leader = Background(lambda: g.run_sync("k", work))
+    assert hold.reached.wait(10)
+    impatient = Background(lambda: g.run_sync("k", work, fresh=True, timeout=0.3))
+    fresh_waiting(g, "k", 1)
+    hold.go.set()
+    assert started.wait(10)
+    # its timeout passes while the work runs (the work waits for release, set below)
+    with pytest.raises(TimeoutError):
+        impatient.wait()
+    release.set()
+    assert leader.wait().value == "first"
+    assert runs == ["first"]
+    assert "k" not in g._table.flights  # no claim left behind (I4)
+    again = g.run_sync("k", lambda: "again", fresh=True, timeout=10)
+    assert (again.value, again.joined) == ("again", False)
+
+
+def test_a_promoted_async_caller_cancelled_withdraws_alone(
+    wide: FlightGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    g, runs = wide, []
+    hold = HeldLead(g, monkeypatch)
+    started, release = threading.Event(), threading.Event()
+    work = blocking_work(runs, "first", started, release)
+    leader = Background(lambda: g.run_sync("k", work))
+    assert hold.reached.wait(10)
+    outcome: list[str] = []
+
+    async def cancelled_caller() -> None:
+        async def awork() -> str:
+            return work()
+
+        task = asyncio.ensure_future(g.run("k", awork, fresh=True))
+        await asyncio.get_running_loop().run_in_executor(None, fresh_waiting, g, "k", 1)
+        hold.go.set()
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            outcome.append("cancelled")
+
+    asyncio.run(cancelled_caller())
+    assert outcome == ["cancelled"]
+    release.set()
+    assert leader.wait().value == "first"
+    assert "k" not in g._table.flights
+    assert g.run_sync("k", lambda: "again", fresh=True, timeout=10).value == "again"
+    assert runs == ["first"]
+
+
+def test_a_promoted_caller_gets_group_closed_when_the_group_closes(
+    wide: FlightGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    g, runs = wide, []
+    hold = HeldLead(g, monkeypatch)
+    started, release = threading.Event(), threading.Event()
+    work = blocking_work(runs, "first", started, release)
+    leader = Background(lambda: g.run_sync("k", work))
+    assert hold.reached.wait(10)
+    promoted = Background(lambda: g.run_sync("k", work, fresh=True))
+    fresh_waiting(g, "k", 1)
+    hold.go.set()
+    assert started.wait(10)
+    closing = Background(g.close)
+    with pytest.raises(GroupClosedError):
+        promoted.wait()
+    release.set()
+    closing.wait()
+    with pytest.raises(GroupClosedError):  # the leader too: its group closed meanwhile
+        leader.wait()
+    assert runs == ["first"]
+
+
+def test_a_promoted_caller_whose_on_join_raises_withdraws_alone(
+    wide: FlightGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    g, runs = wide, []
+    hold = HeldLead(g, monkeypatch)
+    started, release = threading.Event(), threading.Event()
+    work = blocking_work(runs, "first", started, release)
+    leader = Background(lambda: g.run_sync("k", work))
+    assert hold.reached.wait(10)
+
+    def refuse() -> None:
+        raise LookupError("not this one")
+
+    refusing = Background(lambda: g.run_sync("k", work, fresh=True, on_join=refuse))
+    staying = Background(lambda: g.run_sync("k", work, fresh=True))
+    fresh_waiting(g, "k", 2)
+    hold.go.set()
+    with pytest.raises(LookupError, match="not this one"):
+        refusing.wait()  # raised while the work still runs: release is not set yet
+    release.set()
+    assert leader.wait().value == "first"
+    assert (staying.wait().value, staying.wait().joined) == ("first", True)
+    assert runs == ["first"]
+
+
+def test_an_async_leading_caller_out_of_time_as_its_flight_joins_elsewhere_times_out(
+    directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The caller's timer sets EXPIRED, then (before the caller's task resumes) its
+    flight's driver learns the flight joined one led elsewhere and detaches the
+    caller's waiter. The caller must raise TimeoutError, not read an outcome that
+    does not exist yet."""
+    a = coordinating(directory)
+    b = FlightGroup(directory=directory, codec=JSON)
+    try:
+        started, release = threading.Event(), threading.Event()
+        leader = Background(lambda: a.run_sync("k", blocking_work([], "old", started, release)))
+        assert started.wait(10)
+        original = group_module._expire
+
+        def expire_then_join(fut: Any) -> None:
+            original(fut)
+            b._table.joined_remote(b._table.flights["k"])  # the JOIN's detach, right then
+
+        monkeypatch.setattr(group_module, "_expire", expire_then_join)
+
+        async def late() -> Any:
+            async def work() -> str:
+                return "never"
+
+            return await b.run("k", work, timeout=0.3)
+
+        with pytest.raises(TimeoutError):
+            asyncio.run(late())
+        release.set()
+        assert leader.wait().value == "old"
+    finally:
+        close(a, b)
+
+
+def test_fresh_callers_of_two_groups_that_came_during_one_flight_share_the_next(
+    directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """a leads t (held). A fresh caller F of a comes (it waits in a's table for t's
+    end); a fresh caller G of b comes (the coordinator holds it for t's end). t lands;
+    G leads t2 (held) before F's run reaches the coordinator (held until then). F and
+    G both came during t: F's run names t's token, so it joins t2 instead of waiting
+    for t2's end and leading t3."""
+    a = coordinating(directory)
+    b = FlightGroup(directory=directory, codec=JSON)
+    release_t, g_runs, release_g = threading.Event(), threading.Event(), threading.Event()
+    runs: list[str] = []
+    real_submit = DirectoryArbiter.submit
+
+    def submit(self: DirectoryArbiter, key: str, fresh: bool, after: int | None = None) -> Any:
+        if self is a._arbiter and fresh and key == "k":
+            assert g_runs.wait(10)  # F's run goes once G leads t2
+        return real_submit(self, key, fresh, after)
+
+    monkeypatch.setattr(DirectoryArbiter, "submit", submit)
+
+    def work(name: str, started: threading.Event | None, release: threading.Event) -> Any:
+        def body() -> str:
+            runs.append(name)
+            if started is not None:
+                started.set()
+            assert release.wait(15)
+            return name
+
+        return body
+
+    try:
+        coordinator = a._arbiter._coordinator  # type: ignore[union-attr]
+        t = Background(lambda: a.run_sync("k", work("t", None, release_t)))
+        wait_until(lambda: runs == ["t"], "t runs in a")
+        f = Background(lambda: a.run_sync("k", work("F", None, release_g), fresh=True))
+        fresh_waiting(a, "k", 1)
+        g = Background(lambda: b.run_sync("k", work("G", g_runs, release_g), fresh=True))
+        wait_until(lambda: len(coordinator._flights["k"].fresh) == 1, "G waits for t's end")
+        release_t.set()
+        assert t.wait().value == "t"
+        assert g_runs.wait(10)
+        wait_until(
+            lambda: (fl := coordinator._flights.get("k")) is not None and len(fl.joiners) == 1,
+            "F's run joined t2 (it waits for t2's end instead when it does not name t)",
+        )
+        release_g.set()
+        g_result, f_result = g.wait(), f.wait()
+        assert runs == ["t", "G"]
+        assert (g_result.value, g_result.joined) == ("G", False)
+        assert (f_result.value, f_result.joined, f_result.token) == ("G", True, g_result.token)
+    finally:
+        release_t.set()
+        g_runs.set()
+        release_g.set()
+        close(a, b)
