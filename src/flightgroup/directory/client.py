@@ -999,15 +999,18 @@ class DirectoryArbiter:
     def forget(self, key: str, timeout: float = 5.0) -> None:
         """Tell the coordinator: the next call of ``key`` leads a new flight. Returns
         once it confirmed, so a later call anywhere sees it (connecting first if this
-        group is not connected; sent again if the connection drops meanwhile), or
-        after ``timeout`` when no coordinator answers."""
+        group is not connected; sent again if the connection drops meanwhile).
+
+        Raises UnavailableError when no coordinator confirmed it within ``timeout``
+        (then a call elsewhere may still join the flight); a closed group forgets
+        only in its own table, and returns."""
         if self._closing:
             return
         self._ensure_started()
         end = time.monotonic() + timeout
         while not self._closing and (left := end - time.monotonic()) > 0:
             if not self._connected_now.wait(left):
-                return
+                break
             waiter: Future[Any] = Future()
             with self._send_lock:
                 channel = self._channel
@@ -1022,9 +1025,18 @@ class DirectoryArbiter:
                 return
             except Exception:  # the connection dropped: the next coordinator is told
                 continue
+        if not self._closing:
+            raise UnavailableError(
+                f"no coordinator confirmed the forget of {key!r} within {timeout:g} s; "
+                "other processes may still join its flight"
+            )
 
     def status(self, timeout: float = 5.0) -> list[dict[str, Any]]:
-        """The flights in progress in the directory (a read-only request)."""
+        """The flights in progress in the directory (a read-only request). Raises
+        UnavailableError when no coordinator answers within ``timeout``, and
+        GroupClosedError once the group is closed."""
+        if self._closing:
+            raise GroupClosedError()
         self._ensure_started()
         waiter: Future[Any] = Future()
 
@@ -1038,8 +1050,15 @@ class DirectoryArbiter:
             self._waiters[id] = waiter
             self._send(wire.status_frame(id))
 
-        self._post(ask)
-        flights: list[dict[str, Any]] = waiter.result(timeout)
+        if not self._post(ask):
+            raise GroupClosedError()
+        try:
+            flights: list[dict[str, Any]] = waiter.result(timeout)
+        except TimeoutError:  # concurrent.futures' is the builtin since 3.11
+            # (its waiter goes with the answer, or with the connection)
+            raise UnavailableError(
+                f"no coordinator answered the status request within {timeout:g} s"
+            ) from None
         for flight in flights:
             if isinstance(flight.get("key"), str):
                 flight["key"] = key_as_called(flight["key"])
