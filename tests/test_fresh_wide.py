@@ -47,11 +47,11 @@ class HeldLead:
         self.reached, self.go = threading.Event(), threading.Event()
         original = FlightGroup._lead_wide
 
-        def held(of: FlightGroup, *args: Any) -> None:
+        def held(of: FlightGroup, *args: Any) -> Any:
             if of is g:
                 self.reached.set()
                 assert self.go.wait(20)
-            original(of, *args)
+            return original(of, *args)
 
         monkeypatch.setattr(FlightGroup, "_lead_wide", held)
 

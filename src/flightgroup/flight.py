@@ -605,8 +605,12 @@ class FlightTable:
         work starts: they join it (ADR 0005: the next flight to start is this one)
         instead of waiting for its end and leading one more. Returns them, detached,
         to wake with JOINED; each then joins through ``claim(claimed=False)``.
+
+        Raises GroupClosedError once the group closed: no work starts after close().
         """
         with self.lock:
+            if self.closed:
+                raise GroupClosedError()
             self.stats.flights += 1
             fresh = flight.fresh
             if not fresh or flight.state is not RUNNING:

@@ -944,8 +944,8 @@ class FlightGroup:
             )
             raise
         if event is Event.LEAD:
-            self._lead_wide(flight, call, args[0])
-            await self._drive_async(flight, work, call)
+            if self._lead_wide(flight, call, args[0]):
+                await self._drive_async(flight, work, call)
         else:
             self._end_remote(flight, event, args)
 
@@ -996,8 +996,8 @@ class FlightGroup:
             )
             raise
         if event is Event.LEAD:
-            self._lead_wide(flight, call, args[0])
-            self._drive_sync(flight, work, parent, call)
+            if self._lead_wide(flight, call, args[0]):
+                self._drive_sync(flight, work, parent, call)
         else:
             self._end_remote(flight, event, args)
         return None
@@ -1012,16 +1012,28 @@ class FlightGroup:
                 break
         self._end_remote(flight, event, args)
 
-    def _lead_wide(self, flight: Flight, call: Call, token: int) -> None:
-        """This process leads the flight in the scope: its work runs under ``token``."""
-        assert self._arbiter is not None
+    def _lead_wide(self, flight: Flight, call: Call, token: int) -> bool:
+        """This process leads the flight in the scope: its work runs under ``token``.
+
+        False if the group closed since the scope answered: close() may have returned,
+        so no work starts after it; the lead goes back to the scope (its key lock, or
+        its record in Redis) and the flight ends for nobody (close() woke its callers).
+        """
+        arbiter = self._arbiter
+        assert arbiter is not None
+        try:
+            promoted = self._table.ran_here(flight)
+        except GroupClosedError:
+            arbiter.withdraw(call)
+            self._settle_remote(flight, Outcome.INTERRUPTED, self._closed_error())
+            return False
         flight.token = token
         attempt = flight.attempt = Attempt(flight, token)
         flight.wide = call
-        promoted = self._table.ran_here(flight)
         if promoted:
             wake(promoted, JOINED)
-        self._arbiter.bind(call, attempt)
+        arbiter.bind(call, attempt)
+        return True
 
     def _joined_remote(self, flight: Flight, token: int) -> None:
         flight.token = token
