@@ -139,7 +139,7 @@ def test_fresh_callers_of_two_processes_that_came_during_one_flight_share_the_ne
     acquires: list[Any] = []
 
     async def script_a(name: str, keys: Any, args: Any) -> Any:
-        if name == "acquire" and args[-1] == key.encode():
+        if name == "acquire" and args[6] == key.encode():
             acquires.append(args[3])
             if len(acquires) > 1:  # F's ACQUIRE: only once G led the next flight
                 await asyncio.to_thread(g_runs.wait, 10)

@@ -186,11 +186,6 @@ def test_a_fresh_caller_after_a_flight_that_lost_its_lease_takes_no_older_flight
 # -- `after` names a flight; a newer one may have begun before the fresh call -----------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="after=T lets a fresh caller join a flight that began before its call: one "
-    "that another process led once it forgot the key while T still ran (fleet)",
-)
 def test_a_fresh_caller_never_joins_a_flight_led_after_a_forget_before_its_call(
     fleet: Callable[..., FlightGroup], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -229,11 +224,6 @@ def test_a_fresh_caller_never_joins_a_flight_led_after_a_forget_before_its_call(
         release_r2.set()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="after=T lets a fresh caller join a flight that began before its call: one "
-    "led elsewhere between T's landing at the coordinator and T's settling here",
-)
 def test_a_fresh_caller_that_comes_after_the_landing_never_joins_the_flight_begun_since(
     directory: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -354,3 +344,36 @@ def test_a_promoted_caller_whose_flight_ended_before_its_claim_takes_its_outcome
     stats = g.stats()
     assert (stats.calls, stats.joins, stats.flights, stats.in_flight) == (2, 1, 1, 0)
     assert "k" not in g._table.flights
+
+
+def test_a_fresh_caller_of_the_leaders_process_never_joins_a_flight_led_after_a_forget(
+    fleet: Callable[..., FlightGroup],
+) -> None:
+    """a leads R. c forgets the key (R runs on, parked) and leads R2. Then a fresh
+    caller of a comes: R still runs in a's table, so it waits for R's end, and its
+    request names R's token. R2's token is above R's, but R2 began before the call:
+    the fresh caller must wait for R2's end and lead, not join R2. (The directory
+    scope cannot get here: R2's leader waits for R's key lock, which R keeps until
+    its landing was acknowledged, so R2 begins after every call that saw R run.)"""
+    a, c = fleet(), fleet()
+    runs: list[str] = []
+    r_started, release_r = threading.Event(), threading.Event()
+    r2_started, release_r2 = threading.Event(), threading.Event()
+    try:
+        r = Background(lambda: a.run_sync("k", held(runs, "R", r_started, release_r)))
+        assert r_started.wait(10)
+        c.forget("k")
+        r2 = Background(lambda: c.run_sync("k", held(runs, "R2", r2_started, release_r2)))
+        assert r2_started.wait(10)
+        fresh = Background(lambda: a.run_sync("k", ran(runs, "fresh"), fresh=True))
+        fresh_waiting(a, "k", 1)  # it came once R2 ran
+        release_r.set()
+        assert r.wait().value == "R"
+        release_r2.set()
+        assert r2.wait().value == "R2"
+        result = fresh.wait()
+        assert (result.value, result.joined) == ("fresh", False), "R2 began before the call"
+        assert runs == ["R", "R2", "fresh"]
+    finally:
+        release_r.set()
+        release_r2.set()

@@ -256,15 +256,18 @@ class Flight:
     stragglers: list[threading.Event] | None = None
     fresh_lead = False  # its leader came with fresh=True (the wide scope must know)
     # (wide scopes) the token of the flight whose end its fresh callers waited for: a
-    # flight of the scope that began after that one is taken as begun after their calls
-    # (not always so: tests/test_fresh_review.py's strict xfails)
+    # flight of the scope that began after that one began after their calls
     after: int | None = None
-    # (wide scopes) ``token`` is the scope's last token of this flight, which ended there:
-    # the ``after`` of its next flight. Not so for a local token (the scope never
-    # answered, or a retry's token before the scope bound it) nor for a flight the
-    # scope could not see to its end (unreachable, lease lost): its next flight then
-    # names no flight, and no flight that exists when it asks will do.
+    # (wide scopes) ``token`` may be the ``after`` of its next flight: this process led
+    # the flight under the scope's token, and every fresh caller waiting for its end came
+    # before its landing was handed to the scope (``handing``), so before the scope could
+    # end it and begin another. Not so for a flight led elsewhere (its end reaches this
+    # process after the scope may have begun the next one), a local token (a retry's
+    # before the scope bound it), or an end the scope did not see (unreachable, lease
+    # lost): its next flight then names no flight, and no flight that exists when it
+    # asks will do (ADR 0005).
     scoped = False
+    handed = False  # (wide scopes) its landing was handed to the scope
     remote = False
     joined_remote = False
 
@@ -485,6 +488,8 @@ class FlightTable:
             stats.calls += 1
             waiter = make_waiter()
             if fresh:  # an IDLE flight was led above: this one is running
+                if flight.handed:  # its scope may have ended it and begun the next
+                    flight.scoped = False
                 if flight.fresh is None:
                     flight.fresh = [waiter]
                 else:
@@ -627,13 +632,19 @@ class FlightTable:
             flight.promoted = frozenset(fresh)
             return fresh
 
+    def handing(self, flight: Flight) -> None:
+        """(Wide scopes) the landing of ``flight`` goes to the scope now: a fresh caller
+        that comes from here on may come after the scope began the next flight."""
+        with self.lock:
+            flight.handed = True
+
     def ran_elsewhere(self, flight: Flight, joined: bool) -> None:
         """(Wide scopes) ``flight`` ended without its work running here: its leading
         caller counts as a join if it had a flight's outcome from elsewhere (``joined``),
         unless it was counted when the flight joined; a call the scope could not serve
         (unreachable, closed) is no join."""
         with self.lock:
-            flight.scoped = joined  # else its token may be local, or its flight run on
+            flight.scoped = False  # it ended elsewhere, maybe before it ended here
             if joined and not flight.joined_remote:
                 self.stats.joins += 1
 
@@ -641,7 +652,6 @@ class FlightTable:
         """(Wide scopes) ``flight`` joined a flight led elsewhere: mark it, and detach
         the leading caller's waiter if it waits, to wake it with JOINED."""
         with self.lock:
-            flight.scoped = True
             if not flight.joined_remote:  # a rejoin after a failover is the same join
                 flight.joined_remote = True
                 self.stats.joins += 1

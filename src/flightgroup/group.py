@@ -1175,6 +1175,7 @@ class FlightGroup:
             else:
                 value = None
         if flight.wide is not None:
+            self._table.handing(flight)
             if self._fleet is not None:  # settled once Redis took the landing
                 self._land_fleet(flight, flight.wide, outcome, data, error)
                 return error if outcome is Outcome.INTERRUPTED else None

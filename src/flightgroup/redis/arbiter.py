@@ -497,17 +497,19 @@ class RedisArbiter:
         names = _Names(self.namespace, call.key, self._cluster)
         # A fresh call takes a flight from min_token on: one newer than the flight its
         # callers waited for here, else one newer than every flight there is now.
-        min_token = 0
+        min_token, after = 0, None
         if call.fresh:
-            min_token = _NO_FLIGHT_YET if call.after is None else call.after + 1
+            after = call.after  # (if Redis knows it forgotten, none that exists will do)
+            min_token = _NO_FLIGHT_YET if after is None else after + 1
         while True:
             sent = time.monotonic()
+            args = [call.nonce, self._lease_ms, _FENCE_TTL_MS, min_token, self._pid,
+                    self._host, call.key.encode("utf-8", "surrogatepass")]
+            if after is not None:
+                args.append(after)
             try:
                 reply = await self._script(
-                    "acquire",
-                    [names.record, names.fence, *names.kept],
-                    [call.nonce, self._lease_ms, _FENCE_TTL_MS, min_token, self._pid,
-                     self._host, call.key.encode("utf-8", "surrogatepass")],
+                    "acquire", [names.record, names.fence, *names.kept], args
                 )
             except _UNREACHABLE as exc:
                 self._end(call, Event.FAILED, self._unavailable(exc))
@@ -542,7 +544,7 @@ class RedisArbiter:
                 # (tests/test_fleet_review.py::
                 # test_a_fresh_caller_never_takes_the_kept_outcome_of_a_flight_that_retried).
                 token = max(token, ended[1])
-            min_token = token + 1
+            min_token, after = token + 1, None  # the flight it waited for ended after it
 
     async def _read_outcome(
         self, call: FleetCall, names: _Names, token: int, pttl: int, *, follow: bool

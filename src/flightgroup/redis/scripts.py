@@ -18,6 +18,9 @@ tag, so one flight's keys live in one Cluster slot):
   code (``ok``, ``err``, ``tmo``, ``int``, or ``next``: a retry moved the flight to the
   token in ``v``), ``v`` the payload, ``f`` = 1 when it was written for a flight that did
   not land (fenced or abandoned). TTL: the grace time.
+- ``fg:{ns:d}:y:<t>``: flight ``t`` was parked by a FORGET and landed: a fresh ACQUIRE
+  that names ``t`` (it came during ``t``) cannot take a newer flight as begun after it.
+  TTL: the grace time.
 - ``fg:{ns:d}:o:<nonce>``: the token of a running flight that a FORGET parked, under
   the nonce of the call that leads it: a re-sent ACQUIRE of that call (its reply lost)
   leads the parked flight again instead of a second one. TTL: a minute, as below.
@@ -144,7 +147,8 @@ end
 """
 
 # KEYS: record, fence[, the kept index: by use, by expiry, sizes].
-# ARGV: nonce, lease ms, fence ttl ms, min token, pid, host, raw key.
+# ARGV: nonce, lease ms, fence ttl ms, min token, pid, host, raw key[, after: the token
+#       of the flight a fresh call came during, which min token is one above].
 # -> {1, token, lease left ms}            lead
 #    {2, token, lease left ms, pid, host, age µs}   join
 #    {3, token, code, payload}            a kept outcome
@@ -169,7 +173,14 @@ if parked then
     return {1, parked, redis.call('PTTL', x)}
   end
 end
-if v[1] and tonumber(v[1]) >= tonumber(ARGV[4]) then
+-- A fresh call that names the flight it came during (ARGV[8]) takes a flight above that
+-- one as begun after the call, unless a FORGET parked that one (its landing left a mark):
+-- a newer flight may have begun while it ran, so none that exists now will do.
+local min = tonumber(ARGV[4])
+if ARGV[8] and redis.call('EXISTS', rec .. ':y:' .. ARGV[8]) == 1 then
+  min = 9007199254740992
+end
+if v[1] and tonumber(v[1]) >= min then
   if v[2] == 'D' then
     -- a hit is a use (LRU); XX: a record the index does not hold is not added
     if idx then redis.call('ZADD', idx[1], 'XX', string.format('%.0f', now_us()), rec) end
@@ -250,6 +261,9 @@ if retain > 0 and key == KEYS[1] and (max_bytes == 0 or size <= max_bytes) then
 else
   redis.call('DEL', key)
   if idx and key == KEYS[1] then unindex(idx, key) end
+  if key ~= KEYS[1] then  -- a parked (forgotten) flight: see ACQUIRE's ARGV[8]
+    redis.call('SET', KEYS[1] .. ':y:' .. ARGV[1], '1', 'PX', ARGV[5])
+  end
 end
 return {1, joiners}
 """
