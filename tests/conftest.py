@@ -123,3 +123,21 @@ def spans() -> Iterator[Any]:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     yield provider, exporter
     provider.shutdown()
+
+
+@pytest.fixture(params=["directory", "fleet"])
+def wide(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A group of each wide scope (the directory's, or the fleet's on the test's Redis)."""
+    from flightgroup import JSON, FlightGroup
+
+    from .infleet import fleet_group
+
+    if request.param == "directory":
+        g = FlightGroup(directory=request.getfixturevalue("directory"), codec=JSON)
+    else:
+        url = request.getfixturevalue("redis_server").url
+        g = fleet_group(url, request.getfixturevalue("namespace"), lease=5.0)
+    try:
+        yield g
+    finally:
+        g.close()

@@ -16,41 +16,16 @@ from typing import Any
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from flightgroup import JSON, FlightGroup, LeaseLostError, UnavailableError
+from flightgroup import FlightGroup, LeaseLostError, UnavailableError
 from flightgroup.flight import FlightTable
 from flightgroup.redis.arbiter import RedisArbiter, _Names
 
 from .infleet import fleet_group, fleet_of, never
+from .infresh import fresh_waiting, held, ran
 from .ingroup import Background, close, coordinating, group
 from .support import wait_until
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def fresh_waiting(g: FlightGroup, key: str, count: int) -> None:
-    wait_until(
-        lambda: (f := g._table.flights.get(key)) is not None and len(f.fresh or ()) == count,
-        f"{count} fresh callers wait on the local flight",
-    )
-
-
-def held(runs: list[str], name: str, started: threading.Event,
-         release: threading.Event) -> Callable[[], str]:
-    def work() -> str:
-        runs.append(name)
-        started.set()
-        assert release.wait(20)
-        return name
-
-    return work
-
-
-def ran(runs: list[str], name: str) -> Callable[[], str]:
-    def work() -> str:
-        runs.append(name)
-        return name
-
-    return work
 
 
 class Acquires:
@@ -281,19 +256,6 @@ def test_a_fresh_caller_that_comes_after_the_landing_never_joins_the_flight_begu
 
 
 # -- pins: what was checked and found right --------------------------------------------
-
-
-@pytest.fixture(params=["directory", "fleet"])
-def wide(request: pytest.FixtureRequest) -> Iterator[FlightGroup]:
-    if request.param == "directory":
-        g = FlightGroup(directory=request.getfixturevalue("directory"), codec=JSON)
-    else:
-        url = request.getfixturevalue("redis_server").url
-        g = fleet_group(url, request.getfixturevalue("namespace"), lease=5.0)
-    try:
-        yield g
-    finally:
-        close(g)
 
 
 def test_a_promoted_caller_whose_flight_ended_before_its_claim_takes_its_outcome(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -20,69 +19,18 @@ import flightgroup.group as group_module
 from flightgroup import JSON, FlightGroup, GroupClosedError
 from flightgroup.directory.client import DirectoryArbiter
 
-from .infleet import fleet_group
+from .infresh import fresh_waiting, held, lead_held
 from .ingroup import Background, close, coordinating
 from .support import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture(params=["directory", "fleet"])
-def wide(request: pytest.FixtureRequest) -> Iterator[FlightGroup]:
-    if request.param == "directory":
-        g = FlightGroup(directory=request.getfixturevalue("directory"), codec=JSON)
-    else:
-        url = request.getfixturevalue("redis_server").url
-        g = fleet_group(url, request.getfixturevalue("namespace"), lease=2.0)
-    try:
-        yield g
-    finally:
-        g.close()
-
-
-class HeldLead:
-    """Holds ``g``'s next lead between the scope's LEAD answer and the work's start."""
-
-    def __init__(self, g: FlightGroup, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.reached, self.go = threading.Event(), threading.Event()
-        original = FlightGroup._lead_wide
-
-        def held(of: FlightGroup, *args: Any) -> Any:
-            if of is g:
-                self.reached.set()
-                assert self.go.wait(20)
-            return original(of, *args)
-
-        monkeypatch.setattr(FlightGroup, "_lead_wide", held)
-
-
-def fresh_waiting(g: FlightGroup, key: str, count: int) -> None:
-    wait_until(
-        lambda: (f := g._table.flights.get(key)) is not None and len(f.fresh or ()) == count,
-        f"{count} fresh callers wait on the local flight",
-    )
-
-
-def blocking_work(runs: list[str], name: str, started: threading.Event,
-                  release: threading.Event) -> Callable[[], str]:
-    def work() -> str:
-        runs.append(name)
-        started.set()
-        assert release.wait(20)
-        return name
-
-    return work
-
-
 def test_fresh_callers_that_came_before_the_lead_join_it(
     wide: FlightGroup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     g, runs, joined = wide, [], []
-    hold = HeldLead(g, monkeypatch)
-    started, release = threading.Event(), threading.Event()
-    work = blocking_work(runs, "first", started, release)
-    leader = Background(lambda: g.run_sync("k", work))
-    assert hold.reached.wait(10)
+    hold, started, release, work, leader = lead_held(g, runs, monkeypatch)
     sync_fresh = Background(lambda: g.run_sync("k", work, fresh=True))
 
     async def async_call() -> Any:
@@ -113,7 +61,7 @@ def test_a_fresh_caller_that_comes_once_the_work_runs_shares_the_next_flight(
 ) -> None:
     g, runs = wide, []
     started, release = threading.Event(), threading.Event()
-    leader = Background(lambda: g.run_sync("k", blocking_work(runs, "first", started, release)))
+    leader = Background(lambda: g.run_sync("k", held(runs, "first", started, release)))
     assert started.wait(10)
     late = [
         Background(lambda: g.run_sync("k", lambda: runs.append("second") or "second", fresh=True))
@@ -132,11 +80,7 @@ def test_a_promoted_caller_that_times_out_withdraws_alone(
     wide: FlightGroup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     g, runs = wide, []
-    hold = HeldLead(g, monkeypatch)
-    started, release = threading.Event(), threading.Event()
-    work = blocking_work(runs, "first", started, release)
-    leader = Background(lambda: g.run_sync("k", work))
-    assert hold.reached.wait(10)
+    hold, started, release, work, leader = lead_held(g, runs, monkeypatch)
     impatient = Background(lambda: g.run_sync("k", work, fresh=True, timeout=0.3))
     fresh_waiting(g, "k", 1)
     hold.go.set()
@@ -156,11 +100,7 @@ def test_a_promoted_async_caller_cancelled_withdraws_alone(
     wide: FlightGroup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     g, runs = wide, []
-    hold = HeldLead(g, monkeypatch)
-    started, release = threading.Event(), threading.Event()
-    work = blocking_work(runs, "first", started, release)
-    leader = Background(lambda: g.run_sync("k", work))
-    assert hold.reached.wait(10)
+    hold, started, release, work, leader = lead_held(g, runs, monkeypatch)
     outcome: list[str] = []
 
     async def cancelled_caller() -> None:
@@ -190,11 +130,7 @@ def test_a_promoted_caller_gets_group_closed_when_the_group_closes(
     wide: FlightGroup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     g, runs = wide, []
-    hold = HeldLead(g, monkeypatch)
-    started, release = threading.Event(), threading.Event()
-    work = blocking_work(runs, "first", started, release)
-    leader = Background(lambda: g.run_sync("k", work))
-    assert hold.reached.wait(10)
+    hold, started, release, work, leader = lead_held(g, runs, monkeypatch)
     promoted = Background(lambda: g.run_sync("k", work, fresh=True))
     fresh_waiting(g, "k", 1)
     hold.go.set()
@@ -213,11 +149,7 @@ def test_a_promoted_caller_whose_on_join_raises_withdraws_alone(
     wide: FlightGroup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     g, runs = wide, []
-    hold = HeldLead(g, monkeypatch)
-    started, release = threading.Event(), threading.Event()
-    work = blocking_work(runs, "first", started, release)
-    leader = Background(lambda: g.run_sync("k", work))
-    assert hold.reached.wait(10)
+    hold, _started, release, work, leader = lead_held(g, runs, monkeypatch)
 
     def refuse() -> None:
         raise LookupError("not this one")
@@ -245,7 +177,7 @@ def test_an_async_leading_caller_out_of_time_as_its_flight_joins_elsewhere_times
     b = FlightGroup(directory=directory, codec=JSON)
     try:
         started, release = threading.Event(), threading.Event()
-        leader = Background(lambda: a.run_sync("k", blocking_work([], "old", started, release)))
+        leader = Background(lambda: a.run_sync("k", held([], "old", started, release)))
         assert started.wait(10)
         original = group_module._expire
 

@@ -1,7 +1,8 @@
 """One key's flight, and the table of flights of one group.
 
 States and edges (every change goes through ``Flight._move``, except ``settle``'s
-move to DONE, which comes from RUNNING or RETRY_PENDING and is guarded by I2)::
+move to DONE, which comes from RUNNING, RETRY_PENDING or SETTLING and is guarded
+by I2)::
 
     IDLE ──► RUNNING ──► DONE
      │          │  ▲
@@ -10,7 +11,7 @@ move to DONE, which comes from RUNNING or RETRY_PENDING and is guarded by I2)::
      │          │
      └──────────┴────► DONE        (an unclaimed IDLE flight is abandoned;
                                     a retry that is given up settles)
-    RUNNING ──► SETTLING ──► DONE   (reserved for the wide scopes: a landing handed to
+    RUNNING ──► SETTLING ──► DONE   (the wide scopes: a landing handed to
                                     the coordinator or Redis, not yet acknowledged; the
                                     process scope settles in one step)
 
@@ -260,14 +261,13 @@ class Flight:
     after: int | None = None
     # (wide scopes) ``token`` may be the ``after`` of its next flight: this process led
     # the flight under the scope's token, and every fresh caller waiting for its end came
-    # before its landing was handed to the scope (``handing``), so before the scope could
+    # before its landing was handed to the scope (SETTLING), so before the scope could
     # end it and begin another. Not so for a flight led elsewhere (its end reaches this
     # process after the scope may have begun the next one), a local token (a retry's
     # before the scope bound it), or an end the scope did not see (unreachable, lease
     # lost): its next flight then names no flight, and no flight that exists when it
     # asks will do (ADR 0005).
     scoped = False
-    handed = False  # (wide scopes) its landing was handed to the scope
     remote = False
     joined_remote = False
 
@@ -488,7 +488,7 @@ class FlightTable:
             stats.calls += 1
             waiter = make_waiter()
             if fresh:  # an IDLE flight was led above: this one is running
-                if flight.handed:  # its scope may have ended it and begun the next
+                if state is SETTLING:  # its scope may have ended it and begun the next
                     flight.scoped = False
                 if flight.fresh is None:
                     flight.fresh = [waiter]
@@ -633,10 +633,12 @@ class FlightTable:
             return fresh
 
     def handing(self, flight: Flight) -> None:
-        """(Wide scopes) the landing of ``flight`` goes to the scope now: a fresh caller
-        that comes from here on may come after the scope began the next flight."""
+        """(Wide scopes) the landing of ``flight`` goes to the scope now (SETTLING): a
+        fresh caller that comes from here on may come after the scope began the next
+        flight. (A retry given up as the group closed lands from RETRY_PENDING.)"""
         with self.lock:
-            flight.handed = True
+            if flight.state is RUNNING:
+                flight._move(RUNNING, SETTLING)
 
     def ran_elsewhere(self, flight: Flight, joined: bool) -> None:
         """(Wide scopes) ``flight`` ended without its work running here: its leading
