@@ -365,6 +365,35 @@ def test_max_waiters_refuses_a_joiner_at_once_with_key_and_limit() -> None:
         assert leader.result(5).value == "v" and first.result(5).value == "v"
 
 
+def test_max_waiters_counts_fresh_callers_waiting_for_the_flight_s_end() -> None:
+    """A fresh caller waits on the running flight as a joiner does (for its end, then
+    the next flight): it counts against ``max_waiters``, and is refused past it."""
+    g = FlightGroup(limits=Limits(max_waiters=2))
+    release = threading.Event()
+    runs: list[str] = []
+
+    def fresh_work() -> str:
+        runs.append("fresh")
+        return "new"
+
+    with ThreadPoolExecutor(3) as pool:
+        leader = pool.submit(g.run_sync, "k", lambda: release.wait(5) and "old")
+        wait_until(lambda: "k" in g._table.flights)
+        joiner = pool.submit(g.run_sync, "k", lambda: "never")
+        wait_until(lambda: g.stats().joins == 1)
+        fresh = pool.submit(g.run_sync, "k", fresh_work, fresh=True)
+        wait_until(lambda: len(g._table.flights["k"].fresh or ()) == 1)
+        with pytest.raises(TooManyWaitersError) as info:  # a third fresh caller
+            g.run_sync("k", fresh_work, fresh=True)
+        assert (info.value.key, info.value.limit) == ("k", 2)
+        with pytest.raises(TooManyWaitersError):  # and a third joiner
+            g.run_sync("k", lambda: "never")
+        release.set()
+        assert leader.result(5).value == "old" and joiner.result(5).value == "old"
+        assert fresh.result(5).value == "new"
+    assert runs == ["fresh"]
+
+
 def test_max_flights_refuses_a_new_key_but_a_duplicate_still_joins() -> None:
     g = FlightGroup(limits=Limits(max_flights=1))
     release = threading.Event()

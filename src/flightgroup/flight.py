@@ -483,8 +483,7 @@ class FlightTable:
                     f"run_sync({key!r}) was called on the thread of the event loop that runs "
                     "this flight's work, so it would block that work forever; use await run()."
                 )
-            if not fresh:
-                self._check_waiters(flight)
+            self._check_waiters(flight)
             stats.calls += 1
             waiter = make_waiter()
             if fresh:  # an IDLE flight was led above: this one is running
@@ -531,9 +530,11 @@ class FlightTable:
             raise TooManyFlightsError(key, limits.max_flights)
 
     def _check_waiters(self, flight: Flight) -> None:
+        """Refuse a caller that would wait on ``flight`` past its ``max_waiters``: its
+        joiners and its fresh callers (they wait for its end) count, its leader not."""
         limits = flight.policy.limits
         if limits is not None and limits.max_waiters is not None:
-            waiting = len(flight.waiters)
+            waiting = len(flight.waiters) + len(flight.fresh or ())
             if flight.leader_waiter is not None and flight.leader_waiter in flight.waiters:
                 waiting -= 1
             if waiting >= limits.max_waiters:

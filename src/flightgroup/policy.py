@@ -107,8 +107,9 @@ class Retention:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Per-process bounds: ``max_waiters`` joiners waiting on one flight here,
-    ``max_flights`` flights this process leads or waits for."""
+    """Per-process bounds: ``max_waiters`` callers waiting on one flight here (its
+    joiners, and its ``fresh=True`` callers waiting for its end), ``max_flights``
+    flights this process leads or waits for."""
 
     max_waiters: int | None = None
     max_flights: int | None = None
