@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ import pytest
 import flightgroup.group as group_module
 from flightgroup import JSON, FlightGroup, GroupClosedError
 from flightgroup.directory.client import DirectoryArbiter
+from flightgroup.flight import FlightTable
 
 from .infresh import fresh_waiting, held, lead_held
 from .ingroup import Background, close, coordinating
@@ -199,6 +201,124 @@ def test_an_async_leading_caller_out_of_time_as_its_flight_joins_elsewhere_times
         assert leader.wait().value == "old"
     finally:
         close(a, b)
+
+
+class _Gates:
+    """Every inbox made from now on holds its events until ``open()``, which puts them
+    all in at once: a driver then reads JOINED and LANDED in one step."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from flightgroup.directory import client as client_module
+        from flightgroup.wide import Event, Inbox
+
+        gates = self
+        self.inboxes: list[Any] = []
+        self.landed = threading.Event()  # an outcome is held
+
+        class Gated(Inbox):
+            def __init__(self) -> None:
+                super().__init__()
+                self.held: list[tuple[Event, tuple[Any, ...]]] = []
+                self.opened = False
+                gates.inboxes.append(self)
+
+            def put(self, event: Event, *args: Any) -> None:
+                if not self.opened:
+                    self.held.append((event, args))
+                    if event is Event.LANDED:
+                        gates.landed.set()
+                    return
+                super().put(event, *args)
+
+            def open(self) -> None:
+                self.opened = True
+                for event, args in self.held:
+                    super().put(event, *args)
+
+        monkeypatch.setattr(client_module, "Inbox", Gated)
+
+    def joined(self) -> bool:
+        from flightgroup.wide import Event
+
+        return any(event is Event.JOINED for inbox in self.inboxes for event, _ in inbox.held)
+
+    def open(self) -> None:
+        for inbox in self.inboxes:
+            inbox.open()
+
+
+def _out_of_time_as_it_joins_and_lands(
+    directory: str, monkeypatch: pytest.MonkeyPatch, call: Callable[..., Any]
+) -> None:
+    """b's call of k joins a's flight, and its timer runs out just as JOINED and LANDED
+    come together (``call(b, gates, on_join)`` forces that order). The caller was
+    handed JOINED, so it is out of time as a joiner that never ran on_join:
+    TimeoutError, never an outcome without on_join."""
+    a = coordinating(directory)
+    b = FlightGroup(directory=directory, codec=JSON)
+    try:
+        started, release = threading.Event(), threading.Event()
+        leader = Background(lambda: a.run_sync("k", held([], "old", started, release)))
+        assert started.wait(10)
+        gates = _Gates(monkeypatch)  # b's call's inbox, not a's
+        on_join: list[int] = []
+        caller = Background(lambda: call(b, gates, lambda: on_join.append(1)))
+        wait_until(gates.joined, "b's call joined a's flight (held)")
+        release.set()
+        assert leader.wait().value == "old"
+        assert caller.done.wait(20)
+        assert isinstance(caller.error, TimeoutError), caller.result
+        assert on_join == []
+    finally:
+        close(a, b)
+
+
+def test_an_async_leading_caller_out_of_time_as_its_flight_joins_and_lands_never_skips_on_join(
+    directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The outcome is in before time runs out; the driver is woken first, then the
+    caller's future expires before the driver's step runs (so the driver detaches it
+    and settles the flight before the caller resumes)."""
+    original = group_module._expire
+
+    def call(b: FlightGroup, gates: _Gates, on_join: Callable[[], object]) -> Any:
+        def expire(fut: Any) -> None:
+            assert gates.landed.wait(20)
+            gates.open()
+            asyncio.get_running_loop().call_soon(original, fut)
+
+        monkeypatch.setattr(group_module, "_expire", expire)
+
+        async def late() -> Any:
+            async def work() -> str:
+                return "never"
+
+            return await b.run("k", work, timeout=0.3, on_join=on_join)
+
+        return asyncio.run(late())
+
+    _out_of_time_as_it_joins_and_lands(directory, monkeypatch, call)
+
+
+def test_a_sync_leading_caller_out_of_time_as_its_flight_joins_and_lands_never_skips_on_join(
+    directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sync twin: the caller's wait times out; before it withdraws, its flight's
+    driver (a thread) reads JOINED and LANDED and settles the flight."""
+    original = FlightTable.withdraw
+
+    def call(b: FlightGroup, gates: _Gates, on_join: Callable[[], object]) -> Any:
+        def withdraw(table: FlightTable, flight: Any, waiter: Any) -> bool:
+            if table is b._table and flight.outcome is None:  # the caller, out of time
+                assert gates.landed.wait(20)
+                gates.open()
+                wait_until(lambda: flight.outcome is not None, "the driver settled the flight")
+            return original(table, flight, waiter)
+
+        monkeypatch.setattr(FlightTable, "withdraw", withdraw)
+        return b.run_sync("k", lambda: "never", timeout=0.3, on_join=on_join)
+
+    _out_of_time_as_it_joins_and_lands(directory, monkeypatch, call)
 
 
 def test_fresh_callers_of_two_groups_that_came_during_one_flight_share_the_next(

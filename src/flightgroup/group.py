@@ -468,7 +468,12 @@ class FlightGroup:
             if signal is EXPIRED:
                 if table.withdraw(flight, fut):
                     raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
-                signal = signal_of(flight, fresh_of, fut)
+                if leader and flight.leader_waiter is not fut:
+                    # Detached by joined_remote: handed JOINED, even if the outcome
+                    # came in the same step (on_join must run before it is delivered).
+                    signal = JOINED
+                else:
+                    signal = signal_of(flight, fresh_of, fut)
                 if isinstance(signal, Flight):  # out of time: hand the claim back (I4)
                     table.release_claim(signal)
                     raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
@@ -652,6 +657,10 @@ class FlightGroup:
                 self._abandon(flight, waiter, fresh_of)
                 raise
             if not taken and table.withdraw(flight, waiter):
+                raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
+            if not taken and leader and flight.leader_waiter is not waiter:
+                # Detached by joined_remote as time ran out: handed JOINED, even if the
+                # outcome came since (on_join must run before it is delivered).
                 raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
             if leader and flight.joined_remote and taken and on_join is not None:
                 # (wide scopes) this leading caller became a joiner (its waiter was
