@@ -87,7 +87,10 @@ FLOOR_BLOCKING = (
     "event loop)"
 )
 FLOOR_HOP = "floor: thread hop there and back (caller's loop → another loop → caller's)"
-FLOOR_LOCKFILE = "floor: key-lock file (open O_CREAT a new name, flock, pwrite, close)"
+FLOOR_LOCKFILE = (
+    "floor: key-lock file (open O_CREAT a new name, flock, pwrite, close), in the first "
+    "variant's own `execution-locks/` right after its rounds"
+)
 FLOOR_SUM = "floors summed (p50s)"
 EXCHANGE_OWN = (
     "for comparison: the lead's exchange without the group (run, lead, key lock, the work, "
@@ -355,7 +358,8 @@ class _Worker:
         import fcntl
 
         os.makedirs(directory, exist_ok=True)
-        paths = [os.path.join(directory, f"{i:064x}") for i in range(calls)]
+        # Not 64 hex digits: no key's file has these names.
+        paths = [os.path.join(directory, f"floor-{i:058x}") for i in range(calls)]
         samples = [0] * calls
         with quiet():
             for i, path in enumerate(paths):
@@ -948,6 +952,8 @@ class DirectoryReport:
 def _measure_latency(
     ctx: BaseContext, sizes: DirSizes, out: DirectoryReport, tempdir: Callable[[], str]
 ) -> None:
+    from flightgroup.directory import fs
+
     others = sizes.connected
     with _workers(ctx, 2 * (others + 1)) as procs:
         dir_other, dir_self, scratch = tempdir(), tempdir(), tempdir()
@@ -1005,7 +1011,9 @@ def _measure_latency(
         floors: dict[str, tuple[Any, ...]] = {
             FLOOR_SOCKET: ("floor_socket", echo, sizes.floor_calls),
             FLOOR_HOP: ("floor_hop", sizes.floor_calls),
-            FLOOR_LOCKFILE: ("floor_lockfile", os.path.join(scratch, "locks"),
+            # Where the first variant's calls created theirs (ext4 allocates a file's
+            # inode near its directory's: the same inodes to scan past, if any).
+            FLOOR_LOCKFILE: ("floor_lockfile", os.path.join(dir_other, fs.KEY_LOCKS),
                              sizes.floor_calls),
             FLOOR_BLOCKING: ("floor_blocking", blocking, sizes.floor_calls),
             FLOOR_STREAMS: ("floor_streams", streams, sizes.floor_calls),
@@ -1290,8 +1298,9 @@ def section(out: DirectoryReport) -> list[str]:
         "only when the section ends: on an ext4 without a journal (as here), creating a "
         "file scans past the inodes removed in the last seconds, minutes while their "
         "inode table is not written back, so removing one measurement's thousands of "
-        "key-lock files would slow the next one's creates (the key-lock floor of (1) "
-        "shows what a create cost in this run).",
+        "key-lock files would slow the next one's creates (the key-lock floor of (1), "
+        "timed in the first variant's own directory, shows what a create cost there in "
+        "this run).",
         "",
     ]
     for name, error in out.errors.items():
