@@ -74,6 +74,7 @@ from flightgroup import (
 from flightgroup.redis.arbiter import RedisArbiter, _Names
 
 from .infleet import fleet_group, fleet_of, never
+from .infresh import held
 from .redisproc import (
     CutProxy,
     HoldingCutProxy,
@@ -141,13 +142,7 @@ def test_status_lists_only_the_flights_of_its_own_namespace(
     mine = fleet_group(redis_server.url, namespace)
     other = fleet_group(redis_server.url, f"{namespace}:v2")
     started, release = threading.Event(), threading.Event()
-
-    def work() -> str:
-        started.set()
-        assert release.wait(10)
-        return "other"
-
-    thread, out = in_thread(other.run_sync, "k", work)
+    thread, out = in_thread(other.run_sync, "k", held([], "other", started, release))
     try:
         assert started.wait(10)
         assert fleet_of(other).status()  # it runs, in its own namespace
@@ -180,13 +175,7 @@ def test_a_namespace_with_an_opening_brace_and_glob_characters_works_on_a_cluste
     namespace = f"a{{b*[{uuid.uuid4().hex[:6]}"
     a, b = (fleet_group(cluster.url, namespace, cluster=True) for _ in range(2))
     started, joined = threading.Event(), threading.Event()
-
-    def work() -> str:
-        started.set()
-        assert joined.wait(10)
-        return "v"
-
-    lead, led = in_thread(a.run_sync, "k{1}", work)
+    lead, led = in_thread(a.run_sync, "k{1}", held([], "v", started, joined))
     try:
         assert started.wait(10)
         assert [f["key"] for f in fleet_of(b).status()] == ["k{1}"]

@@ -50,6 +50,7 @@ from flightgroup import (
 )
 
 from .infleet import fleet_group, fleet_of, never
+from .infresh import held
 from .redisproc import HoldingCutProxy, RedisServer
 from .support import in_thread, outcome
 
@@ -255,13 +256,7 @@ def test_status_shows_the_raw_key_of_a_plain_key_that_starts_with_a_nul(
     else:
         g = FlightGroup(directory=directory, codec=JSON)
     started, release = threading.Event(), threading.Event()
-
-    def work() -> str:
-        started.set()
-        assert release.wait(10)
-        return "v"
-
-    thread, out = in_thread(g.run_sync, "\x00k", work)
+    thread, out = in_thread(g.run_sync, "\x00k", held([], "v", started, release))
     try:
         assert started.wait(10)
         assert g._arbiter is not None
