@@ -137,3 +137,44 @@ def test_a_key_with_a_lone_surrogate_is_a_key_like_any_other(
         assert a.run_sync(key + "x", lambda: 2).value == 2
     finally:
         a.close()
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_a_url_of_either_protocol_serves_leader_joiner_and_kept_hit(
+    redis_server: Any, namespace: str, protocol: int
+) -> None:
+    """redis-py takes ``?protocol=3`` from the URL, and RESP3 shapes XREAD's reply as
+    a dict: a joiner in another group still reads the leader's value from its mailbox."""
+    from flightgroup import Retention
+
+    url = f"{redis_server.url}?protocol={protocol}"
+    a, b = (FlightGroup(redis=url, namespace=namespace, codec=JSON,
+                        retention=Retention(success=30.0)) for _ in range(2))
+    started, joined = threading.Event(), threading.Event()
+
+    def work() -> int:
+        started.set()
+        assert joined.wait(10)  # b has joined: its read of the mailbox is what is tested
+        return 7
+
+    results: list[Any] = []
+    leader = threading.Thread(target=lambda: results.append(a.run_sync("k", work)))
+    leader.start()
+    try:
+        assert started.wait(10)
+        got = b.run_sync("k", _never_sync, on_join=joined.set)
+        leader.join(10)
+        assert (got.value, got.joined, got.token) == (7, True, results[0].token)
+        led = b.run_sync("k2", lambda: 8)
+        assert (led.value, led.joined) == (8, False)
+        kept = a.run_sync("k2", _never_sync)  # b's kept outcome, read from Redis by a
+        assert (kept.value, kept.joined, kept.token) == (8, True, led.token)
+    finally:
+        joined.set()
+        leader.join(10)
+        a.close()
+        b.close()
+
+
+def _never_sync() -> Any:
+    raise AssertionError("this work never runs")

@@ -166,6 +166,18 @@ def _fields(flat: Sequence[Any]) -> dict[bytes, bytes]:
     return {flat[i]: flat[i + 1] for i in range(0, len(flat) - 1, 2)}
 
 
+def _entry_fields(reply: Any) -> dict[bytes, bytes]:
+    """The fields of the one entry of an XREAD reply, in either protocol's shape:
+    RESP2 ``[[stream, [(id, fields)]]]``; RESP3 (a URL with ``?protocol=3``) a dict
+    ``{stream: ...}`` whose entries redis-py wraps once more (8.x)."""
+    node = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
+    while not (isinstance(node, (list, tuple)) and len(node) == 2
+               and isinstance(node[0], (bytes, str))):
+        node = node[0]  # down to the entry, (id, fields)
+    fields = node[1]
+    return fields if isinstance(fields, dict) else _fields(fields)
+
+
 def encode_outcome(outcome: wire.Outcome) -> tuple[str, bytes, float]:
     """(code, payload, seconds to keep) of an outcome, as the mailbox holds it."""
     if isinstance(outcome, wire.Value):
@@ -583,7 +595,7 @@ class RedisArbiter:
                 finally:
                     call.reading = False
                 if reply:
-                    fields = reply[0][1][0][1]
+                    fields = _entry_fields(reply)
                 elif unreachable is None and time.monotonic() < deadline:
                     continue  # a capped block ended: read again
             if fields is None:
