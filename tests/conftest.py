@@ -141,3 +141,23 @@ def wide(request: pytest.FixtureRequest) -> Iterator[Any]:
         yield g
     finally:
         g.close()
+
+
+@pytest.fixture(params=["directory", "fleet"])
+def pair(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
+    """Two groups of one wide scope (the directory's, or the fleet's on the test's Redis)."""
+    from flightgroup import JSON, FlightGroup
+
+    from .infleet import fleet_group
+
+    if request.param == "directory":
+        d = request.getfixturevalue("directory")
+        made = [FlightGroup(directory=d, codec=JSON) for _ in range(2)]
+    else:
+        url, ns = request.getfixturevalue("redis_server").url, request.getfixturevalue("namespace")
+        made = [fleet_group(url, ns, lease=2.0) for _ in range(2)]
+    try:
+        yield made[0], made[1]
+    finally:
+        for g in made:
+            g.close()

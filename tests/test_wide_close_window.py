@@ -6,33 +6,15 @@ the key leads. The window is held open by a patched ``_lead_wide``."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from flightgroup import JSON, FlightGroup, GroupClosedError
+from flightgroup import FlightGroup, GroupClosedError
 
-from .infleet import fleet_group
 from .ingroup import Background
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(params=["directory", "fleet"])
-def pair(request: pytest.FixtureRequest) -> Iterator[tuple[FlightGroup, FlightGroup]]:
-    """Two groups of one scope: the one that closes, and another."""
-    if request.param == "directory":
-        d = request.getfixturevalue("directory")
-        made = [FlightGroup(directory=d, codec=JSON) for _ in range(2)]
-    else:
-        url, ns = request.getfixturevalue("redis_server").url, request.getfixturevalue("namespace")
-        made = [fleet_group(url, ns, lease=2.0) for _ in range(2)]
-    try:
-        yield made[0], made[1]
-    finally:
-        for g in made:
-            g.close()
 
 
 @pytest.mark.parametrize("how", ["sync", "async"])

@@ -1,14 +1,20 @@
-"""Parts the wide scopes share (flightgroup.wide), on their own, and the kept failure's
-cause across groups of one directory."""
+"""Parts the wide scopes share (flightgroup.wide), on their own, the kept failure's
+cause across groups of one directory, and the sync driver both scopes share."""
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import pytest
 
-from flightgroup import FlightFailedError, Retention
+from flightgroup import FlightFailedError, FlightGroup, Retention
 from flightgroup.wide import KeptCauses
 
-from .ingroup import close, group
+from .infleet import never
+from .infresh import held
+from .ingroup import Background, close, group
+from .support import wait_until
 
 
 def test_kept_causes_are_found_by_key_and_token_and_bounded() -> None:
@@ -58,3 +64,40 @@ def test_a_kept_failure_led_in_another_group_has_no_cause(directory: str) -> Non
         assert isinstance(own.value.__cause__, KeyError)
     finally:
         close(a, b)
+
+
+def test_a_sync_leading_callers_on_join_raising_a_base_exception_withdraws_only_itself(
+    pair: tuple[FlightGroup, FlightGroup], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """b's first caller leads b's flight of "k" (sync, no timeout: it drives the flight
+    in its own thread); a second caller of b joins it locally; the scope then says the
+    flight joins a's. The first caller's on_join raises KeyboardInterrupt (a signal that
+    came during it): that caller withdraws alone, the second gets a's value."""
+    a, b = pair
+    runs: list[str] = []
+    started, release = threading.Event(), threading.Event()
+    leader = Background(lambda: a.run_sync("k", held(runs, "a", started, release)))
+    assert started.wait(10)
+    second_joined = threading.Event()
+    original = FlightGroup._joined_remote
+
+    def joined_remote(of: FlightGroup, *args: Any) -> Any:
+        if of is b:  # JOINED is held until the second caller joined b's flight
+            assert second_joined.wait(10)
+        return original(of, *args)
+
+    monkeypatch.setattr(FlightGroup, "_joined_remote", joined_remote)
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    first = Background(lambda: b.run_sync("k", never, on_join=interrupted))
+    wait_until(lambda: "k" in b._table.flights, "the first caller leads b's flight")
+    second = Background(lambda: b.run_sync("k", never, on_join=second_joined.set))
+    assert first.done.wait(10)
+    assert isinstance(first.error, KeyboardInterrupt)
+    release.set()
+    assert leader.wait().value == "a"
+    got = second.wait()  # before: FlightInterruptedError, "its leading caller got ..."
+    assert (got.value, got.joined, got.token) == ("a", True, leader.wait().token)
+    assert runs == ["a"]

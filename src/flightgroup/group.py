@@ -988,7 +988,7 @@ class FlightGroup:
                     call_on_join, on_join = on_join, None
                     try:
                         call_on_join()
-                    except Exception as exc:
+                    except BaseException as exc:  # also a KeyboardInterrupt during it
                         # This caller withdraws now; the flight goes on for the others
                         # here on a thread of its own, to its outcome.
                         threading.Thread(
