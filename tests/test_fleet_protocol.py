@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,8 +39,9 @@ from flightgroup.redis import arbiter as arbiter_module
 from flightgroup.redis import scripts
 from flightgroup.redis.arbiter import RedisArbiter, _Names
 
+from .infleet import fleet_of
 from .redisproc import CutProxy, RedisCluster, RedisServer, free_port, keys_without_ttl
-from .support import in_thread
+from .support import in_thread, wait_until
 
 LEASE_MS = 10_000
 FENCE_TTL_MS = 86_400_000
@@ -132,6 +133,9 @@ class Lua:
 
     def forget(self, key: str) -> int:
         return int(self.call("forget", [self.names(key).record], []))
+
+    def undo(self, key: str, nonce: str, reason: str = "no answer") -> int:
+        return int(self.call("undo", [self.names(key).record], [nonce, GRACE_MS, reason]))
 
     # reading the state
 
@@ -802,6 +806,76 @@ def test_unreachable_redis_raises_unavailable_error() -> None:
             group.forget("k")
         assert isinstance(caught_forget.value.__cause__, redis.RedisError)
     assert ran == []
+
+
+def test_undo_ends_only_the_running_flight_its_nonce_led(lua: Lua) -> None:
+    _, token = (int(x) for x in lua.acquire("k", "n1")[:2])
+    assert lua.undo("k", "other") == 0 and lua.record("k")[b"t"] == str(token).encode()
+    assert int(lua.acquire("k", "n2")[0]) == 2  # a call of the key joins it
+    assert lua.undo("k", "n1", "never answered") == 1
+    assert lua.record("k") == {}
+    [(_, entry)] = lua.mailbox("k", token)  # its joiners hear at once
+    assert entry == {b"c": b"int", b"v": b"never answered", b"f": b"1"}
+    assert lua.undo("k", "n1") == 0  # a re-send acts on nothing
+    assert int(lua.acquire("k", "n3")[0]) == 1  # the next call leads
+    # Parked by a forget, it is found by its nonce; a landing is never overwritten.
+    _, parked = (int(x) for x in lua.acquire("p", "n4")[:2])
+    assert lua.forget("p") == 2
+    lua.r.xadd(lua.names("p").mailbox(parked), {"c": "ok", "v": "landed"})
+    lua.r.pexpire(lua.names("p").mailbox(parked), GRACE_MS)
+    assert lua.undo("p", "n4") == 1
+    assert lua.r.exists(lua.names("p").parked(parked)) == 0
+    assert [e for _, e in lua.mailbox("p", parked)] == [{b"c": b"ok", b"v": b"landed"}]
+    # Landed and kept: not running, nothing to undo.
+    _, kept = (int(x) for x in lua.acquire("d", "n5")[:2])
+    lua.complete("d", kept, retain_ms=60_000)
+    assert lua.undo("d", "n5") == 0 and lua.record("d")[b"s"] == b"D"
+
+
+@pytest.mark.timeout(60)
+def test_an_acquire_a_frozen_server_ran_after_its_call_gave_up_is_undone() -> None:
+    """Redis frozen (SIGSTOP): the calls give up (UnavailableError), but Redis runs
+    their buffered ACQUIREs once it resumes, even from closed connections: flights
+    nobody leads. Before, every later call of those keys joined one and, a lease
+    later, got FlightInterruptedError. The group undoes them: its own next call of a
+    key waits for that and leads; another group's call finds the key free."""
+    server = RedisServer()
+    ran: list[str] = []
+
+    def work(name: str) -> Callable[[], str]:
+        def body() -> str:
+            ran.append(name)
+            return name
+
+        return body
+
+    g = FlightGroup(redis=server.url, namespace="ghost", codec=JSON, lease=2.0)
+    other = FlightGroup(redis=server.url, namespace="ghost", codec=JSON, lease=2.0)
+    try:
+        g.run_sync("warm-up", lambda: 0)
+        other.run_sync("warm-up", lambda: 0)
+        server.stop()
+        try:
+            calls = [in_thread(g.run_sync, key, work("never")) for key in ("k", "k2")]
+            for thread, out in calls:
+                thread.join(30)
+                assert isinstance(out.get("error"), UnavailableError), out
+        finally:
+            server.cont()
+        got = g.run_sync("k", work("k"))  # before: FlightInterruptedError
+        assert (got.value, got.joined, ran) == ("k", False, ["k"])
+        wait_until(lambda: not fleet_of(g)._undoing, "the undos end")
+        client, names = server.client(), _Names("ghost", "k2", False)
+        assert client.exists(names.record) == 0
+        [mailbox] = client.keys(f"{names.record}:m:*")  # it did run, and was undone
+        [(_, entry)] = client.xrange(mailbox)
+        assert entry[b"c"] == b"int" and entry[b"f"] == b"1"
+        got = other.run_sync("k2", work("k2"))
+        assert (got.value, got.joined, ran) == ("k2", False, ["k", "k2"])
+    finally:
+        g.close()
+        other.close()
+        server.close()
 
 
 @pytest.mark.timeout(40)

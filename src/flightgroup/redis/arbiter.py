@@ -254,6 +254,8 @@ class RedisArbiter:
         self._leads: set[FleetLead] = set()
         self._renewer: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # Per key's record: the undo of an ACQUIRE that got no answer (see _undo).
+        self._undoing: dict[str, asyncio.Task[None]] = {}
         self._closing = False
         self._closed_why: str | None = None  # set in a forked child (see _after_fork)
         self._fatal: Exception | None = None  # the clients could not be made
@@ -507,6 +509,11 @@ class RedisArbiter:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._ready), self._timeout)
         names = _Names(self.namespace, call.key, self._cluster)
+        undo = self._undoing.get(names.record)
+        if undo is not None and not undo.done():
+            # A flight an unanswered ACQUIRE of the key may have led: this call would
+            # join it and wait its lease out. Redis out of reach: the ACQUIRE says so.
+            await asyncio.wait({undo}, timeout=self._timeout)
         # A fresh call takes a flight from min_token on: one newer than the flight its
         # callers waited for here, else one newer than every flight there is now.
         min_token, after = 0, None
@@ -525,6 +532,7 @@ class RedisArbiter:
                 )
             except _UNREACHABLE as exc:
                 self._end(call, Event.FAILED, self._unavailable(exc))
+                self._undo_later(call.key, names, call.nonce)
                 return
             kind, token = int(reply[0]), int(reply[1])
             log.debug("%s %s: %s, token %d", self.namespace, DigestOf(call.key),
@@ -656,6 +664,38 @@ class RedisArbiter:
             self._spawn(self._abandon(lead, "its leader withdrew"))
         elif call.reading and call.task is not None:
             call.task.cancel()  # a read only; a script in flight finishes and sees withdrawn
+
+    def _undo_later(self, key: str, names: _Names, nonce: str) -> None:
+        task = self._loop.create_task(self._undo(key, names, nonce))  # type: ignore[union-attr]
+        self._tasks.add(task)
+        self._undoing[names.record] = task
+
+        def ended(task: asyncio.Task[None]) -> None:
+            self._tasks.discard(task)
+            if self._undoing.get(names.record) is task:
+                del self._undoing[names.record]
+
+        task.add_done_callback(ended)
+
+    async def _undo(self, key: str, names: _Names, nonce: str) -> None:
+        """End the flight an ACQUIRE that got no answer may have led (scripts.UNDO):
+        a frozen server runs what it had buffered once it resumes. Tried until Redis
+        answers, then once more: Redis reads every connection that was waiting in its
+        first pass after it resumes, and the second try is sent after the first one's
+        answer, so after each buffered ACQUIRE of ours has run (ADR 0024)."""
+        args = [nonce, self._grace_ms(0.0), "its leading call got no answer from Redis"]
+        pause, answered = _RETRY_PAUSE, 0
+        while answered < 2:
+            try:
+                if await self._script("undo", [names.record], args):
+                    log.info("ended a flight of %s that a call led with no answer from Redis",
+                             key_digest(key))
+                answered += 1
+            except _UNREACHABLE:
+                if self._closing:
+                    return
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, 1.0)
 
     async def _abandon(self, lead: FleetLead, reason: str) -> None:
         """Tell the flight's joiners at once that it will not land (best effort: if
@@ -973,6 +1013,7 @@ def _after_fork() -> None:
         arbiter._client = arbiter._blocking = None
         arbiter._scripts = {}
         arbiter._calls, arbiter._leads, arbiter._tasks = set(), set(), set()
+        arbiter._undoing = {}
         if arbiter.on_fork is not None:
             arbiter.on_fork(arbiter._closed_why)
 

@@ -53,6 +53,7 @@ __all__ = [
     "OVER_MAX_VALUE_BYTES",
     "RENEW",
     "SCRIPTS",
+    "UNDO",
 ]
 
 # The text of COMPLETE's one deliberate refusal (a value over max_value_bytes): the
@@ -279,6 +280,37 @@ if key and state == 'R' then redis.call('DEL', key) end
 return 1
 """
 
+# KEYS: record. ARGV: the nonce of an ACQUIRE that got no answer, grace ms, reason.
+# -> 1 if it ended a flight that ACQUIRE led, 0 if there was none.
+# A server that was frozen runs the commands it had buffered once it resumes, even from
+# connections the client closed: an ACQUIRE whose caller gave up (UnavailableError) may
+# still lead a flight nobody runs. Every call of the key would join it and wait its lease
+# out. The caller's group sends this until Redis answers it (ADR 0024).
+UNDO = """
+local rec = KEYS[1]
+local key, tok
+local v = redis.call('HMGET', rec, 't', 's', 'o')
+if v[1] and v[2] == 'R' and v[3] == ARGV[1] then
+  key, tok = rec, v[1]
+else
+  local parked = redis.call('GET', rec .. ':o:' .. ARGV[1])  -- a FORGET parked it
+  if parked then
+    local p = redis.call('HMGET', rec .. ':x:' .. parked, 't', 's', 'o')
+    if p[1] == parked and p[2] == 'R' and p[3] == ARGV[1] then
+      key, tok = rec .. ':x:' .. parked, parked
+    end
+  end
+end
+if not key then return 0 end
+local m = rec .. ':m:' .. tok
+if redis.call('EXISTS', m) == 0 then
+  redis.call('XADD', m, 'MAXLEN', '1', '*', 'c', 'int', 'v', ARGV[3], 'f', '1')
+  redis.call('PEXPIRE', m, ARGV[2])
+end
+redis.call('DEL', key)
+return 1
+"""
+
 # KEYS: record, parked, mailbox. ARGV: token.  (read-only: a joiner whose wait timed out)
 # -> {1, mailbox entry fields}  the outcome
 #    {2, lease left ms}         still running
@@ -366,4 +398,5 @@ SCRIPTS = {
     "check": CHECK,
     "attempt": ATTEMPT,
     "forget": FORGET,
+    "undo": UNDO,
 }
