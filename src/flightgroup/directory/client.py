@@ -84,6 +84,7 @@ class Call:
         "lead",
         "lock",
         "pending",
+        "refused",
         "sent",
         "token",
     )
@@ -96,6 +97,8 @@ class Call:
         # it opens, -1 once the lead took it or the call ended without leading.
         self.fd: int | None = None
         self.pending: int | None = None  # a lead's token that came while it opened
+        # Why a new coordinator refused that pending lead's reassert: lost once taken.
+        self.refused: str | None = None
         self.id = id
         self.key = key
         self.fresh = fresh
@@ -632,7 +635,13 @@ class DirectoryArbiter:
                     lead.acked = True
                 self._end_lead(lead)
         elif isinstance(answer, wire.Rejected):
-            lead = self._leads.get(answer.id)
+            with self._send_lock:  # in one step with _take_lead's publishing
+                lead = self._leads.get(answer.id)
+                call = self._calls.get(answer.id) if lead is None else None
+                if call is not None and call.lead is None:
+                    # A lead told while its caller opened the key's file, reasserted
+                    # (see _connected) and refused: it is lost as soon as it is taken.
+                    call.refused = answer.reason
             if lead is not None and lead.cut:
                 # Its group closed and its interrupted landing names a token the flight
                 # no longer has (a retry moved it): nothing to resend. Its joiners hear
@@ -743,6 +752,11 @@ class DirectoryArbiter:
             if published:
                 call.lead = lead
                 self._leads[call.id] = lead
+            refused = call.refused
+        if published and refused is not None:
+            # Refused while it was pending (a newer flight of the key runs): its work
+            # must not run as if it held the lease, under a token older than that flight's.
+            self._lose(lead, refused)
         if not published:
             call.pending = None
             if copy >= 0:
@@ -766,7 +780,16 @@ class DirectoryArbiter:
                     return
                 self._locked(lead)
 
-            threading.Thread(target=wait_for_lock, name="flightgroup-keylock", daemon=True).start()
+            try:
+                threading.Thread(
+                    target=wait_for_lock, name="flightgroup-keylock", daemon=True
+                ).start()
+            except RuntimeError as exc:  # no thread to wait with: give the lead back
+                os.close(copy)
+                with lead.lock:
+                    lead.abandoned = True
+                lead.release()
+                self._post(self._lock_failed, lead, exc)
             return
         self._locked(lead)
 
@@ -789,7 +812,7 @@ class DirectoryArbiter:
             return
         lead.call.inbox.put(Event.LEAD, lead.token)
 
-    def _lock_failed(self, lead: Lead, exc: OSError) -> None:
+    def _lock_failed(self, lead: Lead, exc: Exception) -> None:
         call = lead.call
         self._leads.pop(call.id, None)
         if self._calls.pop(call.id, None) is not None:
