@@ -1163,8 +1163,12 @@ def test_a_flight_longer_than_its_lease_is_renewed_for_its_joiner(
         assert joined_value(lead).value == got.value == "long" and got.joined
         assert lost == [False]
         leader = counter.of(a)
-        assert leader[0] == "acquire" and leader[-1] == "complete"
-        renews = counter.replies(a, "renew")
+        assert leader[0] == "acquire" and leader.count("complete") == 1
+        # (the log is in reply order: one renewal sent as the work ended may answer
+        # after the landing, and Redis may have run it after the landing too: 0)
+        landed = leader.index("complete")
+        assert leader[landed + 1:] in ([], ["renew"]), leader
+        renews = counter.replies(a, "renew")[:leader[:landed].count("renew")]
         assert len(renews) >= 5 and all(r == [1] for r in renews), renews  # every 0.2 s
         joiner = counter.of(b)
         assert joiner[0] == "acquire" and joiner[-1] == "xread"
