@@ -128,15 +128,9 @@ def spans() -> Iterator[Any]:
 @pytest.fixture(params=["directory", "fleet"])
 def wide(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A group of each wide scope (the directory's, or the fleet's on the test's Redis)."""
-    from flightgroup import JSON, FlightGroup
+    from .ingroup import scope_groups
 
-    from .infleet import fleet_group
-
-    if request.param == "directory":
-        g = FlightGroup(directory=request.getfixturevalue("directory"), codec=JSON)
-    else:
-        url = request.getfixturevalue("redis_server").url
-        g = fleet_group(url, request.getfixturevalue("namespace"), lease=5.0)
+    [g] = scope_groups(request, request.param, 1, lease=5.0)
     try:
         yield g
     finally:
@@ -146,16 +140,9 @@ def wide(request: pytest.FixtureRequest) -> Iterator[Any]:
 @pytest.fixture(params=["directory", "fleet"])
 def pair(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
     """Two groups of one wide scope (the directory's, or the fleet's on the test's Redis)."""
-    from flightgroup import JSON, FlightGroup
+    from .ingroup import scope_groups
 
-    from .infleet import fleet_group
-
-    if request.param == "directory":
-        d = request.getfixturevalue("directory")
-        made = [FlightGroup(directory=d, codec=JSON) for _ in range(2)]
-    else:
-        url, ns = request.getfixturevalue("redis_server").url, request.getfixturevalue("namespace")
-        made = [fleet_group(url, ns, lease=2.0) for _ in range(2)]
+    made = scope_groups(request, request.param, 2, lease=2.0)
     try:
         yield made[0], made[1]
     finally:

@@ -1,7 +1,8 @@
 """Directory groups of the test process itself: made, probed and closed with bounds.
 
 Shared by the tests that drive a group's arbiter in this process (its dicts, its
-coordinator), beside tests/dirproc.py's child processes.
+coordinator), beside tests/dirproc.py's child processes; and ``scope_groups``, which
+the scope fixtures of conftest.py and test_review_findings.py make their groups with.
 """
 
 from __future__ import annotations
@@ -132,3 +133,19 @@ def closed_leader_holds(directory: str) -> tuple[FlightGroup, threading.Event, l
         leader.wait()
     assert not key_lock_free(directory, "k")  # the closed group's work keeps its lock
     return a, release, runs
+
+
+def scope_groups(
+    request: pytest.FixtureRequest, scope: str, count: int, lease: float
+) -> list[FlightGroup]:
+    """``count`` groups of ``scope`` ("process", "directory", or "fleet" on the test
+    module's Redis, with ``lease``); a wide scope's server is started only when asked for."""
+    from .infleet import fleet_group
+
+    if scope == "process":
+        return [FlightGroup() for _ in range(count)]
+    if scope == "directory":
+        d = request.getfixturevalue("directory")
+        return [FlightGroup(directory=d, codec=JSON) for _ in range(count)]
+    url, ns = request.getfixturevalue("redis_server").url, request.getfixturevalue("namespace")
+    return [fleet_group(url, ns, lease=lease) for _ in range(count)]

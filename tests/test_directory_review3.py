@@ -21,6 +21,18 @@ from .support import wait_until
 pytestmark = pytest.mark.timeout(60)
 
 
+def _run_of_k_after(event, coordinator, monkeypatch):
+    """The coordinator handles a run request of "k" only once ``event`` is set."""
+    real_run = coordinator._run
+
+    def run(session, id, key, *args, **kwargs):
+        if key == "k":
+            assert event.wait(10)
+        return real_run(session, id, key, *args, **kwargs)
+
+    monkeypatch.setattr(coordinator, "_run", run)
+
+
 def test_a_rejected_reassert_of_a_pending_lead_is_not_dropped(directory, monkeypatch):
     """A lead told while its caller still opened the key's file is reasserted by the
     reconnect (it is pending); a new coordinator that let another process lead the key
@@ -48,15 +60,7 @@ def test_a_rejected_reassert_of_a_pending_lead_is_not_dropped(directory, monkeyp
 
         monkeypatch.setattr(fs, "key_lock_path", slow_path)
         # ... and the coordinator answers b's run only once b's caller is in that open
-        coordinator = arbiter(a)._coordinator
-        real_run = coordinator._run
-
-        def run_while_opening(session, id, key, *args, **kwargs):
-            if key == "k":
-                assert in_open.wait(10)
-            return real_run(session, id, key, *args, **kwargs)
-
-        monkeypatch.setattr(coordinator, "_run", run_while_opening)
+        _run_of_k_after(in_open, arbiter(a)._coordinator, monkeypatch)
 
         # b's next reconnect waits until the test lets it go
         connect_go = threading.Event()
@@ -203,25 +207,11 @@ def test_a_lead_whose_lock_wait_thread_cannot_start_is_given_back(
                 return real_path(d, key)
 
             monkeypatch.setattr(fs, "key_lock_path", slow_path)
-            real_run = coordinator._run
-
-            def run_while_opening(session, id, key, *args, **kwargs):
-                if key == "k":
-                    assert in_open.wait(10)
-                return real_run(session, id, key, *args, **kwargs)
-
-            monkeypatch.setattr(coordinator, "_run", run_while_opening)
+            _run_of_k_after(in_open, coordinator, monkeypatch)
         else:
             # the lead is told after b's caller opened the file: taken on b's loop
             monkeypatch.setattr(client_module, "os", _OsProxy(opened))
-            real_run = coordinator._run
-
-            def run_after_open(session, id, key, *args, **kwargs):
-                if key == "k":
-                    assert opened.wait(10)
-                return real_run(session, id, key, *args, **kwargs)
-
-            monkeypatch.setattr(coordinator, "_run", run_after_open)
+            _run_of_k_after(opened, coordinator, monkeypatch)
 
         b_call = Background(lambda: b.run_sync("k", lambda: "b"), name="b-caller")
         assert b_call.done.wait(10), "b's call never ended (its driver was never told)"

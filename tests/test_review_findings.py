@@ -25,10 +25,10 @@ from typing import Any, TypeVar
 import pytest
 
 import flightgroup.group as group_module
-from flightgroup import JSON, FlightGroup, GroupClosedError, Lease, current_lease
+from flightgroup import FlightGroup, GroupClosedError, Lease, current_lease
 from flightgroup.flight import CLOSED, FlightTable, wake
 
-from .infleet import fleet_group
+from .ingroup import scope_groups
 from .support import run, until, wait_until
 
 R = TypeVar("R")
@@ -185,13 +185,7 @@ def test_run_sync_with_a_timeout_over_timeout_max_waits_like_no_limit() -> None:
 @pytest.fixture(params=["process", "directory", "fleet"])
 def any_scope(request: pytest.FixtureRequest) -> Iterator[FlightGroup]:
     """A group of each scope; the wide ones' servers are started only when asked for."""
-    if request.param == "process":
-        g = FlightGroup()
-    elif request.param == "directory":
-        g = FlightGroup(directory=request.getfixturevalue("directory"), codec=JSON)
-    else:
-        url = request.getfixturevalue("redis_server").url
-        g = fleet_group(url, request.getfixturevalue("namespace"), lease=2.0)
+    [g] = scope_groups(request, request.param, 1, lease=2.0)
     try:
         yield g
     finally:
