@@ -462,11 +462,12 @@ class RedisArbiter:
 
     # -- on the background loop ----------------------------------------------------
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         assert self._loop is not None
         task = self._loop.create_task(coro)
         self._tasks.add(task)  # the loop keeps only a weak reference
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _post_task(self, coro: Coroutine[Any, Any, None]) -> bool:
         """Run ``coro`` on the background loop (from any thread); False if closed."""
@@ -666,12 +667,9 @@ class RedisArbiter:
             call.task.cancel()  # a read only; a script in flight finishes and sees withdrawn
 
     def _undo_later(self, key: str, names: _Names, nonce: str) -> None:
-        task = self._loop.create_task(self._undo(key, names, nonce))  # type: ignore[union-attr]
-        self._tasks.add(task)
-        self._undoing[names.record] = task
+        task = self._undoing[names.record] = self._spawn(self._undo(key, names, nonce))
 
         def ended(task: asyncio.Task[None]) -> None:
-            self._tasks.discard(task)
             if self._undoing.get(names.record) is task:
                 del self._undoing[names.record]
 

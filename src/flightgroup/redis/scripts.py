@@ -63,6 +63,25 @@ OVER_MAX_VALUE_BYTES = "flightgroup: the outcome is over max_value_bytes"
 
 # A Lua prelude shared by the scripts that act on a flight by its token: the record
 # holding token ``tok`` is the key's record, or the parked one.
+# own_flight(rec, nonce, v): the running flight that the call of ``nonce`` leads, as (its
+# key, its token), or nil. ``v`` is the record's HMGET starting with t, s, o. A re-sent
+# ACQUIRE (its reply lost) leads that flight again, not a second one; after a FORGET
+# parked it, FORGET left the nonce's token under ``…:o:<nonce>``, whatever the key's
+# record holds now (the forgetting caller's next call may lead a newer flight at once).
+# A nonce leads one flight only, so this is always that call's own.
+_OWN = """
+local function own_flight(rec, nonce, v)
+  if v[1] and v[2] == 'R' and v[3] == nonce then return rec, v[1] end
+  local parked = redis.call('GET', rec .. ':o:' .. nonce)
+  if parked then
+    local x = rec .. ':x:' .. parked
+    local p = redis.call('HMGET', x, 't', 's', 'o')
+    if p[1] == parked and p[2] == 'R' and p[3] == nonce then return x, parked end
+  end
+  return nil
+end
+"""
+
 _FIND = """
 local function find(rec, parked, tok)
   for _, key in ipairs({rec, parked}) do
@@ -155,25 +174,12 @@ end
 #    {3, token, code, payload}            a kept outcome
 #    {4, token, lease left ms}            fresh: a flight that began before the call runs;
 #                                         wait for its end, then ask again from token + 1
-ACQUIRE = _FIND + _INDEX + """
+ACQUIRE = _FIND + _INDEX + _OWN + """
 local rec = KEYS[1]
 local idx = index_of(3)
 local v = redis.call('HMGET', rec, 't', 's', 'o', 'c', 'v', 'p', 'h', 'b')
-if v[1] and v[2] == 'R' and v[3] == ARGV[1] then
-  return {1, v[1], redis.call('PTTL', rec)}
-end
--- A re-send of an ACQUIRE that led, after a FORGET parked that flight: lead it again,
--- not a second one (its joiners wait for it), whatever the key's record holds now (the
--- forgetting caller's next call may lead a newer flight at once). FORGET left the
--- nonce's token; a nonce leads one flight only, so this is always that call's own.
-local parked = redis.call('GET', rec .. ':o:' .. ARGV[1])
-if parked then
-  local x = rec .. ':x:' .. parked
-  local p = redis.call('HMGET', x, 't', 's', 'o')
-  if p[1] == parked and p[2] == 'R' and p[3] == ARGV[1] then
-    return {1, parked, redis.call('PTTL', x)}
-  end
-end
+local own, own_tok = own_flight(rec, ARGV[1], v)
+if own then return {1, own_tok, redis.call('PTTL', own)} end
 -- A fresh call that names the flight it came during (ARGV[8]) takes a flight above that
 -- one as begun after the call, unless a FORGET parked that one (its landing left a mark):
 -- a newer flight may have begun while it ran, so none that exists now will do.
@@ -286,21 +292,9 @@ return 1
 # connections the client closed: an ACQUIRE whose caller gave up (UnavailableError) may
 # still lead a flight nobody runs. Every call of the key would join it and wait its lease
 # out. The caller's group sends this until Redis answers it (ADR 0024).
-UNDO = """
+UNDO = _OWN + """
 local rec = KEYS[1]
-local key, tok
-local v = redis.call('HMGET', rec, 't', 's', 'o')
-if v[1] and v[2] == 'R' and v[3] == ARGV[1] then
-  key, tok = rec, v[1]
-else
-  local parked = redis.call('GET', rec .. ':o:' .. ARGV[1])  -- a FORGET parked it
-  if parked then
-    local p = redis.call('HMGET', rec .. ':x:' .. parked, 't', 's', 'o')
-    if p[1] == parked and p[2] == 'R' and p[3] == ARGV[1] then
-      key, tok = rec .. ':x:' .. parked, parked
-    end
-  end
-end
+local key, tok = own_flight(rec, ARGV[1], redis.call('HMGET', rec, 't', 's', 'o'))
 if not key then return 0 end
 local m = rec .. ':m:' .. tok
 if redis.call('EXISTS', m) == 0 then
