@@ -7,12 +7,13 @@ reasserts is the test's; nothing waits on a bare sleep.
 
 from __future__ import annotations
 
+import fcntl
 import os
 from typing import Any
 
 import pytest
 
-from flightgroup.directory import wire
+from flightgroup.directory import fs, wire
 
 from .dirproc import HELLO_OK, RawConn
 from .ingroup import close, coordinating
@@ -138,3 +139,51 @@ def test_the_landed_field_is_optional_and_null_is_absent() -> None:
     header, _ = wire.decode_body(wire.reassert_frame(1, "k", 2, landed=True)[4:])
     assert header["landed"] is True
     assert wire.parse_request(header, None) == wire.Reassert(1, "k", 2, landed=True)
+
+
+def test_a_landed_flight_whose_landing_is_still_arriving_stays_for_its_joiners_when_a_newer_one_reasserts(  # noqa: E501
+    directory: str,
+) -> None:
+    """The other order of the first test: the landed flight reasserts first (it is the
+    key's flight), its large landing is still being read when the newer flight
+    reasserts. The landed one is taken back detached, not refused: its leader gets its
+    ack and its joiner its value; the newer flight takes the key."""
+    a = coordinating(directory)
+    sock = os.path.join(directory, "flight.sock")
+    value = b'"' + b"v" * (2 * 1024 * 1024) + b'"'
+    land = wire.land_frame(1, OLD, wire.Value(value))
+    # The old leader's key lock, held here: a rejoin that reaches the coordinator before
+    # the reassert waits for it instead of being told its flight ended.
+    lock_path = fs.key_lock_path(directory, "k")
+    os.makedirs(os.path.dirname(lock_path), exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with (
+            RawConn(sock) as x,
+            RawConn(sock) as b,
+            RawConn(sock) as c,
+            RawConn(sock) as n,
+        ):
+            for conn in (x, b, c, n):
+                assert conn.hello() == HELLO_OK
+            b.send(wire.reassert_frame(1, "k", OLD, landed=True) + land[:1000])
+            c.send_frame({"op": "run", "id": 1, "key": "k", "flight": OLD})
+            assert _frame(c, "joined")[0]["token"] == OLD  # the reassert was served
+            x.send_frame({"op": "reassert", "id": 1, "key": "k", "token": NEW})
+            _served(x)
+            b.send(land[1000:])
+            header, _ = b.read_frame()
+            assert header == {"op": "ack", "id": 1}  # not rejected: its lease holds
+            header, payload = c.read_frame()
+            assert (header["op"], header["token"], payload) == ("landed", OLD, value)
+            # The newer flight is the key's: a new call joins it.
+            n.send_frame({"op": "run", "id": 1, "key": "k"})
+            assert _frame(n, "joined")[0]["token"] == NEW
+            x.send(wire.land_frame(1, NEW, wire.Value(b'"new"')))
+            assert _frame(x, "ack")[0]["id"] == 1
+            header, payload = _frame(n, "landed")
+            assert (header["token"], payload) == (NEW, b'"new"')
+    finally:
+        os.close(fd)
+        close(a)

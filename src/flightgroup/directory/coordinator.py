@@ -96,6 +96,9 @@ class _Flight:
     # while a newer flight of the key ran. It serves its own joiners and rejoins by
     # token, never a new call (see _detached).
     detached: bool = False
+    # It reasserted a landing (its `land` follows on its leader's connection): a newer
+    # flight that reasserts meanwhile detaches it instead of refusing it (ADR 0022).
+    landed: bool = False
     # every token the flight had that this coordinator knows (``token`` too)
     tokens: set[int] = field(default_factory=set)
     ended: bool = False  # landed or interrupted: it is nobody's to end again
@@ -710,6 +713,7 @@ class Coordinator:
             same.leader, same.lead_id = session, request.id
             session.leads[request.id] = same
             same.token = max(same.token, token)
+            same.landed = same.landed or request.landed
             _add_tokens(same, tokens)
             return
         # A forget() detached this flight (in this term or an earlier one): it comes
@@ -725,6 +729,12 @@ class Coordinator:
                 # It landed already (its landing follows): its joiners still get it; the
                 # newer flight stays the key's (ADR 0022).
                 detached = True
+            elif flight.landed:
+                # The older flight landed (its landing is still being read): it stays
+                # for its own joiners, detached, and the newer flight takes the key.
+                del self._flights[key]
+                flight.detached = True
+                self._detached.setdefault(key, []).append(flight)
             else:
                 # An older flight holds the key (it cannot hold its lock too): the newer wins.
                 if flight.leader is not None:
@@ -745,7 +755,8 @@ class Coordinator:
                 detached = True  # (as above)
         started = time.monotonic()
         flight = _Flight(
-            key, token, session, request.id, started, reasserted=True, detached=detached
+            key, token, session, request.id, started, reasserted=True, detached=detached,
+            landed=request.landed,
         )
         _add_tokens(flight, tokens)
         session.leads[request.id] = flight
