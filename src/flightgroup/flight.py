@@ -228,6 +228,11 @@ class Flight:
     # (wide scopes) fresh callers that came before the scope let the work start here:
     # woken with JOINED to join this flight instead of waiting for its end (ran_here)
     promoted: frozenset[Waiter] = frozenset()
+    # (wide scopes) the scope answered: the work runs here, or the flight joined one led
+    # elsewhere. Until then a joiner's on_join waits (``defer_on_join``): the answer may
+    # be a kept outcome, and a call served from one never calls on_join.
+    decided = False
+    deferred: list[Waiter] | None = None  # joiners whose on_join waits for the answer
     claims = 0  # pending claims on an IDLE flight (I4)
     joiners = 0
     next: Flight | None = None  # the flight after this one, for its fresh callers
@@ -309,6 +314,8 @@ def signal_of(flight: Flight, fresh_of: Flight | None, waiter: Waiter) -> Signal
             return JOINED
         following = fresh_of.next
         return following if following is not None else CLOSED
+    if flight.promoted and waiter in flight.promoted:  # a joiner whose on_join waited
+        return JOINED
     return CLOSED if flight.closed else SETTLED
 
 
@@ -546,12 +553,14 @@ class FlightTable:
         make_waiter: Callable[[], Waiter],
         policy: FlightPolicy,
         claimed: bool = True,
+        counted: bool = False,
     ) -> tuple[Role, Waiter | None]:
         """A fresh caller takes its claim on ``flight`` (the flight after the one
         it waited for): lead it if nobody does, else join it, or take its
         outcome if it already ended (it started after the caller's call).
         ``claimed=False``: a caller promoted by ``ran_here`` joins the flight it
-        waited on (it holds no claim: that flight was never IDLE)."""
+        waited on (it holds no claim: that flight was never IDLE). ``counted``: a
+        joiner whose on_join waited for the scope's answer, already counted as one."""
         with self.lock:
             if claimed:
                 flight.claims -= 1
@@ -563,10 +572,13 @@ class FlightTable:
             if flight.state is DONE:
                 # I4: a flight with a pending claim is never abandoned.
                 assert flight.outcome is not Outcome.ABANDONED
-                self.stats.joins += 1
+                if not counted:
+                    self.stats.joins += 1
                 return Role.TAKE, None
             waiter = make_waiter()
             _add_waiter(flight, waiter)
+            if counted:
+                return Role.JOIN, waiter
             flight.joiners += 1
             self.stats.joins += 1
             if self.stats.timing:
@@ -617,7 +629,8 @@ class FlightTable:
         Its fresh callers came while it waited for the scope's answer, so before its
         work starts: they join it (ADR 0005: the next flight to start is this one)
         instead of waiting for its end and leading one more. Returns them, detached,
-        to wake with JOINED; each then joins through ``claim(claimed=False)``.
+        to wake with JOINED; each then joins through ``claim(claimed=False)``. So are
+        the joiners whose on_join waited for the answer (``defer_on_join``).
 
         Raises GroupClosedError once the group closed: no work starts after close().
         """
@@ -626,12 +639,47 @@ class FlightTable:
                 raise GroupClosedError()
             self.stats.flights += 1
             flight.scoped = True
+            deferred = self._decided(flight)
             fresh = flight.fresh
             if not fresh or flight.state is not RUNNING:
-                return None
+                return deferred
             flight.fresh = None
+            if deferred:
+                flight.promoted = flight.promoted.union(fresh)
+                return [*deferred, *fresh]
             flight.promoted = frozenset(fresh)
             return fresh
+
+    def defer_on_join(self, flight: Flight, waiter: Waiter) -> bool | None:
+        """(A joiner with an on_join) whether its on_join runs now: True, the flight
+        is decided (the process scope's always is); None, it waits for the scope's
+        answer (its waiter is woken with JOINED then, or SETTLED by a kept outcome);
+        False, the flight ended before the scope let it run or join anywhere (a kept
+        outcome, or the scope's failure to serve it): no on_join."""
+        with self.lock:
+            if not self.wide or flight.decided:
+                return True
+            if flight.state is DONE or waiter not in flight.waiters:
+                return False  # woken already (settled or closed) while undecided
+            if flight.deferred is None:
+                flight.deferred = [waiter]
+            else:
+                flight.deferred.append(waiter)
+            return None
+
+    def _decided(self, flight: Flight) -> list[Waiter] | None:
+        """Mark ``flight`` decided; detach the joiners whose on_join waited for it
+        (under the lock), to wake with JOINED."""
+        flight.decided = True
+        deferred = flight.deferred
+        if deferred is None:
+            return None
+        flight.deferred = None
+        waiters = flight.waiters
+        woken = [w for w in deferred if waiters.pop(w, False) is None]
+        if woken:
+            flight.promoted = flight.promoted.union(woken)
+        return woken or None
 
     def handing(self, flight: Flight) -> None:
         """(Wide scopes) the landing of ``flight`` goes to the scope now (SETTLING): a
@@ -651,18 +699,22 @@ class FlightTable:
             if joined and not flight.joined_remote:
                 self.stats.joins += 1
 
-    def joined_remote(self, flight: Flight) -> Waiter | None:
+    def joined_remote(self, flight: Flight) -> list[Waiter] | None:
         """(Wide scopes) ``flight`` joined a flight led elsewhere: mark it, and detach
-        the leading caller's waiter if it waits, to wake it with JOINED."""
+        the leading caller's waiter if it waits, and the joiners whose on_join waited
+        for the answer, to wake them with JOINED."""
         with self.lock:
             if not flight.joined_remote:  # a rejoin after a failover is the same join
                 flight.joined_remote = True
                 self.stats.joins += 1
+            woken = self._decided(flight)
             waiter = flight.leader_waiter
             if waiter is not None and flight.waiters.pop(waiter, False) is None:
                 flight.leader_waiter = None
-                return waiter
-            return None
+                if woken is None:
+                    return [waiter]
+                woken.append(waiter)
+            return woken
 
     def withdraw(self, flight: Flight, waiter: Waiter) -> bool:
         """Remove a caller's waiter (timeout, cancel, on_join raised).

@@ -427,6 +427,7 @@ class FlightGroup:
         at = None if timeout is None or math.isinf(timeout) else loop.time() + timeout
         leader = False
         fresh_of: Flight | None = None  # the flight whose end this caller waits for
+        deferred = False  # (wide scopes) its on_join waits for the scope's answer
         while True:
             if role is Role.LEAD or role is Role.LEADING:
                 leader = True
@@ -445,13 +446,14 @@ class FlightGroup:
                     on_join()
                 return self._deliver(flight, False)
             elif role is Role.JOIN and on_join is not None:
-                call_on_join, on_join = on_join, None  # once per call, never after a rejoin
-                try:
-                    call_on_join()
-                except BaseException:
-                    assert waiter is not None
-                    self._abandon(flight, waiter, fresh_of)
-                    raise
+                assert waiter is not None
+                now = table.defer_on_join(flight, waiter)
+                if now is None:
+                    deferred = True
+                else:
+                    call_on_join, on_join = on_join, None  # once per call, never after a rejoin
+                    if now:
+                        self._on_join_or_withdraw(flight, waiter, call_on_join, fresh_of)
             elif role is Role.WAIT_END:
                 fresh_of = flight
             assert waiter is not None
@@ -486,9 +488,13 @@ class FlightGroup:
                     call_on_join()  # its waiter was detached: nothing to withdraw
                 if leader:  # its flight joined one led elsewhere
                     role = Role.LEADING
-                else:  # a fresh caller that ran_here made a joiner of the flight it waited on
+                else:  # a fresh caller that ran_here made a joiner of the flight it waited on,
+                    # or a joiner whose on_join waited for the scope's answer
                     fresh_of = None
-                    role, waiter = table.claim(flight, loop.create_future, policy, claimed=False)
+                    role, waiter = table.claim(
+                        flight, loop.create_future, policy, claimed=False, counted=deferred
+                    )
+                    deferred = False
                 continue
             if signal is SETTLED:
                 return self._deliver(flight, leader)
@@ -592,6 +598,7 @@ class FlightGroup:
         at = monotonic() + timeout if limited and timeout is not None else None
         leader = False
         fresh_of: Flight | None = None
+        deferred = False  # (wide scopes) its on_join waits for the scope's answer
         while True:
             if role is Role.LEAD:
                 leader = True
@@ -638,13 +645,14 @@ class FlightGroup:
                     on_join()
                 return self._deliver(flight, False)
             elif role is Role.JOIN and on_join is not None:
-                call_on_join, on_join = on_join, None
-                try:
-                    call_on_join()
-                except BaseException:
-                    assert waiter is not None
-                    self._abandon(flight, waiter, fresh_of)
-                    raise
+                assert waiter is not None
+                now = table.defer_on_join(flight, waiter)
+                if now is None:
+                    deferred = True
+                else:
+                    call_on_join, on_join = on_join, None
+                    if now:
+                        self._on_join_or_withdraw(flight, waiter, call_on_join, fresh_of)
             elif role is Role.WAIT_END:
                 fresh_of = flight
             assert type(waiter) is ThreadWaiter
@@ -678,14 +686,18 @@ class FlightGroup:
             if not taken and isinstance(signal, Flight):  # out of time: hand the claim back
                 table.release_claim(signal)
                 raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
-            if signal is JOINED:  # a fresh caller that ran_here made a joiner of its flight
+            if signal is JOINED:  # a fresh caller that ran_here made a joiner of its flight,
+                # or a joiner whose on_join waited for the scope's answer
                 if not taken:
                     raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
                 if on_join is not None:
                     call_on_join, on_join = on_join, None
                     call_on_join()  # its waiter was detached: nothing to withdraw
                 fresh_of = None
-                role, waiter = table.claim(flight, new_thread_waiter, policy, claimed=False)
+                role, waiter = table.claim(
+                    flight, new_thread_waiter, policy, claimed=False, counted=deferred
+                )
+                deferred = False
                 continue
             if signal is SETTLED:
                 return self._deliver(flight, leader)
@@ -696,14 +708,19 @@ class FlightGroup:
             role, waiter = table.claim(flight, new_thread_waiter, policy)
 
     def _on_join_or_withdraw(
-        self, flight: Flight, waiter: Waiter, on_join: Callable[[], object]
+        self,
+        flight: Flight,
+        waiter: Waiter,
+        on_join: Callable[[], object],
+        fresh_of: Flight | None = None,
     ) -> None:
-        """(Wide scopes) the leading caller learned it joined a flight led elsewhere:
-        its on_join runs; if that raises, the caller withdraws and raises it."""
+        """A joiner's on_join runs (also a wide scope's leading caller's, once it
+        learned it joined a flight led elsewhere); if that raises, the caller
+        withdraws and raises it."""
         try:
             on_join()
         except BaseException:
-            self._abandon(flight, waiter, None)
+            self._abandon(flight, waiter, fresh_of)
             raise
 
     def _abandon(self, flight: Flight, waiter: Waiter, fresh_of: Flight | None) -> None:
@@ -1046,9 +1063,9 @@ class FlightGroup:
 
     def _joined_remote(self, flight: Flight, token: int) -> None:
         flight.token = token
-        waiter = self._table.joined_remote(flight)
-        if waiter is not None:
-            wake((waiter,), JOINED)
+        woken = self._table.joined_remote(flight)
+        if woken is not None:
+            wake(woken, JOINED)
 
     def _end_remote(self, flight: Flight, event: Event, args: tuple[Any, ...]) -> None:
         """Settle a flight whose outcome came from the scope (or that cannot go on)."""
