@@ -472,3 +472,40 @@ def test_a_sync_attempt_whose_thread_cannot_start_interrupts_the_flight(
     monkeypatch.undo()
     assert not g._table.flights and g.stats().interrupted == 1
     assert g.run_sync("k", lambda: "next").value == "next"
+
+
+def test_a_first_attempt_that_fails_at_once_leaves_no_deadline_timer_for_the_next() -> None:
+    # With eager tasks (3.12+) the first attempt runs inside the call; it failed before
+    # the work's task first suspended (in the retry's pause), so no timer of its may be
+    # armed then: one due 0.05 s after the call would cancel the pause or attempt 2.
+    calls: list[int] = []
+
+    async def work() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("the first attempt fails at once")
+        return "second"
+
+    async def main() -> Any:
+        g = FlightGroup(deadline=0.05, retry=Retry(attempts=2, backoff=0.3, jitter=False))
+        return await g.run("k", work)
+
+    res = run(main())
+    assert (res.value, res.joined, len(calls)) == ("second", False, 2)
+
+
+def test_a_thousand_and_more_attempts_back_off_without_overflowing() -> None:
+    # 2 ** 1024 does not fit a float: past attempt 1025 the pause must still be computed.
+    policy = FlightGroup(retry=Retry(attempts=2000, backoff=0.5, max_backoff=3.0))._policy
+    assert policy.backoff(1, lambda lo, hi: hi) == 0.5
+    assert policy.backoff(1100, lambda lo, hi: hi) == 3.0
+    attempts: list[int] = []
+
+    def work() -> None:
+        attempts.append(1)
+        raise ValueError(f"attempt {len(attempts)}")
+
+    g = FlightGroup(retry=Retry(attempts=1100, backoff=0.0, max_backoff=0.0, jitter=False))
+    with pytest.raises(ValueError, match="attempt 1100"):
+        g.run_sync("k", work)
+    assert len(attempts) == 1100

@@ -46,6 +46,7 @@ from .flight import (
     DONE,
     EXPIRED,
     JOINED,
+    RUNNING,
     SETTLED,
     Attempt,
     Flight,
@@ -765,13 +766,16 @@ class FlightGroup:
             deadline = flight.policy.deadline
             attempt = flight.attempt
             # A work that finished eagerly cannot have run late: the first attempt's
-            # timer is armed only for a work that suspended.
+            # timer is armed only for a work that suspended in it (not one whose first
+            # attempt failed at once and that now pauses before the next: that one's
+            # own timer comes with it).
             if (
                 deadline is not None
                 and not task.done()
                 and attempt is not None
                 and attempt.timer is None
-                and flight.outcome is None
+                and flight.attempt is attempt
+                and flight.state is RUNNING
             ):
                 attempt.timer = loop.call_at(began + deadline, _time_out, attempt, task)
         else:

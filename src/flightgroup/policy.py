@@ -155,7 +155,9 @@ class FlightPolicy:
         """Seconds to wait before the next attempt: exponential, capped, full jitter."""
         retry = self.retry
         assert retry is not None
-        cap = min(retry.max_backoff, retry.backoff * 2 ** (failed_attempts - 1))
+        # The exponent stops growing at 64: past 1024 the float would overflow (and a
+        # pause of 2**64 backoffs is past any max_backoff anyway).
+        cap = min(retry.max_backoff, retry.backoff * 2.0 ** min(failed_attempts - 1, 64))
         return uniform(0.0, cap) if retry.jitter else cap
 
     def retries(self, attempt: int, error: BaseException, timed_out: bool) -> bool:
