@@ -816,6 +816,18 @@ class RawConn:
         header, _, payload = body.partition(b"\n")
         return json.loads(header), payload
 
+    def expect(self, op: str, timeout: float = 10.0) -> tuple[dict[str, Any], bytes]:
+        """The next frame, which must be an ``op``."""
+        header, payload = self.read_frame(timeout)
+        assert header["op"] == op, header
+        return header, payload
+
+    def served(self) -> None:
+        """Every frame sent on this connection before was served (frames go in order;
+        a status is answered at once, never waits)."""
+        self.send_frame({"op": "status", "id": 999})
+        self.expect("status")
+
     def closed_by_peer(self, timeout: float = 10.0) -> bytes:
         """Read until the peer closes; returns what came before. Fails if the peer
         keeps the connection open past ``timeout``."""

@@ -93,6 +93,16 @@ def key_lock_free(directory: str, key: str) -> bool:
     return True
 
 
+def hold_key_lock(directory: str, key: str) -> int:
+    """Take ``key``'s lock on a descriptor of its own (as another leader would hold it);
+    closing the descriptor frees it."""
+    path = fs_module.key_lock_path(directory, key)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
 def key_files_open() -> int:
     """This process's open descriptors of key-lock files."""
     count = 0

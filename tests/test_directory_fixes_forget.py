@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -51,12 +50,6 @@ def test_a_forget_survives_a_coordinator_killed_right_after_confirming_it(h: Har
     assert [pid for pid, _, _ in h.runs_of("k")] == [b.pid, c.pid]
 
 
-def _frame(conn: RawConn, op: str) -> dict[str, Any]:
-    header, _ = conn.read_frame()
-    assert header["op"] == op, header
-    return header
-
-
 def test_a_forgotten_flight_that_retried_stays_detached_in_the_next_term(directory: str) -> None:
     """The retry of a detached flight takes a token above the one the forget saw; the
     next term still knows the flight by it."""
@@ -68,11 +61,11 @@ def test_a_forgotten_flight_that_retried_stays_detached_in_the_next_term(directo
         with RawConn(sock) as leader, RawConn(sock) as other:
             assert leader.hello() == HELLO_OK and other.hello() == HELLO_OK
             leader.send_frame({"op": "run", "id": 1, "key": "k"})
-            first = _frame(leader, "lead")["token"]
+            first = leader.expect("lead")[0]["token"]
             other.send_frame({"op": "forget", "key": "k", "id": 7})
-            assert _frame(other, "ack")["id"] == 7
+            assert other.expect("ack")[0]["id"] == 7
             leader.send_frame({"op": "attempt", "id": 1})
-            second = _frame(leader, "lead")["token"]
+            second = leader.expect("lead")[0]["token"]
             assert second > first
         # Those connections closed: the flight was interrupted in this term. A leader
         # that comes back to the next term reasserts it.
@@ -83,13 +76,13 @@ def test_a_forgotten_flight_that_retried_stays_detached_in_the_next_term(directo
             # Without its earlier token: the retry's token alone names it forgotten.
             leader.send_frame({"op": "reassert", "id": 1, "key": "k", "token": second})
             leader.send_frame({"op": "status", "id": 2})
-            _frame(leader, "status")  # the reassert was served
+            leader.expect("status")[0]  # the reassert was served
             caller.send_frame({"op": "run", "id": 1, "key": "k"})
             # The key's lock is free (no process holds it): a new call leads at once; it
             # never joins the forgotten flight.
-            assert _frame(caller, "lead")["token"] > second
+            assert caller.expect("lead")[0]["token"] > second
             # A rejoin of the forgotten flight by its token still reaches it.
             caller.send_frame({"op": "run", "id": 2, "key": "k", "flight": second})
-            assert _frame(caller, "joined")["token"] == second
+            assert caller.expect("joined")[0]["token"] == second
     finally:
         close(a, b)

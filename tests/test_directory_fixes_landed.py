@@ -7,33 +7,19 @@ reasserts is the test's; nothing waits on a bare sleep.
 
 from __future__ import annotations
 
-import fcntl
 import os
-from typing import Any
 
 import pytest
 
-from flightgroup.directory import fs, wire
+from flightgroup.directory import wire
 
 from .dirproc import HELLO_OK, RawConn
-from .ingroup import close, coordinating
+from .ingroup import close, coordinating, hold_key_lock
 
 pytestmark = pytest.mark.timeout(60)
 
 OLD = 1 << 32 | 5  # a flight of an earlier term that landed
 NEW = 1 << 32 | 6  # the key's next flight, led while the landing waited for its ack
-
-
-def _frame(conn: RawConn, op: str) -> tuple[dict[str, Any], bytes]:
-    header, payload = conn.read_frame()
-    assert header["op"] == op, header
-    return header, payload
-
-
-def _served(conn: RawConn) -> None:
-    """Every frame sent on ``conn`` before this was served (frames go in order)."""
-    conn.send_frame({"op": "status", "id": 999})
-    _frame(conn, "status")
 
 
 def test_a_landed_reassert_older_than_the_running_flight_lands_for_its_joiners(
@@ -51,7 +37,7 @@ def test_a_landed_reassert_older_than_the_running_flight_lands_for_its_joiners(
             for conn in (x, b, c, n):
                 assert conn.hello() == HELLO_OK
             x.send_frame({"op": "reassert", "id": 1, "key": "k", "token": NEW})
-            _served(x)
+            x.served()
             b.send(
                 wire.reassert_frame(1, "k", OLD, landed=True)
                 + wire.land_frame(1, OLD, wire.Value(b'"old"'))
@@ -60,14 +46,14 @@ def test_a_landed_reassert_older_than_the_running_flight_lands_for_its_joiners(
             assert header == {"op": "ack", "id": 1}  # not rejected: its lease holds
             # Its joiner, rejoining by its token, gets its value.
             c.send_frame({"op": "run", "id": 1, "key": "k", "flight": OLD})
-            header, payload = _frame(c, "landed")
+            header, payload = c.expect("landed")
             assert (header["token"], payload) == (OLD, b'"old"')
             # A new call joins the newer flight, never gets the older one's outcome.
             n.send_frame({"op": "run", "id": 1, "key": "k"})
-            assert _frame(n, "joined")[0]["token"] == NEW
+            assert n.expect("joined")[0]["token"] == NEW
             x.send(wire.land_frame(1, NEW, wire.Value(b'"new"')))
-            assert _frame(x, "ack")[0]["id"] == 1
-            header, payload = _frame(n, "landed")
+            assert x.expect("ack")[0]["id"] == 1
+            header, payload = n.expect("landed")
             assert (header["token"], payload) == (NEW, b'"new"')
     finally:
         close(a)
@@ -85,14 +71,14 @@ def test_a_landed_reassert_older_than_an_ended_flight_lands_for_its_joiners(
             x.send(
                 wire.reassert_frame(1, "k", NEW) + wire.land_frame(1, NEW, wire.Value(b"1"))
             )
-            _frame(x, "ack")
+            x.expect("ack")
             b.send(
                 wire.reassert_frame(1, "k", OLD, landed=True)
                 + wire.land_frame(1, OLD, wire.Value(b"0"))
             )
-            assert _frame(b, "ack")[0]["id"] == 1
+            assert b.expect("ack")[0]["id"] == 1
             c.send_frame({"op": "run", "id": 1, "key": "k", "flight": OLD})
-            header, payload = _frame(c, "landed")
+            header, payload = c.expect("landed")
             assert (header["token"], payload) == (OLD, b"0")
     finally:
         close(a)
@@ -105,9 +91,9 @@ def test_an_older_reassert_that_did_not_land_is_still_refused(directory: str) ->
         with RawConn(sock) as x, RawConn(sock) as b:
             assert x.hello() == HELLO_OK and b.hello() == HELLO_OK
             x.send_frame({"op": "reassert", "id": 1, "key": "k", "token": NEW})
-            _served(x)
+            x.served()
             b.send_frame({"op": "reassert", "id": 1, "key": "k", "token": OLD})
-            header, _ = _frame(b, "rejected")
+            header, _ = b.expect("rejected")
             assert header["id"] == 1
     finally:
         close(a)
@@ -123,9 +109,9 @@ def test_a_reassert_whose_landed_is_not_a_boolean_is_answered_error(
         with RawConn(sock) as b:
             assert b.hello() == HELLO_OK
             b.send_frame({"op": "reassert", "id": 3, "key": "k", "token": OLD, "landed": bad})
-            header, _ = _frame(b, "error")
+            header, _ = b.expect("error")
             assert header["id"] == 3 and "landed" in header["message"]
-            _served(b)  # the connection stays
+            b.served()  # the connection stays
     finally:
         close(a)
 
@@ -154,10 +140,7 @@ def test_a_landed_flight_whose_landing_is_still_arriving_stays_for_its_joiners_w
     land = wire.land_frame(1, OLD, wire.Value(value))
     # The old leader's key lock, held here: a rejoin that reaches the coordinator before
     # the reassert waits for it instead of being told its flight ended.
-    lock_path = fs.key_lock_path(directory, "k")
-    os.makedirs(os.path.dirname(lock_path), exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    fd = hold_key_lock(directory, "k")
     try:
         with (
             RawConn(sock) as x,
@@ -169,9 +152,9 @@ def test_a_landed_flight_whose_landing_is_still_arriving_stays_for_its_joiners_w
                 assert conn.hello() == HELLO_OK
             b.send(wire.reassert_frame(1, "k", OLD, landed=True) + land[:1000])
             c.send_frame({"op": "run", "id": 1, "key": "k", "flight": OLD})
-            assert _frame(c, "joined")[0]["token"] == OLD  # the reassert was served
+            assert c.expect("joined")[0]["token"] == OLD  # the reassert was served
             x.send_frame({"op": "reassert", "id": 1, "key": "k", "token": NEW})
-            _served(x)
+            x.served()
             b.send(land[1000:])
             header, _ = b.read_frame()
             assert header == {"op": "ack", "id": 1}  # not rejected: its lease holds
@@ -179,10 +162,10 @@ def test_a_landed_flight_whose_landing_is_still_arriving_stays_for_its_joiners_w
             assert (header["op"], header["token"], payload) == ("landed", OLD, value)
             # The newer flight is the key's: a new call joins it.
             n.send_frame({"op": "run", "id": 1, "key": "k"})
-            assert _frame(n, "joined")[0]["token"] == NEW
+            assert n.expect("joined")[0]["token"] == NEW
             x.send(wire.land_frame(1, NEW, wire.Value(b'"new"')))
-            assert _frame(x, "ack")[0]["id"] == 1
-            header, payload = _frame(n, "landed")
+            assert x.expect("ack")[0]["id"] == 1
+            header, payload = n.expect("landed")
             assert (header["token"], payload) == (NEW, b'"new"')
     finally:
         os.close(fd)

@@ -15,7 +15,7 @@ from flightgroup import LeaseLostError, current_lease
 from flightgroup.directory import client as client_module
 from flightgroup.directory import fs, wire
 
-from .ingroup import Background, arbiter, close, coordinating, group
+from .ingroup import Background, arbiter, close, coordinating, group, hold_key_lock
 from .support import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -172,10 +172,7 @@ def test_a_lead_whose_lock_wait_thread_cannot_start_is_given_back(
 
         # The previous flight of k landed and its leader holds the key lock until its ack:
         # the coordinator lets the next call lead at once (the leader waits for the lock).
-        path = fs.key_lock_path(directory, "k")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        holder = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(holder, fcntl.LOCK_EX)
+        holder = hold_key_lock(directory, "k")
         coordinator._releasing["k"] = 1
 
         # No thread can be started for the key-lock wait (EAGAIN from clone).

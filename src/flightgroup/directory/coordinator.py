@@ -720,39 +720,40 @@ class Coordinator:
         # back for its own joiners only (ADR 0020).
         mark = self._forgotten_mark(key)
         detached = mark is not None and min(tokens) <= mark
-        flight = self._flights.get(key)
-        if not detached and flight is not None:
-            if flight.token > token:
+        older = self._flights.get(key)
+        if not detached:
+            if older is not None and older.token > token:
+                reason = "a newer flight of the key runs"
+            else:
+                # Reasserts are rare (after a failover): a scan of the endings is fine.
+                ended = max((t for t, e in self._endings.items() if e.key == key), default=0)
+                reason = "a newer flight of the key ended" if ended > token else ""
+            if reason:
                 if not request.landed:
-                    session.send(wire.rejected_frame(request.id, "a newer flight of the key runs"))
+                    session.send(wire.rejected_frame(request.id, reason))
                     return
                 # It landed already (its landing follows): its joiners still get it; the
                 # newer flight stays the key's (ADR 0022).
                 detached = True
-            elif flight.landed:
-                # The older flight landed (its landing is still being read): it stays
-                # for its own joiners, detached, and the newer flight takes the key.
+        moved: list[tuple[_Session, int]] = []
+        if not detached and older is not None:
+            # An older flight holds the key: the newer wins. The older one's fresh
+            # callers came after both began: they wait for the newer one's end.
+            moved, older.fresh = older.fresh, []
+            if older.landed:
+                # It landed (its landing is still being read): it stays for its own
+                # joiners, detached (ADR 0022).
                 del self._flights[key]
-                flight.detached = True
-                self._detached.setdefault(key, []).append(flight)
+                older.detached = True
+                self._detached.setdefault(key, []).append(older)
             else:
-                # An older flight holds the key (it cannot hold its lock too): the newer wins.
-                if flight.leader is not None:
-                    flight.leader.leads.pop(flight.lead_id, None)
-                    flight.leader.send(
-                        wire.rejected_frame(flight.lead_id, "a newer flight reasserted")
+                # It cannot hold the key's lock too: its leader lost it.
+                if older.leader is not None:
+                    older.leader.leads.pop(older.lead_id, None)
+                    older.leader.send(
+                        wire.rejected_frame(older.lead_id, "a newer flight reasserted")
                     )
-                self._interrupt(flight, "a newer flight of the key took over")
-        if not detached:
-            # Reasserts are rare (after a failover): a scan of the endings is fine.
-            newer = max((t for t, e in self._endings.items() if e.key == key), default=0)
-            if newer > token:
-                if not request.landed:
-                    session.send(
-                        wire.rejected_frame(request.id, "a newer flight of the key ended")
-                    )
-                    return
-                detached = True  # (as above)
+                self._interrupt(older, "a newer flight of the key took over")
         started = time.monotonic()
         flight = _Flight(
             key, token, session, request.id, started, reasserted=True, detached=detached,
@@ -777,6 +778,10 @@ class Coordinator:
             return
         self._flights[key] = flight
         self._releasing.pop(key, None)
+        for caller, id in moved:
+            if not caller.closed and caller.parties.get(id) is older:
+                caller.parties[id] = flight
+                flight.fresh.append((caller, id))
         for each in self._waiting.pop(key, ()):
             self._resume(each, key)
 
