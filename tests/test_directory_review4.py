@@ -15,8 +15,9 @@ import pytest
 
 from flightgroup.directory import wire
 
-from .dirproc import HELLO_OK, RawConn
-from .ingroup import close, coordinating, hold_key_lock
+from .dirproc import HELLO_OK, Harness, RawConn, assert_value
+from .ingroup import arbiter, close, coordinating, group, hold_key_lock
+from .support import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -90,3 +91,62 @@ def test_fresh_callers_of_a_landed_older_flight_wait_for_the_newer_one(directory
         if fd is not None:
             os.close(fd)
         close(a)
+
+
+def test_a_call_after_a_confirmed_forget_leads_though_the_flight_reasserts_later() -> None:
+    """Real processes: b leads k and freezes; the coordinator a is killed; the next one
+    (c) confirms forget(k) before b's flight reasserted; c's call then waits for b's key
+    lock. When b continues, its flight is taken back detached (it began before the
+    forget), and c's call leads a new flight once b's work ended."""
+    with Harness() as h:
+        a, b, c = (h.spawn_warm(name) for name in "abc")
+        assert h.coordinator_pid() == a.pid
+        b.call("l", "k", h.work(block=True, **{"return": "old"}))
+        b.expect("started", "l")
+        b.stop()
+        a.kill()
+        assert h.coordinator_pid(not_pid=a.pid) == c.pid
+        c.send(cmd="forget", key="k")
+        assert c.expect("forgot")["error"] is None
+        c.call("n", "k", h.work(**{"return": "new"}), on_join=True)
+        c.roundtrip("after")  # "n" reached the coordinator: it waits for b's key lock
+        b.cont()
+        b.release("l")
+        assert_value(b.expect("done", "l"), "old", joined=False)
+        assert_value(c.expect("done", "n"), "new", joined=False)
+        assert [pid for pid, _, _ in h.runs_of("k")] == [b.pid, c.pid]
+
+
+def test_a_forgotten_flights_retry_does_not_detach_the_keys_next_flight(
+    directory: str,
+) -> None:
+    """D's flight is forgotten; N leads the key's next flight; then D retries (a token
+    above N's). After a failover N reasserts: it is still the key's flight, so a new
+    call joins it."""
+    a = coordinating(directory)
+    b = group(directory)
+    b.run_sync("warm-b", lambda: 0)  # b takes part in the election: it coordinates next
+    sock = os.path.join(directory, "flight.sock")
+    try:
+        with RawConn(sock) as d, RawConn(sock) as f, RawConn(sock) as n:
+            for conn in (d, f, n):
+                assert conn.hello() == HELLO_OK
+            d.send_frame({"op": "run", "id": 1, "key": "k"})
+            first = d.expect("lead")[0]["token"]
+            f.send_frame({"op": "forget", "key": "k", "id": 2})
+            f.expect("ack")
+            n.send_frame({"op": "run", "id": 1, "key": "k"})
+            token = n.expect("lead")[0]["token"]
+            d.send_frame({"op": "attempt", "id": 1})
+            assert d.expect("lead")[0]["token"] > token > first
+        close(a)
+        wait_until(lambda: arbiter(b)._coordinator is not None, "b coordinates")
+        with RawConn(sock) as n2, RawConn(sock) as q:
+            assert n2.hello() == HELLO_OK and q.hello() == HELLO_OK
+            n2.send_frame({"op": "reassert", "id": 1, "key": "k", "token": token})
+            n2.served()
+            q.send_frame({"op": "run", "id": 1, "key": "k"})
+            assert q.expect("joined")[0]["token"] == token
+    finally:
+        close(a)
+        close(b)

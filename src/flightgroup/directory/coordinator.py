@@ -566,7 +566,10 @@ class Coordinator:
             session.send(wire.rejected_frame(id, f"no token for the next attempt: {exc}"))
             return
         _add_tokens(flight, {flight.token})
-        if flight.detached:  # a later term must know this token is of a forgotten flight
+        if flight.detached and flight.key not in self._flights:
+            # A later term must know this token is of a forgotten flight. Not while the
+            # key's next flight runs: its token is lower, and the mark would detach it
+            # too; the retry's reassert still names its first token (``earlier``).
             self._mark_forgotten(flight.key, flight.token)
         session.send(wire.lead_frame(id, flight.token))
         # Joiners learn the new token (a `joined` again), so that after a failover
@@ -798,6 +801,16 @@ class Coordinator:
             flight.detached = True
             self._detached.setdefault(key, []).append(flight)
             self._mark_forgotten(key, flight.token)
+        elif key in self._waiting or self._maybe_held(key):
+            # A flight of an earlier term may hold the key and reassert later: it began
+            # before this forget, as did every flight of a token issued so far.
+            self._mark_forgotten(key, self.epoch << 32 | self._sequence)
+
+    def _maybe_held(self, key: str) -> bool:
+        try:
+            return self._key_held(key, create=False)
+        except _ProbeError:
+            return True
 
     def _forgotten_path(self, key: str) -> str:
         digest = os.path.basename(fs.key_lock_path(self.directory, key))
