@@ -509,3 +509,23 @@ def test_a_thousand_and_more_attempts_back_off_without_overflowing() -> None:
     with pytest.raises(ValueError, match="attempt 1100"):
         g.run_sync("k", work)
     assert len(attempts) == 1100
+
+
+def test_each_landing_is_kept_under_its_own_flights_retention_bounds() -> None:
+    # The store is made at the first kept outcome; later flights of another policy (the
+    # group's, an operation's) still apply their own bounds, as the directory does.
+    g = FlightGroup(retention=Retention(success=60.0, max_items=10_000))
+
+    @g.coalesce(key=str, retention=Retention(success=60.0, max_items=1))
+    def op(x: int) -> int:
+        return x
+
+    op(1)  # the first kept outcome, under max_items=1
+    runs: list[str] = []
+    for key in "abc":
+        g.run_sync(key, lambda key=key: runs.append(key) or key)
+    assert g.stats().kept == 4  # the group's max_items, not the operation's
+    assert [g.run_sync(key, lambda: "again").joined for key in "abc"] == [True] * 3
+    assert runs == ["a", "b", "c"]
+    op(2)  # its landing's own bound: one kept outcome in all
+    assert g.stats().kept == 1

@@ -846,7 +846,11 @@ class FlightTable:
             payload = Result(flight.value, True, flight.token)
         kept = self.kept
         evicted = kept.evicted
-        kept.put(flight.tkey, ok, payload, flight.token, ttl, size)
+        # The flight's own bounds (an operation's Retention may differ from the group's).
+        kept.put(
+            flight.tkey, ok, payload, flight.token, ttl, size,
+            (retention.max_items, retention.max_bytes),
+        )
         if kept.evicted != evicted:
             self._evicted(kept, retention)
 

@@ -136,7 +136,14 @@ class RetentionStore:
         return None
 
     def put(
-        self, key: Hashable, ok: bool, payload: Any, token: int, ttl: float, size: int
+        self,
+        key: Hashable,
+        ok: bool,
+        payload: Any,
+        token: int,
+        ttl: float,
+        size: int,
+        bounds: tuple[int, int | None] | None = None,
     ) -> tuple[Kept | None, list[Kept]]:
         """Keep a new outcome of ``key`` for ``ttl`` seconds, as most recently used.
 
@@ -148,7 +155,8 @@ class RetentionStore:
         served), then least recently used ones evicted until ``len <=
         max_items``, then until ``bytes <= max_bytes``. The new entry is never
         evicted by its own put. So ``len`` after = ``len`` before + (1 if kept)
-        - ``len(removed)``.
+        - ``len(removed)``. ``bounds``: (max_items, max_bytes) for this put
+        instead of the store's (the policy of the flight that landed it).
 
         Raises ValueError for a ``ttl`` that is not > 0 (None or 0 means "do not
         keep": the engine does not call ``put`` then) or a negative ``size``.
@@ -163,7 +171,7 @@ class RetentionStore:
         if old is not None:
             self._take(key)
             removed.append(old)
-        max_bytes = self._max_bytes
+        max_items, max_bytes = (self._max_items, self._max_bytes) if bounds is None else bounds
         if max_bytes is not None and size > max_bytes:
             self._compact()
             return None, removed
@@ -173,7 +181,7 @@ class RetentionStore:
         self._bytes += size
         heappush(self._heap, (entry.expires, next(self._seq), entry))  # R3
         # The new entry is last, and max_items >= 1, so it is never the one taken.
-        while len(entries) > self._max_items:
+        while len(entries) > max_items:
             removed.append(self._pop_lru())
         if max_bytes is not None:
             # size <= max_bytes, so this stops before it reaches the new entry.
