@@ -275,11 +275,11 @@ def test_a_promoted_caller_whose_flight_ended_before_its_claim_takes_its_outcome
             assert lead_go.wait(20)
         return real_lead(of, *args)
 
-    def claim(table: FlightTable, *args: Any, claimed: bool = True) -> Any:
+    def claim(table: FlightTable, *args: Any, claimed: bool = True, **more: Any) -> Any:
         if table is g._table and not claimed:
             claim_reached.set()
             assert claim_go.wait(20)
-        return real_claim(table, *args, claimed=claimed)
+        return real_claim(table, *args, claimed=claimed, **more)
 
     monkeypatch.setattr(FlightGroup, "_lead_wide", lead_wide)
     monkeypatch.setattr(FlightTable, "claim", claim)
