@@ -93,11 +93,14 @@ def test_a_sync_leading_callers_on_join_raising_a_base_exception_withdraws_only_
 
     first = Background(lambda: b.run_sync("k", never, on_join=interrupted))
     wait_until(lambda: "k" in b._table.flights, "the first caller leads b's flight")
-    second = Background(lambda: b.run_sync("k", never, on_join=second_joined.set))
+    told: list[None] = []
+    second = Background(lambda: b.run_sync("k", never, on_join=lambda: told.append(None)))
+    wait_until(lambda: b.stats().joins == 1, "the second caller joined b's flight")
+    second_joined.set()
     assert first.done.wait(10)
     assert isinstance(first.error, KeyboardInterrupt)
     release.set()
     assert leader.wait().value == "a"
     got = second.wait()  # before: FlightInterruptedError, "its leading caller got ..."
     assert (got.value, got.joined, got.token) == ("a", True, leader.wait().token)
-    assert runs == ["a"]
+    assert runs == ["a"] and told == [None]  # its on_join ran once b's flight joined a's
