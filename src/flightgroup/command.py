@@ -18,7 +18,6 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -38,6 +37,7 @@ from .command_spool import (
     prune_spools,
     spool_path,
 )
+from .directory import fs
 from .errors import FlightError, FlightFailedError, FlightInterruptedError
 from .group import FlightGroup
 from .lease import current_lease
@@ -140,6 +140,15 @@ def open_group(scope: Scope, *, create: bool = True) -> FlightGroup | None:
             return None
         if not create and not os.path.isdir(scope.directory):
             return None
+        if create:
+            # A path that cannot be a directory group (a file, /proc, no permission)
+            # is bad usage: one line, exit 2, not the first call's traceback.
+            try:
+                fs.ensure_directory(scope.directory)
+            except OSError as exc:
+                raise UsageError(
+                    f"cannot use the directory {scope.directory}: {exc.strerror or exc}"
+                ) from None
         return FlightGroup(directory=scope.directory, codec=JSON)
     except NotImplementedError:
         raise UsageError("the fleet scope is not available in this version") from None
@@ -172,8 +181,9 @@ def _write_all(fd: int, data: bytes) -> bool:
 
 
 def _say(line: str) -> None:
-    sys.stderr.write(f"flightgroup: {line}\n")
-    sys.stderr.flush()
+    # To the descriptor itself: with fd 2 closed (`2>&-`) sys.stderr is None, and a
+    # joiner must still pass on the leader's output and exit code.
+    _write_all(2, f"flightgroup: {line}\n".encode(errors="replace"))
 
 
 def _exit_status(returncode: int) -> int:
@@ -208,7 +218,7 @@ class _Follower:
         self._reader = RecordReader()
         self._started = time.monotonic() - age
         self._leader = leader
-        self._tty = sys.stderr.isatty()
+        self._tty = os.isatty(2)
         self._progress = False  # the progress line is on the screen
         self._next_progress = 0.0
         self._stdout_open = True

@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any
 
-from .command import Scope, open_group
+from .command import Scope, UsageError, open_group
 from .errors import UnavailableError
 from .group import FlightGroup
 
@@ -29,6 +29,8 @@ def _flights(group: FlightGroup | None, fleet: bool) -> list[dict[str, Any]]:
         try:
             raw = arbiter.status()
             break
+        except OSError as exc:  # a path that is no directory group (/proc, a file)
+            raise UsageError(f"cannot read the directory: {exc.strerror or exc}") from None
         except UnavailableError:
             # A directory group answers "no coordinator is connected" until its first
             # connection is up; the fleet's UnavailableError is final.

@@ -166,6 +166,15 @@ def _fields(flat: Sequence[Any]) -> dict[bytes, bytes]:
     return {flat[i]: flat[i + 1] for i in range(0, len(flat) - 1, 2)}
 
 
+def _key_text(raw: bytes) -> str:
+    """A key as the group was called with it: keys are written with surrogatepass (a
+    command line's undecodable bytes), so read back the same way."""
+    try:
+        return raw.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:  # not written by a group
+        return raw.decode("utf-8", "replace")
+
+
 def _entry_fields(reply: Any) -> dict[bytes, bytes]:
     """The fields of the one entry of an XREAD reply, in either protocol's shape:
     RESP2 ``[[stream, [(id, fields)]]]``; RESP3 (a URL with ``?protocol=3``) a dict
@@ -922,7 +931,7 @@ class RedisArbiter:
             if state != b"R" or token is None:
                 continue
             flights.append({
-                "key": key_as_called((key or b"").decode(errors="replace")),
+                "key": key_as_called(_key_text(key or b"")),
                 "token": int(token),
                 "leader_pid": int(pid or 0),
                 "host": (host or b"").decode(errors="replace"),
