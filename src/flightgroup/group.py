@@ -448,7 +448,8 @@ class FlightGroup:
                 return self._deliver(flight, False)
             elif role is Role.JOIN and on_join is not None:
                 assert waiter is not None
-                now = table.defer_on_join(flight, waiter)
+                # (The process scope is always decided: no lock taken to ask.)
+                now = True if self._arbiter is None else table.defer_on_join(flight, waiter)
                 if now is None:
                     deferred = True
                 else:
@@ -647,7 +648,8 @@ class FlightGroup:
                 return self._deliver(flight, False)
             elif role is Role.JOIN and on_join is not None:
                 assert waiter is not None
-                now = table.defer_on_join(flight, waiter)
+                # (The process scope is always decided: no lock taken to ask.)
+                now = True if self._arbiter is None else table.defer_on_join(flight, waiter)
                 if now is None:
                     deferred = True
                 else:
