@@ -751,6 +751,17 @@ def key_file(key: str) -> str:
 # -----------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def raw_conns(path: str, count: int) -> Iterator[list[RawConn]]:
+    """``count`` raw connections to the coordinator's socket ``path``, each past the
+    handshake (served); closed at the end."""
+    with contextlib.ExitStack() as stack:
+        conns = [stack.enter_context(RawConn(path)) for _ in range(count)]
+        for conn in conns:
+            assert conn.hello() == HELLO_OK
+        yield conns
+
+
 class RawConn:
     """A raw client connection to flight.sock, for bad-input tests."""
 

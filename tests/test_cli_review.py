@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from .infleet import fleet_group
+from .infresh import held
+from .ingroup import Background
 from .support import wait_until
 from .test_cli_run import PY, WAIT, Run, journal, place, runs, start_leader, status
 
@@ -75,20 +77,13 @@ def test_fleet_status_shows_a_key_that_is_not_utf8_as_it_was_called(
     key = b"a\xffb".decode("utf-8", "surrogateescape")  # as a command line gives it
     g = fleet_group(redis_server.url, namespace)
     started, release = threading.Event(), threading.Event()
-
-    def work() -> str:
-        started.set()
-        assert release.wait(20)
-        return "v"
-
     try:
-        thread = threading.Thread(target=g.run_sync, args=(key, work))
-        thread.start()
+        leader = Background(lambda: g.run_sync(key, held([], "v", started, release)))
         assert started.wait(10)
         [flight] = g._arbiter.status()  # type: ignore[union-attr]
         assert flight["key"] == key
         release.set()
-        thread.join(10)
+        assert leader.wait().value == "v"
     finally:
         release.set()
         g.close()

@@ -13,7 +13,7 @@ import pytest
 
 from flightgroup.directory import wire
 
-from .dirproc import HELLO_OK, RawConn
+from .dirproc import HELLO_OK, RawConn, raw_conns
 from .ingroup import close, coordinating, hold_key_lock
 
 pytestmark = pytest.mark.timeout(60)
@@ -28,14 +28,7 @@ def test_a_landed_reassert_older_than_the_running_flight_lands_for_its_joiners(
     a = coordinating(directory)
     sock = os.path.join(directory, "flight.sock")
     try:
-        with (
-            RawConn(sock) as x,
-            RawConn(sock) as b,
-            RawConn(sock) as c,
-            RawConn(sock) as n,
-        ):
-            for conn in (x, b, c, n):
-                assert conn.hello() == HELLO_OK
+        with raw_conns(sock, 4) as (x, b, c, n):
             x.send_frame({"op": "reassert", "id": 1, "key": "k", "token": NEW})
             x.served()
             b.send(
@@ -65,9 +58,7 @@ def test_a_landed_reassert_older_than_an_ended_flight_lands_for_its_joiners(
     a = coordinating(directory)
     sock = os.path.join(directory, "flight.sock")
     try:
-        with RawConn(sock) as x, RawConn(sock) as b, RawConn(sock) as c:
-            for conn in (x, b, c):
-                assert conn.hello() == HELLO_OK
+        with raw_conns(sock, 3) as (x, b, c):
             x.send(
                 wire.reassert_frame(1, "k", NEW) + wire.land_frame(1, NEW, wire.Value(b"1"))
             )
@@ -88,8 +79,7 @@ def test_an_older_reassert_that_did_not_land_is_still_refused(directory: str) ->
     a = coordinating(directory)
     sock = os.path.join(directory, "flight.sock")
     try:
-        with RawConn(sock) as x, RawConn(sock) as b:
-            assert x.hello() == HELLO_OK and b.hello() == HELLO_OK
+        with raw_conns(sock, 2) as (x, b):
             x.send_frame({"op": "reassert", "id": 1, "key": "k", "token": NEW})
             x.served()
             b.send_frame({"op": "reassert", "id": 1, "key": "k", "token": OLD})
@@ -142,14 +132,7 @@ def test_a_landed_flight_whose_landing_is_still_arriving_stays_for_its_joiners_w
     # the reassert waits for it instead of being told its flight ended.
     fd = hold_key_lock(directory, "k")
     try:
-        with (
-            RawConn(sock) as x,
-            RawConn(sock) as b,
-            RawConn(sock) as c,
-            RawConn(sock) as n,
-        ):
-            for conn in (x, b, c, n):
-                assert conn.hello() == HELLO_OK
+        with raw_conns(sock, 4) as (x, b, c, n):
             b.send(wire.reassert_frame(1, "k", OLD, landed=True) + land[:1000])
             c.send_frame({"op": "run", "id": 1, "key": "k", "flight": OLD})
             assert c.expect("joined")[0]["token"] == OLD  # the reassert was served

@@ -15,7 +15,7 @@ import pytest
 
 from flightgroup.directory import wire
 
-from .dirproc import HELLO_OK, Harness, RawConn, assert_value
+from .dirproc import Harness, assert_value, raw_conns
 from .ingroup import arbiter, close, coordinating, group, hold_key_lock
 from .support import wait_until
 
@@ -36,9 +36,7 @@ def test_fresh_callers_of_an_older_flight_wait_for_the_newer_one_that_reasserts(
     sock = os.path.join(directory, "flight.sock")
     fd = hold_key_lock(directory, "k") if lock == "held" else None  # N's leader's
     try:
-        with RawConn(sock) as o, RawConn(sock) as n, RawConn(sock) as x, RawConn(sock) as y:
-            for conn in (o, n, x, y):
-                assert conn.hello() == HELLO_OK
+        with raw_conns(sock, 4) as (o, n, x, y):
             o.send_frame({"op": "reassert", "id": 1, "key": "k", "token": OLD})
             o.served()
             x.send_frame({"op": "run", "id": 1, "key": "k", "fresh": True})
@@ -71,9 +69,7 @@ def test_fresh_callers_of_a_landed_older_flight_wait_for_the_newer_one(directory
     land = wire.land_frame(1, OLD, wire.Value(b'"' + b"o" * 1_000_000 + b'"'))
     fd = hold_key_lock(directory, "k")
     try:
-        with RawConn(sock) as o, RawConn(sock) as n, RawConn(sock) as x:
-            for conn in (o, n, x):
-                assert conn.hello() == HELLO_OK
+        with raw_conns(sock, 3) as (o, n, x):
             o.send(wire.reassert_frame(1, "k", OLD, landed=True) + land[:1000])
             x.send_frame({"op": "run", "id": 1, "key": "k", "fresh": True})
             x.served()  # waits for O's end (O's reassert was served before it)
@@ -128,9 +124,7 @@ def test_a_forgotten_flights_retry_does_not_detach_the_keys_next_flight(
     b.run_sync("warm-b", lambda: 0)  # b takes part in the election: it coordinates next
     sock = os.path.join(directory, "flight.sock")
     try:
-        with RawConn(sock) as d, RawConn(sock) as f, RawConn(sock) as n:
-            for conn in (d, f, n):
-                assert conn.hello() == HELLO_OK
+        with raw_conns(sock, 3) as (d, f, n):
             d.send_frame({"op": "run", "id": 1, "key": "k"})
             first = d.expect("lead")[0]["token"]
             f.send_frame({"op": "forget", "key": "k", "id": 2})
@@ -141,8 +135,7 @@ def test_a_forgotten_flights_retry_does_not_detach_the_keys_next_flight(
             assert d.expect("lead")[0]["token"] > token > first
         close(a)
         wait_until(lambda: arbiter(b)._coordinator is not None, "b coordinates")
-        with RawConn(sock) as n2, RawConn(sock) as q:
-            assert n2.hello() == HELLO_OK and q.hello() == HELLO_OK
+        with raw_conns(sock, 2) as (n2, q):
             n2.send_frame({"op": "reassert", "id": 1, "key": "k", "token": token})
             n2.served()
             q.send_frame({"op": "run", "id": 1, "key": "k"})

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -48,6 +48,24 @@ def _joins(g: FlightGroup, count: int) -> None:
     wait_until(lambda: g.stats().joins >= count, f"{count} joins registered")
 
 
+def _held_herd(
+    g: FlightGroup, monkeypatch: pytest.MonkeyPatch, work: Callable[[], Any]
+) -> tuple[HeldAsk, Background, list[Background], list[int]]:
+    """g's first caller of "k" (on_join tells 0) asks the scope, held; JOINERS callers
+    (on_join tells 1..JOINERS) join its flight here before the answer. Returns the
+    hold, the first caller, the joiners and what their on_joins told."""
+    hold = HeldAsk(g, monkeypatch)
+    told: list[int] = []
+    first = Background(lambda: g.run_sync("k", work, on_join=lambda: told.append(0)))
+    assert hold.reached.wait(10)
+    joiners = [
+        Background(lambda i=i: g.run_sync("k", never, on_join=lambda: told.append(i)))
+        for i in range(1, JOINERS + 1)
+    ]
+    _joins(g, JOINERS)  # every one joined the local flight before the answer
+    return hold, first, joiners, told
+
+
 @pytest.fixture(params=["directory", "fleet"])
 def kept_pair(request: pytest.FixtureRequest) -> Iterator[tuple[FlightGroup, FlightGroup]]:
     """Two groups of one wide scope that keep values for a minute."""
@@ -71,15 +89,7 @@ def test_local_joiners_of_a_call_the_scope_serves_kept_never_call_on_join(
 ) -> None:
     a, b = kept_pair
     assert a.run_sync("k", lambda: "kept").value == "kept"  # kept in the scope
-    hold = HeldAsk(b, monkeypatch)
-    told: list[int] = []
-    first = Background(lambda: b.run_sync("k", never, on_join=lambda: told.append(0)))
-    assert hold.reached.wait(10)
-    joiners = [
-        Background(lambda i=i: b.run_sync("k", never, on_join=lambda: told.append(i)))
-        for i in range(1, JOINERS + 1)
-    ]
-    _joins(b, JOINERS)  # every one joined the local flight before the answer
+    hold, first, joiners, told = _held_herd(b, monkeypatch, never)
     hold.go.set()
     results = [first.wait(), *(j.wait() for j in joiners)]
     assert [(r.value, r.joined) for r in results] == [("kept", True)] * (JOINERS + 1)
@@ -113,18 +123,9 @@ def test_local_joiners_call_on_join_once_the_work_runs_here(
     kept_pair: tuple[FlightGroup, FlightGroup], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, b = kept_pair
-    hold = HeldAsk(b, monkeypatch)
     runs: list[str] = []
     started, release = threading.Event(), threading.Event()
-    told: list[int] = []
-    work = held(runs, "first", started, release)
-    first = Background(lambda: b.run_sync("k", work, on_join=lambda: told.append(0)))
-    assert hold.reached.wait(10)
-    joiners = [
-        Background(lambda i=i: b.run_sync("k", never, on_join=lambda: told.append(i)))
-        for i in range(1, JOINERS + 1)
-    ]
-    _joins(b, JOINERS)
+    hold, first, joiners, told = _held_herd(b, monkeypatch, held(runs, "first", started, release))
     assert told == []  # not yet: the scope has not answered
     hold.go.set()
     assert started.wait(10)
@@ -146,15 +147,7 @@ def test_local_joiners_call_on_join_once_the_flight_joins_one_led_elsewhere(
     started, release = threading.Event(), threading.Event()
     leader = Background(lambda: a.run_sync("k", held(runs, "a", started, release)))
     assert started.wait(10)
-    hold = HeldAsk(b, monkeypatch)
-    told: list[int] = []
-    first = Background(lambda: b.run_sync("k", never, on_join=lambda: told.append(0)))
-    assert hold.reached.wait(10)
-    joiners = [
-        Background(lambda i=i: b.run_sync("k", never, on_join=lambda: told.append(i)))
-        for i in range(1, JOINERS + 1)
-    ]
-    _joins(b, JOINERS)
+    hold, first, joiners, told = _held_herd(b, monkeypatch, never)
     hold.go.set()
     # b's flight joined a's: its first caller and every local joiner are joiners now.
     wait_until(lambda: len(told) == JOINERS + 1, "every on_join of b's callers")
