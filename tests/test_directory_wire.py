@@ -818,3 +818,89 @@ def test_an_error_answer_for_a_request_without_an_id_has_id_none() -> None:
     answer = wire.parse_answer_frame(*wire.decode_body(body_of(wire.error_frame(None, "m"))))
     assert answer == ErrorAnswer(None, "m")
     assert body_of(wire.error_frame(None, "m")) == b'{"op":"error","id":null,"message":"m"}'
+
+
+# -- the client's splitter skips an answer over its limit ------------------------------------
+
+_SMALL_LIMIT = 256
+
+
+def _answers() -> st.SearchStrategy[tuple[bytes, dict[str, Any]]]:
+    """An answer frame and what a skipping splitter with _SMALL_LIMIT yields for it."""
+    ids = st.integers(min_value=0, max_value=2**40)
+    value = st.builds(
+        lambda id, token, data: (
+            wire.landed_frame(id, token, Value(data)),
+            {"op": "landed", "id": id, "token": token, "size": len(data), "data": data},
+        ),
+        ids, ids, st.binary(max_size=2 * _SMALL_LIMIT),
+    )
+    ack = st.builds(lambda id: (wire.ack_frame(id), {"op": "ack", "id": id}), ids)
+    failure = st.builds(
+        lambda id, message: (
+            wire.landed_frame(id, 7, Failure("E", "m", message)),
+            {"op": "landed", "id": id, "token": 7, "message": message},
+        ),
+        ids, st.text(max_size=2 * _SMALL_LIMIT),
+    )
+    return st.one_of(value, ack, failure)
+
+
+def _expected(frame: bytes, answer: dict[str, Any]) -> dict[str, Any]:
+    if len(frame) - 4 <= _SMALL_LIMIT:
+        return answer
+    return {"op": wire.SKIPPED, "of": answer["op"], "id": answer["id"]}
+
+
+def _seen(header: dict[str, Any], payload: bytes | None) -> dict[str, Any]:
+    if header["op"] == wire.SKIPPED:
+        return {k: header[k] for k in ("op", "of", "id")}
+    if header["op"] == "ack":
+        return {"op": "ack", "id": header["id"]}
+    if header.get("outcome") == "value":
+        assert payload is not None
+        return {"op": "landed", "id": header["id"], "token": header["token"],
+                "size": len(payload), "data": payload}
+    return {"op": "landed", "id": header["id"], "token": header["token"],
+            "message": header["error"]["message"]}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    answers=st.lists(_answers(), min_size=1, max_size=8),
+    cuts=st.lists(st.integers(min_value=0, max_value=4096), max_size=12),
+)
+def test_a_skipping_splitter_skips_answers_over_its_limit_in_any_chunks(
+    answers: list[tuple[bytes, dict[str, Any]]], cuts: list[int]
+) -> None:
+    stream = b"".join(frame for frame, _ in answers)
+    splitter = wire.FrameSplitter(_SMALL_LIMIT, skip_over=True)
+    got: list[dict[str, Any]] = []
+    bounds = sorted({0, len(stream), *(c for c in cuts if c < len(stream))})
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        got += [_seen(h, p) for h, p in splitter.feed(stream[a:b])]
+    assert got == [_expected(frame, answer) for frame, answer in answers]
+    assert splitter.pending == 0
+    # Without skip_over, the first answer over the limit closes the connection.
+    if any(len(frame) - 4 > _SMALL_LIMIT for frame, _ in answers):
+        with pytest.raises(wire.FrameTooLarge):
+            wire.FrameSplitter(_SMALL_LIMIT).feed(stream)
+
+
+def test_a_skipped_answer_says_its_payloads_size() -> None:
+    frame = wire.landed_frame(3, 9, Value(b"v" * 1000))
+    (header, payload), = wire.FrameSplitter(_SMALL_LIMIT, skip_over=True).feed(frame)
+    assert (header, payload) == ({"op": wire.SKIPPED, "of": "landed", "id": 3, "size": 1000},
+                                 None)
+
+
+def test_a_skipping_splitter_still_refuses_a_frame_over_its_limit_that_is_no_answer() -> None:
+    splitter = wire.FrameSplitter(_SMALL_LIMIT, skip_over=True)
+    body = b'{"id":3,"op":"landed"}\n' + b"v" * 1000  # not how this protocol's answers begin
+    with pytest.raises(wire.FrameTooLarge):
+        splitter.feed(struct.pack(">I", len(body)) + body)
+    # Its beginning is waited for: a length alone raises nothing yet.
+    splitter = wire.FrameSplitter(_SMALL_LIMIT, skip_over=True)
+    assert splitter.feed(struct.pack(">I", 1000) + b'{"op":') == []
+    with pytest.raises(wire.FrameTooLarge):
+        splitter.feed(b"x" * 100)

@@ -39,6 +39,7 @@ from ..errors import (
     GroupClosedError,
     ProtocolVersionError,
     UnavailableError,
+    ValueTooLargeError,
     renewed,
 )
 from ..wide import (
@@ -170,7 +171,9 @@ class Channel:
         self._loop = loop
         self._out = bytearray()  # what the socket has not taken yet
         self._flushing = False  # a writer callback is (being) registered
-        self._splitter = wire.FrameSplitter(max_frame)
+        # An answer over this group's limit (a coordinator of a larger one sent it) fails
+        # only its request: dropping the connection would lose every lease on it.
+        self._splitter = wire.FrameSplitter(max_frame, skip_over=True)
         self._buffer = memoryview(bytearray(wire.READ_SIZE))  # see wire.READ_SIZE
         self._on_frames = on_frames
         self._on_lost = on_lost
@@ -593,6 +596,9 @@ class DirectoryArbiter:
 
     def _on_frames(self, frames: list[tuple[dict[str, Any], bytes | None]]) -> None:
         for header, payload in frames:
+            if header["op"] == wire.SKIPPED:
+                self._skipped(header)
+                continue
             try:
                 answer = wire.parse_answer_frame(header, payload)
             except wire.WireError as exc:
@@ -601,6 +607,24 @@ class DirectoryArbiter:
                     channel._lost(f"a bad answer: {exc}")
                 return
             self._answer(answer)
+
+    def _skipped(self, header: dict[str, Any]) -> None:
+        """An answer over this group's max_frame_bytes was skipped: its request fails
+        (a joiner's call with ValueTooLargeError), and nothing else."""
+        id, size, limit = header["id"], header["size"], self._max_frame
+        log.warning("%s: the coordinator's %r answer (%d bytes) is over this group's "
+                    "max_frame_bytes (%d)", self.directory, header["of"], size, limit)
+        call = self._calls.get(id) if id is not None else None
+        if call is not None and call.lead is None:
+            del self._calls[id]
+            _finish(call, Event.FAILED, ValueTooLargeError(call.key, size, limit))
+            return
+        waiter = self._waiters.pop(id, None) if id is not None else None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ValueError(
+                f"the coordinator's answer ({size} bytes) is over this group's "
+                f"max_frame_bytes ({limit})"
+            ))
 
     def _answer(self, answer: wire.Answer) -> None:
         if isinstance(answer, wire.Lead):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -352,20 +353,44 @@ async def read_frame(
     return decode_body(body)
 
 
+SKIPPED = "skipped"
+"""The ``op`` of the header a skipping :class:`FrameSplitter` puts in place of an answer
+over its limit: ``{"op": SKIPPED, "of": <its op>, "id": <its id>, "size": <its payload's
+bytes>}``. A coordinator never sends this op; only the splitter makes it."""
+
+# How an answer of this protocol begins (answer frames are made by this module, their
+# op and id first): enough to say which request an answer over the limit was for.
+_ANSWER_PREFIX = re.compile(rb'\{"op":"([a-z_]{1,16})","id":(null|[0-9]{1,20})[,}]')
+_PREFIX_BYTES = 64
+
+
 class FrameSplitter:
     """Cuts a byte stream into frames as it arrives (as a protocol reads it):
     the push twin of :func:`read_frame`, with the same checks. A length over the limit
-    raises :class:`WireError` at once, before its body arrives."""
+    raises :class:`WireError` at once, before its body arrives.
 
-    __slots__ = ("_buffer", "_max_frame")
+    ``skip_over`` (a client reading its coordinator's answers): a frame over the limit
+    whose body begins as an answer does (its op and request id) is not kept but skipped
+    as it arrives, and stands in the frames as a :data:`SKIPPED` header, so only the
+    request it answers fails. A body that does not begin so still raises."""
 
-    def __init__(self, max_frame: int) -> None:
+    __slots__ = ("_buffer", "_max_frame", "_skip", "_skip_over")
+
+    def __init__(self, max_frame: int, *, skip_over: bool = False) -> None:
         self._buffer = bytearray()
         self._max_frame = max_frame
+        self._skip_over = skip_over
+        self._skip = 0  # bytes of a skipped frame still to come
 
     def feed(self, data: bytes) -> list[tuple[dict[str, Any], bytes | None]]:
         """The frames that ``data`` completes, in order. Raises WireError at the first bad
         one (the frames before it are lost with the connection, which the caller closes)."""
+        if self._skip:
+            if len(data) <= self._skip:
+                self._skip -= len(data)
+                return []
+            data = data[self._skip :]
+            self._skip = 0
         buffer = self._buffer
         if not buffer and len(data) >= 4:
             # The common case: whole frames in one read, nothing buffered.
@@ -379,7 +404,16 @@ class FrameSplitter:
         while end - start >= 4:
             (size,) = _LENGTH.unpack_from(buffer, start)
             if size > self._max_frame:
-                raise FrameTooLarge(size, self._max_frame)
+                if not self._skip_over:
+                    raise FrameTooLarge(size, self._max_frame)
+                have = end - start - 4
+                if have < min(size, _PREFIX_BYTES):
+                    break  # its beginning is still to come
+                frames.append(self._skipped(bytes(buffer[start + 4 : start + 4 + have]), size))
+                take = min(size, have)
+                start += 4 + take
+                self._skip = size - take
+                continue
             if end - start - 4 < size:
                 break
             frames.append(decode_body(bytes(buffer[start + 4 : start + 4 + size])))
@@ -388,11 +422,26 @@ class FrameSplitter:
             del buffer[:start]
         return frames
 
+    def _skipped(self, begun: bytes, size: int) -> tuple[dict[str, Any], None]:
+        match = _ANSWER_PREFIX.match(begun, 0, _PREFIX_BYTES)
+        if match is None:
+            raise FrameTooLarge(size, self._max_frame)
+        op, id = match.group(1).decode(), match.group(2)
+        # The payload's size when the body has one and it came in this read (a value's
+        # header is short); else the body's.
+        newline = begun.find(b"\n")
+        return {
+            "op": SKIPPED,
+            "of": op,
+            "id": None if id == b"null" else int(id),
+            "size": size if newline < 0 else size - newline - 1,
+        }, None
+
     @property
     def pending(self) -> int:
         """Bytes received that do not make a whole frame yet (a stream that ends here
         ended inside a frame)."""
-        return len(self._buffer)
+        return len(self._buffer) + self._skip
 
 
 # ---------------------------------------------------------------------------------------------
