@@ -31,6 +31,8 @@ A work SPEC (a JSON object)::
 
     "journal": PATH     append "<pid> <key> <token>\\n" when the work starts
     "block": true       wait for {"cmd":"release","id":ID} before going on
+    "block_first": true the same, in the first run of the call's work only (a retry
+                        after a deadline runs beside it and goes on at once)
     "wait_lost": true   wait until the lease is lost (lease.wait_lost())
     and then one of:
     "return": V         return V (the default: return null)
@@ -119,6 +121,7 @@ class _ChildMain:
         self.all_released = False
         self.work_errors: dict[Any, BaseException] = {}
         self.runs: dict[Any, int] = {}  # how many times each call's work ran here
+        self.starts: dict[Any, int] = {}  # ... began here
         self.loop = asyncio.new_event_loop()
         self.loop_thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.loop_thread.start()
@@ -184,6 +187,12 @@ class _ChildMain:
 
     # -- the work ---------------------------------------------------------------
 
+    def _blocks(self, call_id: Any, spec: dict[str, Any]) -> bool:
+        """This run of the call's work waits for its release (counts its start)."""
+        with self.releases_lock:
+            starts = self.starts[call_id] = self.starts.get(call_id, 0) + 1
+        return bool(spec.get("block")) or (bool(spec.get("block_first")) and starts == 1)
+
     def _begin(self, call_id: Any, key: str, spec: dict[str, Any]) -> Any:
         from flightgroup import current_lease
 
@@ -223,7 +232,7 @@ class _ChildMain:
     def sync_work(self, call_id: Any, key: str, spec: dict[str, Any]) -> Any:
         def work() -> Any:
             lease = self._begin(call_id, key, spec)
-            if spec.get("block"):
+            if self._blocks(call_id, spec):
                 self.release_event(call_id).wait()
             if spec.get("wait_lost"):
                 asyncio.run(lease.wait_lost())
@@ -235,7 +244,7 @@ class _ChildMain:
     def async_work(self, call_id: Any, key: str, spec: dict[str, Any]) -> Any:
         async def work() -> Any:
             lease = self._begin(call_id, key, spec)
-            if spec.get("block"):
+            if self._blocks(call_id, spec):
                 event = self.release_event(call_id)
                 loop = asyncio.get_running_loop()
                 fut = loop.create_future()

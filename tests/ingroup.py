@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from flightgroup import JSON, FlightGroup, GroupClosedError
+from flightgroup import JSON, FlightGroup, GroupClosedError, Retry
 from flightgroup.directory import fs as fs_module
 from flightgroup.directory.client import DirectoryArbiter
 
@@ -123,8 +123,8 @@ def lock_waiters() -> int:
 def closed_leader_holds(directory: str) -> tuple[FlightGroup, threading.Event, list[str]]:
     """A group ``a`` leads ``k`` and closes while its work runs: the work keeps the key
     lock (until ``release`` is set), and the coordinator has a landed (interrupted)
-    flight of ``k``, so the next call of ``k`` leads at once and waits for the key lock
-    in a key-lock thread. ``runs`` lists the works that ran ("a")."""
+    flight of ``k``, so the next call of ``k`` waits at the coordinator, on the key's
+    watcher, until the lock frees. ``runs`` lists the works that ran ("a")."""
     a = group(directory)
     running, release = threading.Event(), threading.Event()
     runs: list[str] = []
@@ -142,6 +142,30 @@ def closed_leader_holds(directory: str) -> tuple[FlightGroup, threading.Event, l
     with pytest.raises(GroupClosedError):
         leader.wait()
     assert not key_lock_free(directory, "k")  # the closed group's work keeps its lock
+    return a, release, runs
+
+
+def landed_leader_holds(directory: str) -> tuple[FlightGroup, threading.Event, list[str]]:
+    """A group ``a`` leads ``k`` and lands a value while the key lock stays held: its
+    first attempt (sync work) ran past the deadline and goes on until ``release`` is
+    set, its retry returned at once. The coordinator expects the lock to be freed with
+    the landing's ack, so the next call of ``k`` leads at once and waits for the key
+    lock in a key-lock thread. ``runs`` lists the works that ran ("a" then "a2")."""
+    a = group(directory, deadline=0.3, retry=Retry(attempts=2, backoff=0.0, jitter=False))
+    release = threading.Event()
+    runs: list[str] = []
+
+    def work() -> str:
+        if runs:
+            runs.append("a2")
+            return "a2"
+        runs.append("a")
+        release.wait(30)
+        return "a"
+
+    result = a.run_sync("k", work)
+    assert (result.value, runs) == ("a2", ["a", "a2"])
+    assert not key_lock_free(directory, "k")  # the first attempt's work keeps its lock
     return a, release, runs
 
 

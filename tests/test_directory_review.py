@@ -33,6 +33,7 @@ from .ingroup import closed_leader_holds as _closed_leader_holds
 from .ingroup import coordinating as _coordinating
 from .ingroup import group as _group
 from .ingroup import key_lock_free as _key_lock_free
+from .ingroup import landed_leader_holds as _landed_leader_holds
 from .ingroup import lock_waiters as _lock_waiters
 from .support import wait_until
 
@@ -227,10 +228,51 @@ def test_a_closed_groups_running_work_keeps_the_key_and_the_next_call_waits(
         _close(b, c)
 
 
+def test_calls_of_a_key_a_closed_groups_work_holds_wait_on_the_one_watcher(
+    directory: str,
+) -> None:
+    """Each group that called ``k`` while a closed group's work held its lock, then
+    closed, once left a key-lock thread (and a descriptor) blocked in flock until that
+    work ended: the interrupted landing told the coordinator the lock would be freed at
+    once, so each call led and waited in a thread of its own. They now wait at the
+    coordinator, on the key's one watcher; the first call after the work ends leads."""
+    c = _coordinating(directory)
+    _a, release, runs = _closed_leader_holds(directory)
+    try:
+        async def work() -> str:
+            runs.append("late")
+            return "late"
+
+        for _ in range(5):
+            g = _group(directory)
+
+            async def main(g: FlightGroup = g) -> None:
+                async with g:
+                    with pytest.raises(TimeoutError):  # a's work holds k all along
+                        await g.run("k", work, timeout=0.2)
+
+            asyncio.run(main())
+        assert _lock_waiters() == 0  # no lead waits in a key-lock thread
+        watchers = [t for t in threading.enumerate()
+                    if t.name.startswith("flightgroup-keylock-")]
+        assert len(watchers) == 1  # the coordinator's, for k
+        release.set()
+        b = _group(directory)
+        try:
+            result = b.run_sync("k", lambda: "b")
+            assert (result.value, result.joined) == ("b", False)
+        finally:
+            b.close()
+        assert runs == ["a"]
+    finally:
+        release.set()
+        _close(c)
+
+
 def test_close_wakes_a_sync_leader_waiting_for_the_key_lock(directory: str) -> None:
     c = _coordinating(directory)
     b = _group(directory)
-    _a, release, runs = _closed_leader_holds(directory)
+    a, release, runs = _landed_leader_holds(directory)
     try:
         def work_b() -> str:
             runs.append("b")
@@ -247,16 +289,16 @@ def test_close_wakes_a_sync_leader_waiting_for_the_key_lock(directory: str) -> N
         call.done.wait(10)
         assert ended, "the caller hung after close()"
         assert isinstance(call.error, GroupClosedError)
-        assert runs == ["a"]  # no work starts in a closed group
+        assert runs == ["a", "a2"]  # no work starts in a closed group
     finally:
         release.set()
-        _close(b, c)
+        _close(b, a, c)
 
 
 def test_a_lead_waiting_on_its_key_lock_at_close_never_leaks_the_lock(directory: str) -> None:
     c = _coordinating(directory)
     b = _group(directory)
-    _a, release, runs = _closed_leader_holds(directory)
+    a, release, runs = _landed_leader_holds(directory)
     arbiter = b._arbiter
     assert arbiter is not None
     try:
@@ -274,13 +316,13 @@ def test_a_lead_waiting_on_its_key_lock_at_close_never_leaks_the_lock(directory:
         assert _lock_waiters() == 1  # b's lead still waits in flock
         release.set()  # a's work ends: a frees the key lock, b's waiting flock takes it
         wait_until(lambda: _lock_waiters() == 0, "b's key-lock thread got the lock")
-        assert runs == ["a"]
+        assert runs == ["a", "a2"]
         assert _key_lock_free(directory, "k"), "nobody runs k, yet its key lock stays held"
     finally:
         release.set()
         for lead in list(arbiter._leads.values()):
             lead.release()  # the leaked fd
-        _close(c)
+        _close(a, c)
 
 
 def test_a_sync_work_past_its_deadline_keeps_the_key_lock_until_it_ends(directory: str) -> None:

@@ -4,6 +4,7 @@ over a real StreamReader, every message's round trip, and every bad field of eve
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import struct
 from types import MappingProxyType
@@ -877,7 +878,7 @@ def test_a_skipping_splitter_skips_answers_over_its_limit_in_any_chunks(
     splitter = wire.FrameSplitter(_SMALL_LIMIT, skip_over=True)
     got: list[dict[str, Any]] = []
     bounds = sorted({0, len(stream), *(c for c in cuts if c < len(stream))})
-    for a, b in zip(bounds, bounds[1:], strict=False):
+    for a, b in itertools.pairwise(bounds):
         got += [_seen(h, p) for h, p in splitter.feed(stream[a:b])]
     assert got == [_expected(frame, answer) for frame, answer in answers]
     assert splitter.pending == 0

@@ -595,9 +595,17 @@ class Coordinator:
         # A detached flight (forgotten, or older than the key's current one) is never kept.
         if isinstance(outcome, (wire.Value, wire.Failure)) and outcome.keep and current:
             self._keep(key, flight.token, outcome, outcome.keep)
-        if len(self._releasing) >= _RELEASING_MAX:
-            self._releasing.clear()  # only an optimisation: the probe takes over
-        self._releasing[key] = flight.token
+        # A leader frees the key lock once this landing is acknowledged, so the next
+        # call leads at once (its lock taken when freed). Not after an interruption or
+        # a timeout: a group that closed, or a sync work past its deadline, keeps the
+        # lock until its work ends, and each process's next call would wait for it in
+        # a thread of its own; they wait here instead, on the key's one watcher.
+        if isinstance(outcome, (wire.Value, wire.Failure)):
+            if len(self._releasing) >= _RELEASING_MAX:
+                self._releasing.clear()  # only an optimisation: the probe takes over
+            self._releasing[key] = flight.token
+        else:
+            self._releasing.pop(key, None)
         self._ack_when_drained(session, land.id, written)
         self._after(flight)
 
