@@ -120,10 +120,10 @@ def test_the_landed_field_is_optional_and_null_is_absent() -> None:
 def test_a_landed_flight_whose_landing_is_still_arriving_stays_for_its_joiners_when_a_newer_one_reasserts(  # noqa: E501
     directory: str,
 ) -> None:
-    """The other order of the first test: the landed flight reasserts first (it is the
-    key's flight), its large landing is still being read when the newer flight
-    reasserts. The landed one is taken back detached, not refused: its leader gets its
-    ack and its joiner its value; the newer flight takes the key."""
+    """The other order of the first test: the landed flight reasserts first, its large
+    landing is still being read when the newer flight reasserts. The landed one is
+    taken back detached, not refused: its leader gets its ack and its joiner its value;
+    the newer flight takes the key."""
     a = coordinating(directory)
     sock = os.path.join(directory, "flight.sock")
     value = b'"' + b"v" * (2 * 1024 * 1024) + b'"'
@@ -152,4 +152,44 @@ def test_a_landed_flight_whose_landing_is_still_arriving_stays_for_its_joiners_w
             assert (header["token"], payload) == (NEW, b'"new"')
     finally:
         os.close(fd)
+        close(a)
+
+
+def test_a_call_waiting_for_the_key_lock_does_not_join_a_landed_reassert(
+    directory: str,
+) -> None:
+    """After a failover, a call that waits for the key's lock (a closed group's work
+    still holds it) when the flight that landed "interrupted" reasserts keeps waiting,
+    then leads. It was handed to the landed flight, which the reassert made the key's,
+    and got FlightInterruptedError although nobody died or lost a lease; and a call
+    after the reassert joined it too (review of 2026-11-30, ADR 0022 addendum)."""
+    a = coordinating(directory)
+    sock = os.path.join(directory, "flight.sock")
+    fd = hold_key_lock(directory, "k")  # the closed group's work, still running
+    try:
+        with raw_conns(sock, 4) as (b, c, n, m):
+            n.send_frame({"op": "run", "id": 1, "key": "k"})
+            n.served()  # n waits for the key's lock
+            b.send(
+                wire.reassert_frame(1, "k", OLD, landed=True)
+                + wire.land_frame(1, OLD, wire.Interrupted("its leader's group closed"))
+            )
+            assert b.expect("ack")[0]["id"] == 1
+            # Its own joiner, rejoining by its token, still hears how it ended.
+            c.send_frame({"op": "run", "id": 1, "key": "k", "flight": OLD})
+            header, _ = c.expect("interrupted")
+            m.send_frame({"op": "run", "id": 1, "key": "k"})
+            m.served()  # a call after the reassert waits too
+            n.served()  # nothing came for n's call: it still waits
+            os.close(fd)  # the work ends: its lock frees
+            fd = -1
+            token = n.expect("lead")[0]["token"]
+            assert m.expect("joined")[0]["token"] == token
+            n.send(wire.land_frame(1, token, wire.Value(b'"n"')))
+            assert n.expect("ack")[0]["id"] == 1
+            header, payload = m.expect("landed")
+            assert (header["token"], payload) == (token, b'"n"')
+    finally:
+        if fd >= 0:
+            os.close(fd)
         close(a)

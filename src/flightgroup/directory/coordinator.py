@@ -730,7 +730,11 @@ class Coordinator:
         # A forget() detached this flight (in this term or an earlier one): it comes
         # back for its own joiners only (ADR 0020).
         mark = self._forgotten_mark(key)
-        detached = mark is not None and min(tokens) <= mark
+        # A flight that landed already (its landing follows) comes back for its own
+        # joiners and rejoins only, never as the key's flight: a new call that joined it
+        # would get an outcome that ended before the call, an interruption if its group
+        # closed. New calls wait for its key lock, then lead (ADR 0022 addendum).
+        detached = (mark is not None and min(tokens) <= mark) or request.landed
         older = self._flights.get(key)
         if not detached:
             if older is not None and older.token > token:
@@ -740,12 +744,8 @@ class Coordinator:
                 ended = max((t for t, e in self._endings.items() if e.key == key), default=0)
                 reason = "a newer flight of the key ended" if ended > token else ""
             if reason:
-                if not request.landed:
-                    session.send(wire.rejected_frame(request.id, reason))
-                    return
-                # It landed already (its landing follows): its joiners still get it; the
-                # newer flight stays the key's (ADR 0022).
-                detached = True
+                session.send(wire.rejected_frame(request.id, reason))
+                return
         moved: list[tuple[_Session, int]] = []
         if not detached and older is not None:
             # An older flight holds the key: the newer wins. The older one's fresh
