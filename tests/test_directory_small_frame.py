@@ -82,3 +82,26 @@ def test_a_kept_value_over_the_frame_fails_that_call_and_the_next_ones_work(
         assert coordinator.run_sync("k", lambda: "again").value == BIG
     finally:
         close(small, coordinator)
+
+
+def test_the_error_of_a_decorated_call_names_the_key_as_called(directory: str) -> None:
+    keep = Retention(success=60.0)
+    coordinator = coordinating(directory, retention=keep)
+    small = group(directory, max_frame_bytes=SMALL_FRAME)
+    try:
+        @coordinator.coalesce(key=lambda k: k, name="op")
+        def big(k: str) -> str:
+            return BIG
+
+        @small.coalesce(key=lambda k: k, name="op")
+        def small_op(k: str) -> str:
+            return "small ran"
+
+        assert big("k") == BIG  # kept under the operation's namespace
+        with pytest.raises(ValueTooLargeError) as raised:
+            small_op("k")
+        # Not the key as sent (NUL, the namespace, NUL, the key).
+        assert (raised.value.key, raised.value.size) == ("k", len(BIG) + 2)
+        assert "'k'" in str(raised.value)
+    finally:
+        close(small, coordinator)

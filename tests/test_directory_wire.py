@@ -850,12 +850,14 @@ def _answers() -> st.SearchStrategy[tuple[bytes, dict[str, Any]]]:
 def _expected(frame: bytes, answer: dict[str, Any]) -> dict[str, Any]:
     if len(frame) - 4 <= _SMALL_LIMIT:
         return answer
-    return {"op": wire.SKIPPED, "of": answer["op"], "id": answer["id"]}
+    # The size named is the payload's (a value's bytes), else the body's (a failure).
+    size = answer["size"] if "size" in answer else len(frame) - 4
+    return {"op": wire.SKIPPED, "of": answer["op"], "id": answer["id"], "size": size}
 
 
 def _seen(header: dict[str, Any], payload: bytes | None) -> dict[str, Any]:
     if header["op"] == wire.SKIPPED:
-        return {k: header[k] for k in ("op", "of", "id")}
+        return {k: header[k] for k in ("op", "of", "id", "size")}
     if header["op"] == "ack":
         return {"op": "ack", "id": header["id"]}
     if header.get("outcome") == "value":
@@ -900,8 +902,23 @@ def test_a_skipping_splitter_still_refuses_a_frame_over_its_limit_that_is_no_ans
     body = b'{"id":3,"op":"landed"}\n' + b"v" * 1000  # not how this protocol's answers begin
     with pytest.raises(wire.FrameTooLarge):
         splitter.feed(struct.pack(">I", len(body)) + body)
-    # Its beginning is waited for: a length alone raises nothing yet.
+    # Its header is waited for (up to its newline, or the body's first 4 KiB): a
+    # length and a beginning raise nothing yet.
     splitter = wire.FrameSplitter(_SMALL_LIMIT, skip_over=True)
-    assert splitter.feed(struct.pack(">I", 1000) + b'{"op":') == []
+    assert splitter.feed(struct.pack(">I", 10_000) + b'{"op":') == []
+    assert splitter.feed(b"x" * 4000) == []
     with pytest.raises(wire.FrameTooLarge):
         splitter.feed(b"x" * 100)
+
+
+def test_a_skipped_answer_cut_inside_its_header_still_says_its_payloads_size() -> None:
+    # Retention bounds make the header longer than the 64 bytes the op and id come in.
+    value = Value(b"v" * 1000, keep=30.5, max_items=10_000, max_bytes=1 << 30)
+    frame = wire.landed_frame(3, 9, value, kept=True)
+    assert frame.index(b"\n") > 4 + 64
+    head_end = frame.index(b"\n")
+    for cut in range(5, head_end + 2):
+        splitter = wire.FrameSplitter(_SMALL_LIMIT, skip_over=True)
+        got = splitter.feed(frame[:cut]) + splitter.feed(frame[cut:])
+        assert got == [({"op": wire.SKIPPED, "of": "landed", "id": 3, "size": 1000}, None)]
+        assert splitter.pending == 0

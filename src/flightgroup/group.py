@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, Self, TypeVar, cast,
 
 from .codec import Codec, check_codec, encode_bytes
 from .errors import (
+    FlightError,
     FlightFailedError,
     FlightInterruptedError,
     FlightTimeoutError,
@@ -1085,7 +1086,7 @@ class FlightGroup:
                 error.__cause__ = causes.cause(flight.key, token)  # one this group landed
             self._settle_remote(flight, outcome, error, data, token, joined=True)
         elif event is Event.FAILED:
-            self._settle_remote(flight, Outcome.INTERRUPTED, args[0])
+            self._settle_remote(flight, Outcome.INTERRUPTED, _as_called(args[0], flight))
         else:  # INTERRUPTED (or LOST before leading: cannot happen, same answer)
             reason = str(args[0]) if args else "its leader stopped"
             self._settle_remote(
@@ -1445,6 +1446,16 @@ def _lease_lost(key: str, error: BaseException | None) -> BaseException:
     lost = LeaseLostError(key)
     lost.__cause__ = error
     return lost
+
+
+def _as_called(error: BaseException, flight: Flight) -> BaseException:
+    """``error`` as the scope made it, keyed by the key it sent (a decorated function's
+    carries its namespace): made again with the key as the caller gave it."""
+    if isinstance(error, FlightError) and getattr(error, "key", flight.key) != flight.key:
+        args = error._init_args()
+        if args and args[0] == getattr(error, "key", None):
+            return type(error)(flight.key, *args[1:])
+    return error
 
 
 def _wire_key(flight: Flight) -> str:

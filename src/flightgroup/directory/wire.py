@@ -362,6 +362,7 @@ bytes>}``. A coordinator never sends this op; only the splitter makes it."""
 # op and id first): enough to say which request an answer over the limit was for.
 _ANSWER_PREFIX = re.compile(rb'\{"op":"([a-z_]{1,16})","id":(null|[0-9]{1,20})[,}]')
 _PREFIX_BYTES = 64
+_HEAD_BYTES = 4096
 
 
 class FrameSplitter:
@@ -407,9 +408,15 @@ class FrameSplitter:
                 if not self._skip_over:
                     raise FrameTooLarge(size, self._max_frame)
                 have = end - start - 4
-                if have < min(size, _PREFIX_BYTES):
-                    break  # its beginning is still to come
-                frames.append(self._skipped(bytes(buffer[start + 4 : start + 4 + have]), size))
+                # Its header's end (the newline before a payload) is looked for in its
+                # first _HEAD_BYTES: the error names the payload's size, not the body's.
+                scan = min(size, _HEAD_BYTES)
+                newline = buffer.find(b"\n", start + 4, start + 4 + min(have, scan))
+                if newline < 0 and have < scan:
+                    break  # its header is still to come
+                begun = bytes(buffer[start + 4 : start + 4 + min(have, _PREFIX_BYTES)])
+                payload = size if newline < 0 else size - (newline - start - 4) - 1
+                frames.append(self._skipped(begun, size, payload))
                 take = min(size, have)
                 start += 4 + take
                 self._skip = size - take
@@ -422,19 +429,13 @@ class FrameSplitter:
             del buffer[:start]
         return frames
 
-    def _skipped(self, begun: bytes, size: int) -> tuple[dict[str, Any], None]:
-        match = _ANSWER_PREFIX.match(begun, 0, _PREFIX_BYTES)
+    def _skipped(self, begun: bytes, size: int, payload: int) -> tuple[dict[str, Any], None]:
+        match = _ANSWER_PREFIX.match(begun)
         if match is None:
             raise FrameTooLarge(size, self._max_frame)
         op, id = match.group(1).decode(), match.group(2)
-        # The payload's size when the body has one and it came in this read (a value's
-        # header is short); else the body's.
-        newline = begun.find(b"\n")
         return {
-            "op": SKIPPED,
-            "of": op,
-            "id": None if id == b"null" else int(id),
-            "size": size if newline < 0 else size - newline - 1,
+            "op": SKIPPED, "of": op, "id": None if id == b"null" else int(id), "size": payload,
         }, None
 
     @property
