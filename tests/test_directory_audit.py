@@ -409,6 +409,48 @@ def test_a_key_too_long_for_a_frame_is_refused_at_the_call(directory: str) -> No
         group.close()
 
 
+@pytest.mark.timeout(60)
+def test_forget_of_a_key_too_long_for_a_frame_is_refused_and_changes_nothing(
+    directory: str,
+) -> None:
+    """forget() sent such a key anyway: the coordinator dropped the connection on each
+    try, so a joiner elsewhere of a flight this group led was interrupted, and forget
+    raised UnavailableError after its timeout."""
+    coordinator = FlightGroup(directory=directory, codec=JSON)
+    small = FlightGroup(directory=directory, codec=JSON, max_frame_bytes=1 << 20)
+    running, joined, release = threading.Event(), threading.Event(), threading.Event()
+    results: list[object] = []
+
+    def work() -> str:
+        running.set()
+        assert release.wait(20)
+        return "led"
+
+    try:
+        coordinator.run_sync("warm", lambda: 0)
+        leading = threading.Thread(target=lambda: results.append(small.run_sync("k", work)))
+        leading.start()
+        assert running.wait(20)
+        joining = threading.Thread(target=lambda: results.append(
+            coordinator.run_sync("k", lambda: "joiner ran", on_join=joined.set)))
+        joining.start()
+        assert joined.wait(20)
+        channel = small._arbiter._channel  # type: ignore[union-attr]
+        for forget in (small.forget, small.coalesce(key=lambda k: k, name="op")(str).forget):
+            with pytest.raises(ValueError, match="max_frame_bytes"):
+                forget("k" * (2 << 20))
+        assert small._arbiter._channel is channel  # type: ignore[union-attr]
+        release.set()
+        leading.join(20)
+        joining.join(20)
+        assert sorted((r.value, r.joined) for r in results) == [  # type: ignore[attr-defined]
+            ("led", False), ("led", True)]
+    finally:
+        release.set()
+        small.close()
+        coordinator.close()
+
+
 FORK_KEEPS_USER_FILES = r"""
 import os, sys, warnings
 from flightgroup import JSON, FlightGroup

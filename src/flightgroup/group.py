@@ -1349,15 +1349,25 @@ class FlightGroup:
         outcome, and its late settling never touches the newer flight.
         """
         _check_key(key)
+        arbiter = self._arbiter
+        if arbiter is None:
+            self._table.forget(key)
+            return
+        wire_key = _plain_wire_key(key)
+        arbiter.check_key(wire_key)  # a key the scope cannot carry changes nothing
         self._table.forget(key)
-        if self._arbiter is not None:
-            self._arbiter.forget(_plain_wire_key(key))
+        arbiter.forget(wire_key)
 
     def _forget_op(self, tkey: Hashable) -> None:
+        arbiter = self._arbiter
+        if arbiter is None:
+            self._table.forget(tkey)
+            return
+        namespace, op = cast("tuple[str, str]", tkey)
+        wire_key = f"\x00{namespace}\x00{op}"
+        arbiter.check_key(wire_key)
         self._table.forget(tkey)
-        if self._arbiter is not None:
-            namespace, op = cast("tuple[str, str]", tkey)
-            self._arbiter.forget(f"\x00{namespace}\x00{op}")
+        arbiter.forget(wire_key)
 
     def stats(self) -> Stats:
         """A snapshot of this group's counters in this process."""

@@ -886,9 +886,7 @@ class DirectoryArbiter:
         lead finds it open."""
         if self._fatal is not None:
             raise renewed(self._fatal)
-        # A character takes at most 12 bytes of ASCII JSON: only a long key is measured.
-        if 12 * len(key) + 256 > self._max_frame and _request_size(key) > self._max_frame:
-            raise _key_too_long(key, self._max_frame)
+        self.check_key(key)
         self._ensure_started()
         with self._send_lock:
             if self._closing:
@@ -1042,6 +1040,13 @@ class DirectoryArbiter:
         # run was never sent on this connection: it is cancelled too.
         if call.sent or lead is not None:
             self._send(wire.cancel_frame(call.id))
+
+    def check_key(self, key: str) -> None:
+        """Raises ValueError for a key whose request would not fit in a frame (a
+        coordinator would drop the connection, and every flight on it)."""
+        # A character takes at most 12 bytes of ASCII JSON: only a long key is measured.
+        if 12 * len(key) + 256 > self._max_frame and _request_size(key) > self._max_frame:
+            raise _key_too_long(key, self._max_frame)
 
     def forget(self, key: str, timeout: float = 5.0) -> None:
         """Tell the coordinator: the next call of ``key`` leads a new flight. Returns

@@ -423,6 +423,9 @@ class RedisArbiter:
         """The flight's driver stopped before the call ended: give it back."""
         self._post(self._withdraw, call)
 
+    def check_key(self, key: str) -> None:
+        """Any str key fits: Redis keys and stream fields take any bytes."""
+
     def forget(self, key: str, timeout: float | None = None) -> None:
         """The next call of ``key`` leads a new flight; a kept outcome is dropped, a
         running flight runs on for its joiners (parked under its token)."""
