@@ -52,7 +52,7 @@ from flightgroup import (
 from .infleet import fleet_group, fleet_of, never
 from .infresh import held
 from .redisproc import HoldingCutProxy, RedisServer
-from .support import in_thread, outcome
+from .support import in_thread, outcome, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -321,3 +321,65 @@ def test_a_group_made_before_a_fork_names_the_child_as_the_leader(
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout.splitlines()[-1])
     assert seen["leaders"] == [seen["child"]], seen
+
+
+# -- a second close() waits for the first ----------------------------------------------
+
+
+def test_a_second_close_returns_only_once_the_first_handed_the_landing_over(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """API.md: "close() returns once the landings already made have been handed over".
+    A second close() (another thread, or ``with`` after an explicit close) returned at
+    once while the first still handed a landing over: a program that exits then loses
+    it, and joiners elsewhere wait a lease out. (The directory scope's twin:
+    test_directory_review2.py.)"""
+    a = fleet_group(redis_server.url, namespace, lease=5.0)
+    fleet = fleet_of(a)
+    a.run_sync("warm-up", lambda: 0)
+    completing, gate, completed = threading.Event(), threading.Event(), threading.Event()
+    original = fleet._script
+
+    async def script(which: str, keys: Any, args: Any) -> Any:
+        if which != "complete":
+            return await original(which, keys, args)
+        completing.set()
+        await asyncio.get_running_loop().run_in_executor(None, gate.wait, 20)
+        try:
+            return await original(which, keys, args)
+        finally:
+            completed.set()
+
+    fleet._script = script  # type: ignore[method-assign]
+    waiting = threading.Event()
+
+    class Watched(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            waiting.set()  # the second close() waits for the first one
+            return super().wait(timeout)
+
+    fleet._close_returned = Watched()  # type: ignore[misc]
+    first: threading.Thread | None = None
+    second: threading.Thread | None = None
+    try:
+        assert a.run_sync("k", lambda: "v").value == "v"
+        assert completing.wait(10)  # the landing is made, its COMPLETE held
+        first, _ = in_thread(a.close)
+        wait_until(lambda: fleet._closing, "the first close began")
+
+        def second_close() -> bool:
+            a.close()
+            return completed.is_set()  # what was handed over when it returned
+
+        second, handed = in_thread(second_close)
+        assert waiting.wait(10)
+        assert second.is_alive()  # it waits while the landing is held
+        gate.set()
+        second.join(20)
+        first.join(20)
+        assert outcome(handed) is True
+    finally:
+        gate.set()
+        for thread in (first, second):
+            if thread is not None:
+                thread.join(20)

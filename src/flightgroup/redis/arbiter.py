@@ -266,6 +266,7 @@ class RedisArbiter:
         # Per key's record: the undo of an ACQUIRE that got no answer (see _undo).
         self._undoing: dict[str, asyncio.Task[None]] = {}
         self._closing = False
+        self._close_returned = threading.Event()  # the first close() is done
         self._closed_why: str | None = None  # set in a forked child (see _after_fork)
         self._fatal: Exception | None = None  # the clients could not be made
         # Called in a forked child of a started group (its group drops its flights).
@@ -950,17 +951,28 @@ class RedisArbiter:
         """Interrupt the flights led here whose work has not ended (their joiners
         elsewhere hear it at once), end the calls still waiting, wait for landings
         already made, then disconnect. Works still running run on to their end."""
+        bound = min(threading.TIMEOUT_MAX, 2 * _COMMAND_TIMEOUT + self._lease)
         with self._start_lock:
-            if self._closing:
-                return
+            again = self._closing
             self._closing = True
+        if again:
+            # A second close() returns when the first did: the landings are handed over.
+            if self._thread is not threading.current_thread():
+                self._close_returned.wait(min(threading.TIMEOUT_MAX, bound + 10))
+            return
+        try:
+            self._close_now(bound)
+        finally:
+            self._close_returned.set()
+
+    def _close_now(self, bound: float) -> None:
         loop = self._loop
         if loop is None:
             return
         future: Future[None] = asyncio.run_coroutine_threadsafe(self._close(), loop)
         with contextlib.suppress(Exception):
             # (A lease past threading.TIMEOUT_MAX made result() raise at once.)
-            future.result(min(threading.TIMEOUT_MAX, 2 * _COMMAND_TIMEOUT + self._lease))
+            future.result(bound)
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(loop.stop)
         if self._thread is not None and self._thread is not threading.current_thread():
