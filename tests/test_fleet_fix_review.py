@@ -45,6 +45,7 @@ from flightgroup import (
     FlightGroup,
     FlightInterruptedError,
     GroupClosedError,
+    Retention,
     UnavailableError,
     current_lease,
 )
@@ -383,3 +384,21 @@ def test_a_second_close_returns_only_once_the_first_handed_the_landing_over(
         for thread in (first, second):
             if thread is not None:
                 thread.join(20)
+
+
+def test_a_lease_and_a_keep_near_the_float_maximum_are_taken(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """API.md: construction checks its arguments. A finite lease near sys.float_info.max
+    passed the check, then overflowed to infinity in milliseconds (OverflowError at
+    construction); a keep that large overflowed at the landing. Both are capped at the
+    longest TTL the fleet sets."""
+    huge = sys.float_info.max
+    g = fleet_group(redis_server.url, namespace, lease=huge,
+                    retention=Retention(success=huge))
+    try:
+        assert g.run_sync("k", lambda: "v").joined is False
+        again = g.run_sync("k", lambda: "other")
+        assert (again.value, again.joined) == ("v", True)  # kept
+    finally:
+        g.close()

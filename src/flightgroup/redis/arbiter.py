@@ -868,7 +868,7 @@ class RedisArbiter:
                     reply = await self._script(
                         "complete",
                         [names.record, names.parked(token), names.mailbox(token), *names.kept],
-                        [token, code, payload, min(_MAX_TTL_MS, round(keep * 1000)),
+                        [token, code, payload, round(min(float(_MAX_TTL_MS), keep * 1000)),
                          self._grace_ms(keep), self._max_value_bytes,
                          size, max_items, max_bytes],
                     )
@@ -1073,8 +1073,9 @@ def _refused_as_too_large(exc: BaseException) -> bool:
 
 
 def _ms(seconds: float) -> int:
-    """A duration for PEXPIRE: at least 1 ms, at most _MAX_TTL_MS."""
-    return max(1, min(_MAX_TTL_MS, round(seconds * 1000)))
+    """A duration for PEXPIRE: at least 1 ms, at most _MAX_TTL_MS (clamped before it
+    is rounded: a finite lease or keep near the float maximum overflows in ms)."""
+    return max(1, round(min(float(_MAX_TTL_MS), seconds * 1000)))
 
 
 def _glob_escape(text: str) -> str:
