@@ -833,6 +833,36 @@ def test_undo_ends_only_the_running_flight_its_nonce_led(lua: Lua) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_calls_of_a_key_that_get_no_answer_share_one_undo() -> None:
+    """Each failed call of a key started an undo of its own and replaced the last in
+    the arbiter's map, so the others tried on unseen until Redis answered: one task
+    more, and its connection attempts, per failed call. Now the key has one undo task,
+    which takes every failed call's nonce, and ends once Redis answered for each."""
+    port = free_port()  # nothing listens there yet
+    g = FlightGroup(redis=f"redis://127.0.0.1:{port}/0", namespace="undo", codec=JSON,
+                    lease=2.0)
+    server: RedisServer | None = None
+    try:
+        fleet = fleet_of(g)
+        for _ in range(4):
+            with pytest.raises(UnavailableError):
+                g.run_sync("k", lambda: "never")
+        undos = [t for t in fleet._tasks if t.get_coro().__name__ == "_undo"]  # type: ignore[union-attr]
+        assert len(undos) == 1
+        [(record, nonces)] = fleet._undo_nonces.items()
+        assert record == _Names("undo", "k", False).record and len(nonces) == 4
+        server = RedisServer(port)  # Redis answers now: each nonce is undone, twice
+        wait_until(lambda: not fleet._undoing and not fleet._undo_nonces, "the undo ended")
+        assert all(t.done() for t in undos)
+        got = g.run_sync("k", lambda: "led")
+        assert (got.value, got.joined) == ("led", False)
+    finally:
+        g.close()
+        if server is not None:
+            server.close()
+
+
+@pytest.mark.timeout(60)
 def test_an_acquire_a_frozen_server_ran_after_its_call_gave_up_is_undone() -> None:
     """Redis frozen (SIGSTOP): the calls give up (UnavailableError), but Redis runs
     their buffered ACQUIREs once it resumes, even from closed connections: flights

@@ -263,8 +263,10 @@ class RedisArbiter:
         self._leads: set[FleetLead] = set()
         self._renewer: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        # Per key's record: the undo of an ACQUIRE that got no answer (see _undo).
+        # Per key's record: the one task that undoes the ACQUIREs of the key that got
+        # no answer, and their nonces (see _undo).
         self._undoing: dict[str, asyncio.Task[None]] = {}
+        self._undo_nonces: dict[str, list[str]] = {}
         self._closing = False
         self._close_returned = threading.Event()  # the first close() is done
         self._closed_why: str | None = None  # set in a forked child (see _after_fork)
@@ -680,28 +682,38 @@ class RedisArbiter:
             call.task.cancel()  # a read only; a script in flight finishes and sees withdrawn
 
     def _undo_later(self, key: str, names: _Names, nonce: str) -> None:
-        task = self._undoing[names.record] = self._spawn(self._undo(key, names, nonce))
+        record = names.record
+        self._undo_nonces.setdefault(record, []).append(nonce)
+        running = self._undoing.get(record)
+        if running is not None and not running.done():
+            return  # it undoes this nonce too: one task per key, however many calls failed
+        task = self._undoing[record] = self._spawn(self._undo(key, names))
 
         def ended(task: asyncio.Task[None]) -> None:
-            if self._undoing.get(names.record) is task:
-                del self._undoing[names.record]
+            if self._undoing.get(record) is task:
+                del self._undoing[record]
+                self._undo_nonces.pop(record, None)
 
         task.add_done_callback(ended)
 
-    async def _undo(self, key: str, names: _Names, nonce: str) -> None:
-        """End the flight an ACQUIRE that got no answer may have led (scripts.UNDO):
-        a frozen server runs what it had buffered once it resumes. Tried until Redis
-        answers, then once more: Redis reads every connection that was waiting in its
-        first pass after it resumes, and the second try is sent after the first one's
-        answer, so after each buffered ACQUIRE of ours has run (ADR 0024)."""
-        args = [nonce, self._grace_ms(0.0), "its leading call got no answer from Redis"]
-        pause, answered = _RETRY_PAUSE, 0
-        while answered < 2:
+    async def _undo(self, key: str, names: _Names) -> None:
+        """End the flight an ACQUIRE of the key that got no answer may have led
+        (scripts.UNDO), for each such ACQUIRE's nonce: a frozen server runs what it had
+        buffered once it resumes. Tried until Redis answers, then once more: Redis reads
+        every connection that was waiting in its first pass after it resumes, and the
+        second try is sent after the first one's answer, so after each buffered ACQUIRE
+        of ours has run (ADR 0024). Nonces of calls that fail meanwhile join in."""
+        nonces = self._undo_nonces.setdefault(names.record, [])
+        answered: dict[str, int] = {}
+        grace, reason = self._grace_ms(0.0), "its leading call got no answer from Redis"
+        pause = _RETRY_PAUSE
+        while pending := [n for n in nonces if answered.get(n, 0) < 2]:
             try:
-                if await self._script("undo", [names.record], args):
-                    log.info("ended a flight of %s that a call led with no answer from Redis",
-                             key_digest(key))
-                answered += 1
+                for nonce in pending:
+                    if await self._script("undo", [names.record], [nonce, grace, reason]):
+                        log.info("ended a flight of %s that a call led with no answer "
+                                 "from Redis", key_digest(key))
+                    answered[nonce] = answered.get(nonce, 0) + 1
             except _UNREACHABLE:
                 if self._closing:
                     return
@@ -1035,7 +1047,7 @@ def _after_fork() -> None:
         arbiter._client = arbiter._blocking = None
         arbiter._scripts = {}
         arbiter._calls, arbiter._leads, arbiter._tasks = set(), set(), set()
-        arbiter._undoing = {}
+        arbiter._undoing, arbiter._undo_nonces = {}, {}
         if arbiter.on_fork is not None:
             arbiter.on_fork(arbiter._closed_why)
 
