@@ -229,3 +229,66 @@ def test_mypy_infers_the_decorated_function_s_return_type(tmp_path: Path) -> Non
     assert 'has incompatible type "str"; expected "int"' in out, out
 
 
+
+
+def test_mypy_binds_a_decorated_method_like_any_method(tmp_path: Path) -> None:
+    """Read from an instance, a decorated method takes its arguments without self (it
+    was typed as the unbound function, so every correct call was an error); read from
+    the class, it is the function, and its forget takes the instance first."""
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        textwrap.dedent(
+            """
+            import flightgroup
+
+            g = flightgroup.FlightGroup()
+
+            class Repo:
+                @g.coalesce(key=lambda self, user_id: f"user:{user_id}")
+                async def get(self, user_id: int) -> str:
+                    return "u"
+
+                @g.coalesce(key=lambda self, n: str(n))
+                def square(self, n: int) -> int:
+                    return n * n
+
+            async def main() -> None:
+                repo = Repo()
+                reveal_type(await repo.get(7))
+                reveal_type(repo.square(3))
+                reveal_type(Repo.square(repo, 3))
+                Repo.square.forget(repo, 3)
+                repo.square("three")
+            """
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(sample)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    out = proc.stdout
+    # (mypy names builtins short or long, depending on its version)
+    assert out.count('type is "str"') + out.count('type is "builtins.str"') == 1, out
+    assert out.count('type is "int"') + out.count('type is "builtins.int"') == 2, out
+    # The one error is the bad argument: every correct call type-checks.
+    assert out.count("error:") == 1, out
+    assert 'Argument 1 to "__call__" of "BoundCoalesced" has incompatible type "str"' in out, out
+
+
+def test_a_decorated_method_runs_once_per_key_across_instances() -> None:
+    g = FlightGroup()
+    runs: list[int] = []
+
+    class Repo:
+        @g.coalesce(key=lambda self, n: str(n))
+        def square(self, n: int) -> int:
+            runs.append(n)
+            return n * n
+
+    repo = Repo()
+    assert repo.square(3) == 9 and Repo().square(3) == 9 and runs == [3, 3]
+    Repo.square.forget(repo, 3)  # through the class, the instance first
+    assert repo.square(3) == 9

@@ -29,7 +29,17 @@ import weakref
 from asyncio import events
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from contextvars import copy_context
-from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, Self, TypeVar, cast, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    ParamSpec,
+    Protocol,
+    Self,
+    TypeVar,
+    cast,
+    overload,
+)
 
 from .codec import Codec, check_codec, encode_bytes
 from .errors import (
@@ -77,12 +87,14 @@ if TYPE_CHECKING:
 # The wide scopes' modules are imported when a group of that scope is made: the process
 # scope needs none of their OS interfaces (fcntl, Unix sockets), so it imports anywhere.
 
-__all__ = ["Coalesced", "FlightGroup", "Result"]
+__all__ = ["BoundCoalesced", "Coalesced", "FlightGroup", "Result"]
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 R_co = TypeVar("R_co", covariant=True)
 P = ParamSpec("P")
+Q = ParamSpec("Q")
+S = TypeVar("S")
 
 _CoroutineType = types.CoroutineType
 _EAGER = sys.version_info >= (3, 12)
@@ -127,6 +139,27 @@ class Coalesced(Protocol[P, R_co]):
     def forget(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Detach the flight these arguments' key maps to (see FlightGroup.forget)."""
         ...
+
+    # A decorated method: read from its class, it is the function (``forget`` takes
+    # the instance first); read from an instance, it is bound like any method.
+    @overload
+    def __get__(self, instance: None, owner: type[Any], /) -> Self: ...
+
+    @overload
+    def __get__(
+        self: Coalesced[Concatenate[S, Q], R_co], instance: S, owner: type[Any], /
+    ) -> BoundCoalesced[Q, R_co]: ...
+
+    def __get__(self, instance: Any, owner: type[Any], /) -> Any: ...
+
+
+class BoundCoalesced(Protocol[P, R_co]):
+    """A decorated method read from an instance: called as the bound method. Its
+    ``forget`` is reached through the class (``Cls.method.forget(instance, ...)``)."""
+
+    flight_namespace: str
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
 
 
 class _Coalesce(Protocol):
