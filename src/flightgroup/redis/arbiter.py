@@ -1042,6 +1042,8 @@ def _after_fork() -> None:
         if arbiter._loop is not None:
             _let_go(arbiter._loop)
         arbiter._closing = True  # close() has nothing to wait for
+        arbiter._close_returned = threading.Event()  # (a copy's lock may be held)
+        arbiter._close_returned.set()
         arbiter._closed_why = forked_reason("fleet", parent)
         arbiter._loop = arbiter._thread = arbiter._ready = arbiter._renewer = None
         arbiter._client = arbiter._blocking = None
