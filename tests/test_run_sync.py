@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -270,3 +273,109 @@ def test_fresh_threads_share_the_next_flight() -> None:
     assert second.runs == 1
     assert [r.value for r in results] == ["after"] * 3
     assert sum(not r.joined for r in results) == 1
+
+
+# A real SIGINT to the leader's (main) thread while its flight can go on without it:
+# a deadline's attempt runs on a thread of its own, a retry pauses between attempts.
+_INTERRUPTED_LEADER = r"""
+import json, signal, sys, threading
+from flightgroup import FlightGroup, Retry, current_lease
+from flightgroup.flight import RETRY_PENDING
+
+mode = sys.argv[1]
+if mode == "deadline":
+    g = FlightGroup(deadline=30.0)
+else:
+    g = FlightGroup(retry=Retry(attempts=2, backoff=2.0, max_backoff=2.0, jitter=False))
+runs, leases, lock = [], [], threading.Lock()
+running = [0, 0]  # now, most at once
+started, release = threading.Event(), threading.Event()
+
+def work():
+    with lock:
+        runs.append(len(runs) + 1)
+        running[0] += 1
+        running[1] = max(running)
+        n = len(runs)
+    leases.append(current_lease())
+    try:
+        if mode == "retry" and n == 1:
+            raise ValueError("the first attempt fails")  # then the pause
+        started.set()
+        release.wait(30)
+        return "value"
+    finally:
+        with lock:
+            running[0] -= 1
+
+got = {}
+def call(name):
+    try:
+        got[name] = g.run_sync("k", work, timeout=30).joined
+    except BaseException as exc:
+        got[name] = repr(exc)
+
+def interrupter():
+    while not leases:  # the main thread leads: its (first) attempt began
+        threading.Event().wait(0.005)
+    joiner = threading.Thread(target=call, args=("joiner",))
+    joiner.start()
+    while g.stats().joins < 1:
+        threading.Event().wait(0.005)
+    # deadline: the main thread waits as the flight's leader (its driver thread
+    # started; code that never waits so, the old one, is interrupted after 2 s).
+    # retry: the main thread is in the pause after the first attempt failed.
+    for _ in range(400):
+        flight = g._table.flights.get("k")
+        if flight is not None and (
+            flight.leader_waiter is not None if mode == "deadline"
+            else flight.state is RETRY_PENDING
+        ):
+            break
+        threading.Event().wait(0.005)
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    interrupted.wait(30)
+    later = threading.Thread(target=call, args=("later",))  # after the interrupt
+    later.start()
+    while g.stats().joins < 2 and "later" not in got:
+        threading.Event().wait(0.005)
+    if mode == "retry":
+        started.wait(30)
+    first_lost = leases[0].lost
+    release.set()
+    joiner.join(30)
+    later.join(30)
+    print(json.dumps({"leader": leader, "got": got, "runs": runs, "most": running[1],
+                      "first_lost": first_lost}), flush=True)
+
+interrupted = threading.Event()
+leader = None
+threading.Thread(target=interrupter).start()
+try:
+    g.run_sync("k", work)
+    leader = "returned"
+except KeyboardInterrupt:
+    leader = "KeyboardInterrupt"
+interrupted.set()
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["deadline", "retry"])
+def test_a_keyboard_interrupt_withdraws_a_leader_whose_flight_goes_on(mode: str) -> None:
+    """DESIGN.md: "A caller that cancels (task cancelled, timeout, signal) withdraws only
+    itself; the work goes on for the others." With a deadline (the attempt runs on a
+    thread of its own) the leader's interrupt landed the flight "interrupted" while the
+    work ran on with its lease, and the next call ran the key beside it; in a retry's
+    pause it interrupted the joiners, and the retry never ran."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_LEADER, mode],
+        capture_output=True, text=True, timeout=50, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.splitlines()[-1])
+    assert seen["leader"] == "KeyboardInterrupt", seen
+    # The joiner and a call after the interrupt both joined the flight, which went on.
+    assert seen["got"] == {"joiner": True, "later": True}, seen
+    assert seen["most"] == 1 and seen["first_lost"] is False, seen
+    assert seen["runs"] == ([1] if mode == "deadline" else [1, 2]), seen

@@ -587,7 +587,7 @@ class FlightGroup:
         if role is Role.KEPT:
             return self._deliver(flight, False)
         if timeout is None and self._arbiter is None:
-            if role is Role.LEAD:
+            if role is Role.LEAD and not _outlives_a_wait(flight.policy):
                 self._drive_sync(flight, work, parent)  # the common case: no waiting at all
                 return self._deliver(flight, True)
             if role is Role.JOIN and on_join is None:
@@ -612,7 +612,7 @@ class FlightGroup:
         )
         if role is Role.KEPT:
             return self._deliver(flight, False)
-        if role is Role.LEAD and self._arbiter is None:
+        if role is Role.LEAD and self._arbiter is None and not _outlives_a_wait(policy):
             self._drive_sync(flight, work, parent)
             return self._deliver(flight, True)
         return self._follow_sync(role, flight, waiter, work, None, None, policy)
@@ -639,10 +639,15 @@ class FlightGroup:
             if role is Role.LEAD:
                 leader = True
                 wide = self._arbiter is not None
-                if at is None and not wide:
+                # The work runs in this thread, and a KeyboardInterrupt in it stops it
+                # for all; unless each attempt runs on a thread of its own (a deadline):
+                # then the flight is driven on a thread of its own, as with a timeout,
+                # and an interrupt of this caller's wait withdraws this caller only.
+                own = at is None and not _outlives_a_wait(flight.policy)
+                if own and not wide:
                     self._drive_sync(flight, work, _current_flight())
                     return self._deliver(flight, True)
-                if at is None:
+                if own:
                     call_on_join, on_join = on_join, None  # the driver calls it
                     failed = self._drive_wide_sync(
                         flight, work, _current_flight(), call_on_join
@@ -936,26 +941,55 @@ class FlightGroup:
         flight.parent = parent
         attempt = flight.attempt
         assert attempt is not None
+        self._drive_sync_from(flight, work, call, attempt, 1, None)
+
+    def _drive_sync_from(
+        self,
+        flight: Flight,
+        work: Callable[[], Any],
+        call: Call | None,
+        attempt: Attempt,
+        number: int,
+        paused: tuple[float, Ending] | None,
+    ) -> None:
+        """The loop of _drive_sync from attempt ``number``; ``paused``: the pause before
+        the next attempt still to wait, and the ending of ``attempt`` (a pause that a
+        KeyboardInterrupt cut short in the leader's thread goes on here, on a thread of
+        its own: the leader withdraws, the flight goes on for the others)."""
         policy = flight.policy
-        number = 1
         error: BaseException | None
         while True:
-            if policy.deadline is None:
-                outcome, value, error = _attempt_sync(attempt, work)
+            if paused is None:
+                if policy.deadline is None:
+                    outcome, value, error = _attempt_sync(attempt, work)
+                else:
+                    try:
+                        outcome, value, error = _attempt_sync_with_deadline(
+                            attempt, work, policy.deadline
+                        )
+                    except BaseException as exc:  # KeyboardInterrupt while waiting, no thread
+                        outcome, value, error = Outcome.INTERRUPTED, None, exc
+                if error is None or not self._will_retry(flight, number, outcome, error):
+                    break
+                pause = policy.backoff(number, random.uniform)
             else:
-                try:
-                    outcome, value, error = _attempt_sync_with_deadline(
-                        attempt, work, policy.deadline
-                    )
-                except BaseException as exc:  # KeyboardInterrupt while waiting, no thread
-                    outcome, value, error = Outcome.INTERRUPTED, None, exc
-            if error is None or not self._will_retry(flight, number, outcome, error):
-                break
+                pause, (outcome, value, error) = paused
+                paused = None
+            resume = time.monotonic() + pause
             try:
-                time.sleep(policy.backoff(number, random.uniform))
+                time.sleep(pause)
             except BaseException as exc:  # KeyboardInterrupt during the pause
-                outcome, value, error = Outcome.INTERRUPTED, None, exc
-                break
+                rest = (max(0.0, resume - time.monotonic()), (outcome, value, error))
+                try:
+                    threading.Thread(
+                        target=copy_context().run,
+                        args=(self._drive_sync_from, flight, work, call, attempt, number, rest),
+                        name=f"flightgroup-retry-{flight.token}", daemon=True,
+                    ).start()
+                except RuntimeError:  # no thread to go on with: the flight ends here
+                    outcome, value, error = Outcome.INTERRUPTED, None, exc
+                    break
+                raise
             following = self._table.next_attempt(flight)
             if following is None:
                 break
@@ -1489,6 +1523,12 @@ def _lease_lost(key: str, error: BaseException | None) -> BaseException:
     lost = LeaseLostError(key)
     lost.__cause__ = error
     return lost
+
+
+def _outlives_a_wait(policy: FlightPolicy) -> bool:
+    """A sync leader's flight goes on while its caller only waits: a deadline runs each
+    attempt on a thread of its own (a retry's pause goes on by itself, _drive_sync_from)."""
+    return policy.deadline is not None
 
 
 def _as_called(error: BaseException, flight: Flight) -> BaseException:
