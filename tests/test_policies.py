@@ -24,9 +24,9 @@ from flightgroup import (
     TooManyWaitersError,
     current_lease,
 )
-from flightgroup.flight import RETRY_PENDING
+from flightgroup.flight import RETRY_PENDING, RUNNING
 
-from .support import run, until, wait_until
+from .support import LoopThread, run, until, wait_until
 
 FAST = Retry(attempts=3, backoff=0.001, max_backoff=0.001, jitter=False)
 
@@ -392,6 +392,48 @@ def test_max_waiters_counts_fresh_callers_waiting_for_the_flight_s_end() -> None
         assert leader.result(5).value == "old" and joiner.result(5).value == "old"
         assert fresh.result(5).value == "new"
     assert runs == ["fresh"]
+
+
+def test_max_waiters_counts_the_fresh_callers_claims_on_the_next_flight() -> None:
+    """The fresh callers of a flight hold claims on the next one and join it when they
+    wake; they are never refused then. A caller that came to the next flight before
+    them was let in as if they were not there, so the flight ended up with more joiners
+    than max_waiters (review of 2026-11-30). Their claims count now."""
+    g = FlightGroup(limits=Limits(max_waiters=1))
+    first, second, hold = threading.Event(), threading.Event(), threading.Event()
+    busy = threading.Event()
+    other = LoopThread()
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            f = pool.submit(g.run_sync, "k", lambda: first.wait(5) and "F")
+            wait_until(lambda: "k" in g._table.flights)
+            fresh = other.submit(g.run("k", lambda: asyncio.sleep(0, "fresh ran"), fresh=True))
+            wait_until(lambda: len(g._table.flights["k"].fresh or ()) == 1, "fresh waits")
+
+            def hold_the_loop() -> None:
+                busy.set()
+                hold.wait(10)
+
+            other.call(hold_the_loop)  # its caller cannot claim the next flight yet
+            assert busy.wait(5)
+            first.set()
+            assert f.result(5).value == "F"
+            # The next flight G is IDLE with the fresh caller's claim; a caller leads it.
+            g_leader = pool.submit(g.run_sync, "k", lambda: second.wait(5) and "G")
+            wait_until(lambda: g._table.flights["k"].state is RUNNING, "G runs")
+            with pytest.raises(TooManyWaitersError):  # the claim takes the one place
+                g.run_sync("k", lambda: "never")
+            hold.set()
+            wait_until(lambda: g._table.flights["k"].joiners == 1, "the claim joined G")
+            second.set()
+            assert g_leader.result(5).value == "G"
+            result = fresh.result(5)
+            assert (result.value, result.joined) == ("G", True)
+    finally:
+        hold.set()
+        first.set()
+        second.set()
+        other.close()
 
 
 def test_max_flights_refuses_a_new_key_but_a_duplicate_still_joins() -> None:

@@ -538,10 +538,12 @@ class FlightTable:
 
     def _check_waiters(self, flight: Flight) -> None:
         """Refuse a caller that would wait on ``flight`` past its ``max_waiters``: its
-        joiners and its fresh callers (they wait for its end) count, its leader not."""
+        joiners, its fresh callers (they wait for its end) and the pending claims of the
+        fresh callers of the flight before it (they join it once they wake, and are
+        never refused then) count, its leader not."""
         limits = flight.policy.limits
         if limits is not None and limits.max_waiters is not None:
-            waiting = len(flight.waiters) + len(flight.fresh or ())
+            waiting = len(flight.waiters) + len(flight.fresh or ()) + flight.claims
             if flight.leader_waiter is not None and flight.leader_waiter in flight.waiters:
                 waiting -= 1
             if waiting >= limits.max_waiters:
