@@ -143,3 +143,29 @@ def test_a_forgotten_flights_retry_does_not_detach_the_keys_next_flight(
     finally:
         close(a)
         close(b)
+
+
+def test_a_forget_of_a_key_nobody_holds_still_detaches_an_earlier_terms_lead(
+    directory: str,
+) -> None:
+    """A lead of an earlier term need not hold its key lock yet: told to lead while the
+    key was releasing, its leader waits for the previous holder (review of 2026-11-30,
+    round 2). A forget confirmed then, with the lock free and nobody waiting, wrote no
+    mark, so the lead's later reassert became the key's flight and a call after the
+    forget joined it. The mark is written whenever no flight of the key is known."""
+    a = coordinating(directory)
+    sock = os.path.join(directory, "flight.sock")
+    earlier = 0 << 32 | 5  # a token of the term before this one (epoch 0)
+    try:
+        with raw_conns(sock, 3) as (f, b, q):
+            f.send_frame({"op": "forget", "key": "k", "id": 1})
+            f.expect("ack")
+            b.send_frame({"op": "reassert", "id": 1, "key": "k", "token": earlier})
+            b.served()  # taken back detached: for its own joiners only
+            q.send_frame({"op": "run", "id": 1, "key": "k"})
+            assert q.expect("lead")[0]["token"] > earlier
+            # Its own joiners still find it by its token.
+            f.send_frame({"op": "run", "id": 3, "key": "k", "flight": earlier})
+            assert f.expect("joined")[0]["token"] == earlier
+    finally:
+        close(a)

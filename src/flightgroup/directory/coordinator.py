@@ -809,16 +809,12 @@ class Coordinator:
             flight.detached = True
             self._detached.setdefault(key, []).append(flight)
             self._mark_forgotten(key, flight.token)
-        elif key in self._waiting or self._maybe_held(key):
-            # A flight of an earlier term may hold the key and reassert later: it began
-            # before this forget, as did every flight of a token issued so far.
+        else:
+            # A flight of an earlier term may reassert later, whether it holds the key's
+            # lock now or its leader still waits for it (told to lead while the key was
+            # releasing), so no probe can tell: it began before this forget, as did
+            # every flight of a token issued so far.
             self._mark_forgotten(key, self.epoch << 32 | self._sequence)
-
-    def _maybe_held(self, key: str) -> bool:
-        try:
-            return self._key_held(key, create=False)
-        except _ProbeError:
-            return True
 
     def _forgotten_path(self, key: str) -> str:
         digest = os.path.basename(fs.key_lock_path(self.directory, key))
