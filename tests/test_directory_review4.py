@@ -169,3 +169,32 @@ def test_a_forget_of_a_key_nobody_holds_still_detaches_an_earlier_terms_lead(
             assert f.expect("joined")[0]["token"] == earlier
     finally:
         close(a)
+
+
+def test_fresh_callers_of_one_flight_share_the_next_across_a_failover() -> None:
+    """Real processes: p2's and p3's fresh calls wait at the coordinator for F's end;
+    the coordinator dies; p3 reconnects first and leads the next flight G; p2's fresh
+    call, sent again, once waited for G's end and ran the work a third time (its new
+    coordinator could not tell it came before G began). It was sent to the term before,
+    so any flight of the new term began after it: it joins G (review of 2026-11-30)."""
+    with Harness() as h:
+        c = h.spawn_warm("c")
+        p1, p2, p3 = (h.spawn_warm(name) for name in ("p1", "p2", "p3"))
+        assert h.coordinator_pid() == c.pid
+        p1.call("a", "k", h.work(block=True, **{"return": "F"}))
+        p1.expect("started", "a")
+        p2.call("b", "k", h.work(**{"return": "p2 ran"}), fresh=True)
+        p3.call("c", "k", h.work(block=True, **{"return": "G"}), fresh=True)
+        p2.roundtrip("rt")  # each fresh request was read (frames go in order)
+        p3.roundtrip("rt")
+        p2.stop()  # slow to reconnect after the failover
+        c.kill()
+        p1.release("a")
+        assert_value(p1.expect("done", "a"), "F", joined=False)
+        p3.expect("started", "c")  # p3 leads G in the new term
+        p2.cont()
+        p2.roundtrip("rt2")  # p2's fresh call reached the new coordinator
+        p3.release("c")
+        assert_value(p3.expect("done", "c"), "G", joined=False)
+        assert_value(p2.expect("done", "b"), "G", joined=True)
+        assert [pid for pid, _, _ in h.runs_of("k")] == [p1.pid, p3.pid]

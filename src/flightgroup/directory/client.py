@@ -84,6 +84,7 @@ class Call:
         "key",
         "lead",
         "lock",
+        "outlived",
         "pending",
         "refused",
         "sent",
@@ -106,6 +107,9 @@ class Call:
         self.after = after  # (fresh) a flight newer than this token is a later one
         self.inbox = inbox
         self.sent = False  # went out on the current connection
+        # (fresh) it went out to a coordinator that is gone, unanswered: it was made
+        # before the next term began, so any flight of that term began after it
+        self.outlived = False
         self.joined = False  # heard `joined`: after a reconnect it rejoins by token
         self.token = 0
         # The flight's tokens heard before ``token`` (it retried), oldest first: a rejoin
@@ -513,8 +517,17 @@ class DirectoryArbiter:
                     channel.send(lead.landing)
                 elif lead.retrying:  # the new token it asked for never came
                     channel.send(wire.attempt_frame(lead.call.id))
+            epoch = None
             for call in list(self._calls.values()):
                 if call.lead is None and not call.sent:
+                    if call.outlived:
+                        call.outlived = False
+                        if epoch is None:
+                            epoch = fs.read_epoch(self.directory) or 0
+                        if call.after is None and epoch > 0:
+                            # Not "no flight that exists now": the one this call waited
+                            # for may have ended, and the next begun, in the new term.
+                            call.after = (epoch << 32) - 1
                     if call.pending is not None:
                         # It was told to lead while it opened its key file; the lead is
                         # being taken: the new coordinator hears a reassert, not a run.
@@ -530,6 +543,8 @@ class DirectoryArbiter:
                 self._channel = None
                 self._connected_now.clear()
             for call in list(self._calls.values()):  # (a work's thread may pop one)
+                if call.sent and call.fresh and not call.joined and call.lead is None:
+                    call.outlived = True
                 call.sent = False
         for id, waiter in list(self._waiters.items()):
             del self._waiters[id]
