@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import textwrap
 import threading
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 
@@ -79,3 +83,18 @@ def in_thread(fn: Any, *args: Any, **kwargs: Any) -> tuple[threading.Thread, dic
 def outcome(box: dict[str, Any]) -> Any:
     """What a thread of ``in_thread`` ended with: its result, or its error."""
     return box["result"] if "result" in box else box.get("error")
+
+
+def mypy_strict(
+    tmp_path: Path, source: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``mypy --strict`` on ``source`` (dedented) as ``sample.py`` in ``tmp_path``."""
+    sample = tmp_path / "sample.py"
+    sample.write_text(textwrap.dedent(source))
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(sample)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import subprocess
-import sys
-import textwrap
 import threading
 from pathlib import Path
 
@@ -14,7 +11,7 @@ import pytest
 
 from flightgroup import FlightGroup
 
-from .support import run, until, wait_until
+from .support import mypy_strict, run, until, wait_until
 
 
 def test_async_function_calls_with_equal_keys_share_one_run_and_return_the_value() -> None:
@@ -189,10 +186,9 @@ def test_key_function_that_returns_a_non_string_is_a_type_error() -> None:
 
 
 def test_mypy_infers_the_decorated_function_s_return_type(tmp_path: Path) -> None:
-    sample = tmp_path / "sample.py"
-    sample.write_text(
-        textwrap.dedent(
-            """
+    proc = mypy_strict(
+        tmp_path,
+        """
             import flightgroup
 
             g = flightgroup.FlightGroup()
@@ -212,15 +208,7 @@ def test_mypy_infers_the_decorated_function_s_return_type(tmp_path: Path) -> Non
                 reveal_type(user)
                 reveal_type(square(3))
                 await get_user("seven")
-            """
-        )
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(sample)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        """,
     )
     out = proc.stdout
     assert 'Revealed type is "sample.User"' in out, out
@@ -235,10 +223,9 @@ def test_mypy_binds_a_decorated_method_like_any_method(tmp_path: Path) -> None:
     """Read from an instance, a decorated method takes its arguments without self (it
     was typed as the unbound function, so every correct call was an error); read from
     the class, it is the function, and its forget takes the instance first."""
-    sample = tmp_path / "sample.py"
-    sample.write_text(
-        textwrap.dedent(
-            """
+    proc = mypy_strict(
+        tmp_path,
+        """
             import flightgroup
 
             g = flightgroup.FlightGroup()
@@ -259,15 +246,7 @@ def test_mypy_binds_a_decorated_method_like_any_method(tmp_path: Path) -> None:
                 reveal_type(Repo.square(repo, 3))
                 Repo.square.forget(repo, 3)
                 repo.square("three")
-            """
-        )
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(sample)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        """,
     )
     out = proc.stdout
     # (mypy names builtins short or long, depending on its version)

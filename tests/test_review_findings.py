@@ -11,9 +11,7 @@ import asyncio
 import contextlib
 import functools
 import gc
-import subprocess
 import sys
-import textwrap
 import threading
 import types
 import weakref
@@ -29,7 +27,7 @@ from flightgroup import FlightGroup, GroupClosedError, Lease, current_lease
 from flightgroup.flight import CLOSED, FlightTable, wake
 
 from .ingroup import scope_groups
-from .support import run, until, wait_until
+from .support import mypy_strict, run, until, wait_until
 
 R = TypeVar("R")
 
@@ -421,10 +419,9 @@ def test_close_wakes_every_waiter_even_if_a_wait_lost_loop_closes_meanwhile(
 
 
 def test_mypy_sees_the_decorated_function_s_forget(tmp_path: Path) -> None:
-    sample = tmp_path / "sample.py"
-    sample.write_text(
-        textwrap.dedent(
-            """
+    proc = mypy_strict(
+        tmp_path,
+        """
             import flightgroup
 
             g = flightgroup.FlightGroup()
@@ -434,15 +431,8 @@ def test_mypy_sees_the_decorated_function_s_forget(tmp_path: Path) -> None:
                 return "u"
 
             get_user.forget(7)
-            """
-        )
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(sample)],
-        capture_output=True,
-        text=True,
+        """,
         timeout=50,
-        check=False,
     )
     assert proc.returncode == 0, proc.stdout
 
