@@ -22,6 +22,17 @@ OLD = 1 << 32 | 5  # a flight of an earlier term that landed
 NEW = 1 << 32 | 6  # the key's next flight, led while the landing waited for its ack
 
 
+def _a_new_call_joins_the_newer_flight(x: RawConn, n: RawConn) -> None:
+    """``n``'s new call of k joins the flight NEW that ``x`` leads, and gets its landing,
+    never the older landed flight's outcome."""
+    n.send_frame({"op": "run", "id": 1, "key": "k"})
+    assert n.expect("joined")[0]["token"] == NEW
+    x.send(wire.land_frame(1, NEW, wire.Value(b'"new"')))
+    assert x.expect("ack")[0]["id"] == 1
+    header, payload = n.expect("landed")
+    assert (header["token"], payload) == (NEW, b'"new"')
+
+
 def test_a_landed_reassert_older_than_the_running_flight_lands_for_its_joiners(
     directory: str,
 ) -> None:
@@ -42,12 +53,7 @@ def test_a_landed_reassert_older_than_the_running_flight_lands_for_its_joiners(
             header, payload = c.expect("landed")
             assert (header["token"], payload) == (OLD, b'"old"')
             # A new call joins the newer flight, never gets the older one's outcome.
-            n.send_frame({"op": "run", "id": 1, "key": "k"})
-            assert n.expect("joined")[0]["token"] == NEW
-            x.send(wire.land_frame(1, NEW, wire.Value(b'"new"')))
-            assert x.expect("ack")[0]["id"] == 1
-            header, payload = n.expect("landed")
-            assert (header["token"], payload) == (NEW, b'"new"')
+            _a_new_call_joins_the_newer_flight(x, n)
     finally:
         close(a)
 
@@ -144,12 +150,7 @@ def test_a_landed_flight_whose_landing_is_still_arriving_stays_for_its_joiners_w
             header, payload = c.read_frame()
             assert (header["op"], header["token"], payload) == ("landed", OLD, value)
             # The newer flight is the key's: a new call joins it.
-            n.send_frame({"op": "run", "id": 1, "key": "k"})
-            assert n.expect("joined")[0]["token"] == NEW
-            x.send(wire.land_frame(1, NEW, wire.Value(b'"new"')))
-            assert x.expect("ack")[0]["id"] == 1
-            header, payload = n.expect("landed")
-            assert (header["token"], payload) == (NEW, b'"new"')
+            _a_new_call_joins_the_newer_flight(x, n)
     finally:
         os.close(fd)
         close(a)

@@ -587,7 +587,8 @@ class FlightGroup:
         if role is Role.KEPT:
             return self._deliver(flight, False)
         if timeout is None and self._arbiter is None:
-            if role is Role.LEAD and not _outlives_a_wait(flight.policy):
+            # (Under a deadline the leader only waits: _follow_sync drives on a thread.)
+            if role is Role.LEAD and flight.policy.deadline is None:
                 self._drive_sync(flight, work, parent)  # the common case: no waiting at all
                 return self._deliver(flight, True)
             if role is Role.JOIN and on_join is None:
@@ -612,7 +613,7 @@ class FlightGroup:
         )
         if role is Role.KEPT:
             return self._deliver(flight, False)
-        if role is Role.LEAD and self._arbiter is None and not _outlives_a_wait(policy):
+        if role is Role.LEAD and self._arbiter is None and policy.deadline is None:
             self._drive_sync(flight, work, parent)
             return self._deliver(flight, True)
         return self._follow_sync(role, flight, waiter, work, None, None, policy)
@@ -643,7 +644,7 @@ class FlightGroup:
                 # for all; unless each attempt runs on a thread of its own (a deadline):
                 # then the flight is driven on a thread of its own, as with a timeout,
                 # and an interrupt of this caller's wait withdraws this caller only.
-                own = at is None and not _outlives_a_wait(flight.policy)
+                own = at is None and flight.policy.deadline is None
                 if own and not wide:
                     self._drive_sync(flight, work, _current_flight())
                     return self._deliver(flight, True)
@@ -1523,12 +1524,6 @@ def _lease_lost(key: str, error: BaseException | None) -> BaseException:
     lost = LeaseLostError(key)
     lost.__cause__ = error
     return lost
-
-
-def _outlives_a_wait(policy: FlightPolicy) -> bool:
-    """A sync leader's flight goes on while its caller only waits: a deadline runs each
-    attempt on a thread of its own (a retry's pause goes on by itself, _drive_sync_from)."""
-    return policy.deadline is not None
 
 
 def _as_called(error: BaseException, flight: Flight) -> BaseException:
