@@ -178,8 +178,8 @@ FRESH_PROBE = r"""
 import sys, threading, time
 from flightgroup.directory.client import DirectoryArbiter
 submit = DirectoryArbiter.submit
-def probed(self, key, fresh, after=None):
-    call = submit(self, key, fresh, after)
+def probed(self, key, fresh, after=None, *rest):
+    call = submit(self, key, fresh, after, *rest)
     def probe():
         end = time.monotonic() + 20
         while not call.sent and time.monotonic() < end:

@@ -391,12 +391,14 @@ def test_sync_leading_caller_with_timeout_calls_on_join_when_joined_and_landed_r
     settled = threading.Event()
     real_submit = DirectoryArbiter.submit
 
-    def submit(self: DirectoryArbiter, key: str, fresh: bool, after: int | None = None) -> Any:
+    def submit(
+        self: DirectoryArbiter, key: str, fresh: bool, after: int | None = None, *rest: Any
+    ) -> Any:
         if self is b._arbiter:  # the caller waits as the leader before the answer comes
             wait_until(
                 lambda: b._table.flights["k"].leader_waiter is not None, "the caller waits"
             )
-        return real_submit(self, key, fresh, after)
+        return real_submit(self, key, fresh, after, *rest)
 
     def wake(waiters: Any, signal: Any) -> None:
         if signal is group_module.JOINED:
@@ -438,8 +440,10 @@ def test_async_leading_caller_calls_on_join_when_the_landing_is_already_in(
     a, _, release, leader = _remote_leader(directory)
     real_submit = DirectoryArbiter.submit
 
-    def submit(self: DirectoryArbiter, key: str, fresh: bool, after: int | None = None) -> Any:
-        call = real_submit(self, key, fresh, after)
+    def submit(
+        self: DirectoryArbiter, key: str, fresh: bool, after: int | None = None, *rest: Any
+    ) -> Any:
+        call = real_submit(self, key, fresh, after, *rest)
         if self is b._arbiter:
             # The caller's thread is slow to go on (its key file's create, say): the
             # joined answer and then the landing are in its inbox before its first await.

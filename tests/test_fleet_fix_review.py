@@ -362,8 +362,11 @@ def test_a_second_close_returns_only_once_the_first_handed_the_landing_over(
     fleet._close_returned = Watched()  # type: ignore[misc]
     first: threading.Thread | None = None
     second: threading.Thread | None = None
+    # The leader's call returns once its landing was handed over: it waits in a thread.
+    # (Called here, it waited the gate's 20 s out, the landing was handed over before
+    # any close(), and the second close() was seen waiting only by luck.)
+    leader, led = in_thread(a.run_sync, "k", lambda: "v")
     try:
-        assert a.run_sync("k", lambda: "v").value == "v"
         assert completing.wait(10)  # the landing is made, its COMPLETE held
         first, _ = in_thread(a.close)
         wait_until(lambda: fleet._closing, "the first close began")
@@ -379,9 +382,13 @@ def test_a_second_close_returns_only_once_the_first_handed_the_landing_over(
         second.join(20)
         first.join(20)
         assert outcome(handed) is True
+        leader.join(20)
+        # API.md: a leader still waiting in a group that closes raises GroupClosedError
+        # (its landing was handed over all the same).
+        assert isinstance(outcome(led), GroupClosedError), led
     finally:
         gate.set()
-        for thread in (first, second):
+        for thread in (leader, first, second):
             if thread is not None:
                 thread.join(20)
 

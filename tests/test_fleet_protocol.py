@@ -298,7 +298,7 @@ def test_renew_batch_answers_per_flight_and_extends_the_lease(lua: Lua) -> None:
     assert lua.forget("c") == 2  # c runs on, parked
     lua.complete("d", td, retain_ms=5000)  # d landed and is kept: no lease to renew
     assert lua.renew([("a", ta), ("b", tb), ("c", tc), ("d", td), ("a", ta + 1)], 30_000) == [
-        1, 0, 1, 0, 0
+        1, 0, 2, 0, 0  # c: renewed, and parked
     ]
     assert 20_000 < lua.r.pttl(lua.names("a").record) <= 30_000
     assert 20_000 < lua.r.pttl(lua.names("c").parked(tc)) <= 30_000
@@ -383,13 +383,17 @@ def test_forget_drops_a_kept_outcome_and_parks_a_running_flight(lua: Lua) -> Non
     assert lua.r.hget(parked, "t") == str(t1).encode()
     assert 0 < lua.r.pttl(parked) <= pttl  # the lease moved with it
     assert lua.record("k") == {}
+    # Its joiners' processes read the notice beside its mailbox (ADR 0026).
+    notice = lua.r.xrange(lua.names("k").notice(t1))
+    assert [fields for _, fields in notice] == [{b"d": b"1"}]
     # a new call leads a new flight beside it
     t2 = int(lua.acquire("k", "n3")[1])
     assert t2 > t1
     # the old nonce (a re-sent ACQUIRE of the call that led t1): leads t1 again
     assert lua.acquire("k", "n1")[:2] == [1, str(t1).encode()]
-    # the parked flight is still renewed, checked, retried and landed by its token
-    assert lua.renew([("k", t1), ("k", t2)], 20_000) == [1, 1]
+    # the parked flight is still renewed (2: its leader learns it was parked), checked,
+    # retried and landed by its token
+    assert lua.renew([("k", t1), ("k", t2)], 20_000) == [2, 1]
     assert lua.r.pttl(parked) > 10_000
     assert lua.check("k", t1)[0] == 2
     t1b = int(lua.attempt("k", t1, "n1")[1])
@@ -580,7 +584,10 @@ def step(lua: Lua, model: Model, data: st.DataObject) -> None:
         expected = []
         for k, t in flights:
             f = model.find(k, t)
-            expected.append(1 if f is not None and f.state == "R" else 0)
+            if f is None or f.state != "R":
+                expected.append(0)
+            else:  # 2: renewed, and a FORGET parked it
+                expected.append(1 if model.current.get(k) is f else 2)
         assert answer == expected
 
     elif op == "check":

@@ -18,7 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from flightgroup import FlightGroup, LeaseLostError, UnavailableError
 from flightgroup.flight import FlightTable
-from flightgroup.redis.arbiter import RedisArbiter, _Names
+from flightgroup.redis.arbiter import FleetCall, RedisArbiter, _Names
 
 from .infleet import fleet_group, fleet_of, never
 from .infresh import fresh_waiting, held, ran
@@ -161,16 +161,24 @@ def test_a_fresh_caller_after_a_flight_that_lost_its_lease_takes_no_older_flight
 # -- `after` names a flight; a newer one may have begun before the fresh call -----------
 
 
+@pytest.mark.parametrize("notice", ["late", "read"])
 def test_a_fresh_caller_never_joins_a_flight_led_after_a_forget_before_its_call(
-    fleet: Callable[..., FlightGroup], monkeypatch: pytest.MonkeyPatch
+    fleet: Callable[..., FlightGroup], monkeypatch: pytest.MonkeyPatch, notice: str
 ) -> None:
     """b leads R; a's flight joins R. c forgets the key (R is parked, runs on) and
-    leads R2. Then a fresh caller of a comes: a's flight (R) still runs here, so it
-    waits for its end. R lands; the fresh caller leads a's next flight with
-    after = R's token, and Redis lets it join R2 (token above R's), a flight that
-    began before its call (before 862c027 it waited for R2's end and led one more)."""
+    leads R2. Then a fresh caller of a comes.
+
+    late: a has not read the FORGET's notice yet (ADR 0026: a courtesy, it may come
+    late), so a's flight (R) still runs here and the fresh caller waits for its end. R
+    lands; the fresh caller leads a's next flight with after = R's token, and Redis
+    lets it join R2 (token above R's), a flight that began before its call (before
+    862c027 it waited for R2's end and led one more).
+    read: the notice took R out of a's table: the fresh caller asks Redis at once,
+    which has it wait for R2's end. Either way it leads the flight after R2."""
     a, b, c = fleet(), fleet(), fleet()
     acquires = Acquires(a, monkeypatch)
+    if notice == "late":
+        monkeypatch.setattr(FleetCall, "detached", lambda self: None)
     runs: list[str] = []
     r_started, release_r = threading.Event(), threading.Event()
     r2_started, release_r2 = threading.Event(), threading.Event()
@@ -183,8 +191,14 @@ def test_a_fresh_caller_never_joins_a_flight_led_after_a_forget_before_its_call(
         c.forget("k")
         r2 = Background(lambda: c.run_sync("k", held(runs, "R2", r2_started, release_r2)))
         assert r2_started.wait(10)
+        if notice == "read":
+            wait_until(lambda: "k" not in a._table.flights, "a read the notice")
         fresh = Background(lambda: a.run_sync("k", ran(runs, "fresh"), fresh=True))
-        fresh_waiting(a, "k", 1)  # it came once R2 ran
+        if notice == "late":
+            fresh_waiting(a, "k", 1)  # it came once R2 ran
+        else:
+            acquires.wait(2)  # Redis answered: wait for R2's end
+            assert acquires.kinds == [2, 4]
         release_r.set()
         assert r.wait().value == "R"
         assert joiner.wait().value == "R"

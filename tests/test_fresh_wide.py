@@ -335,10 +335,12 @@ def test_fresh_callers_of_two_groups_that_came_during_one_flight_share_the_next(
     runs: list[str] = []
     real_submit = DirectoryArbiter.submit
 
-    def submit(self: DirectoryArbiter, key: str, fresh: bool, after: int | None = None) -> Any:
+    def submit(
+        self: DirectoryArbiter, key: str, fresh: bool, after: int | None = None, *rest: Any
+    ) -> Any:
         if self is a._arbiter and fresh and key == "k":
             assert g_runs.wait(10)  # F's run goes once G leads t2
-        return real_submit(self, key, fresh, after)
+        return real_submit(self, key, fresh, after, *rest)
 
     monkeypatch.setattr(DirectoryArbiter, "submit", submit)
 

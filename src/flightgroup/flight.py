@@ -305,6 +305,13 @@ class Flight:
         return f"<Flight key={self.key!r} token={self.token} {self.state.value}>"
 
 
+def _calls_itself(key: str) -> RuntimeError:
+    return RuntimeError(
+        f"A work of the flight of {key!r} called the same key on the same group; "
+        "it would wait for itself. Give the inner call a key of its own."
+    )
+
+
 def signal_of(flight: Flight, fresh_of: Flight | None, waiter: Waiter) -> Signal | Flight:
     """The signal ``waiter`` of ``flight`` was handed, read from the flight itself
     (valid once the waiter was detached, I3). ``fresh_of`` is the flight whose end
@@ -452,6 +459,14 @@ class FlightTable:
                 raise GroupClosedError()
             stats = self.stats
             flight = self.flights.get(tkey)
+            if chain is not None and self.wide and self.detached and self._detached_in(
+                tkey, chain
+            ):
+                # I6 for a flight that left the table: a forget(), here or in another
+                # process, detached the caller's own flight (ADR 0026). A new lead would
+                # wait for the key lock that very flight holds (directory scope) or run
+                # the key again inside its own work (fleet).
+                raise _calls_itself(key)
             if flight is None:
                 if self.kept is not None and not fresh:
                     entry = self.kept.get(tkey)
@@ -481,10 +496,7 @@ class FlightTable:
                 self._lead(flight, policy)
                 return Role.LEAD, flight, None
             if chain is not None and flight.in_chain_of(chain):  # I6
-                raise RuntimeError(
-                    f"A work of the flight of {key!r} called the same key on the same group; "
-                    "it would wait for itself. Give the inner call a key of its own."
-                )
+                raise _calls_itself(key)
             if blocking_loop is not None and flight.loop is blocking_loop:
                 raise RuntimeError(
                     f"run_sync({key!r}) was called on the thread of the event loop that runs "
@@ -881,6 +893,24 @@ class FlightTable:
             if flight is not None:
                 # It runs on (or, if IDLE, its claimants still lead it) for the
                 # callers it has; close() must still find it.
+                self.detached.add(flight)
+
+    def _detached_in(self, tkey: Hashable, current: Flight | None) -> bool:
+        """(Under the lock) True if ``current``, or a flight whose work started it, is
+        a detached flight of this table with the key ``tkey``."""
+        while current is not None:
+            if current.tkey == tkey and current in self.detached:
+                return True
+            current = current.parent
+        return False
+
+    def detach(self, flight: Flight) -> None:
+        """(Wide scopes) ``flight`` is no longer its key's in the scope (a forget() in
+        another process): if it is still this table's flight of its key, it leaves the
+        table as forget() would take it; the next local call leads a new one."""
+        with self.lock:
+            if self.flights.get(flight.tkey) is flight:
+                del self.flights[flight.tkey]
                 self.detached.add(flight)
 
     def close(self) -> list[tuple[Flight, list[Waiter]]]:

@@ -1028,7 +1028,8 @@ class FlightGroup:
         arbiter = self._arbiter
         assert arbiter is not None
         try:
-            call = arbiter.submit(_wire_key(flight), flight.fresh_lead, flight.after)
+            detach = functools.partial(self._table.detach, flight)
+            call = arbiter.submit(_wire_key(flight), flight.fresh_lead, flight.after, detach)
         except Exception as exc:  # a network directory, a refused version, closed
             self._settle_remote(flight, Outcome.INTERRUPTED, exc)
             return
@@ -1066,7 +1067,8 @@ class FlightGroup:
         assert arbiter is not None
         flight.parent = parent
         try:
-            call = arbiter.submit(_wire_key(flight), flight.fresh_lead, flight.after)
+            detach = functools.partial(self._table.detach, flight)
+            call = arbiter.submit(_wire_key(flight), flight.fresh_lead, flight.after, detach)
         except Exception as exc:
             self._settle_remote(flight, Outcome.INTERRUPTED, exc)
             return None

@@ -60,8 +60,16 @@ class Arbiter(Protocol):
     on_fork: Callable[[str], None] | None
 
     # fresh: only a flight that begins after the call; after: the token of the flight
-    # whose end the fresh callers waited for here (a later one of the scope is theirs)
-    def submit(self, key: str, fresh: bool, after: int | None = None) -> Any: ...
+    # whose end the fresh callers waited for here (a later one of the scope is theirs);
+    # on_detached: called from any thread once a forget() elsewhere took the scope's
+    # flight of this call away from its key (the local flight must leave the table too)
+    def submit(
+        self,
+        key: str,
+        fresh: bool,
+        after: int | None = None,
+        on_detached: Callable[[], object] | None = None,
+    ) -> Any: ...
     def bind(self, call: Any, attempt: Attempt) -> None: ...
     def retry(self, call: Any) -> None: ...
     def withdraw(self, call: Any) -> None: ...

@@ -84,6 +84,7 @@ class Call:
         "key",
         "lead",
         "lock",
+        "on_detached",
         "outlived",
         "pending",
         "refused",
@@ -92,7 +93,13 @@ class Call:
     )
 
     def __init__(
-        self, id: int, key: str, fresh: bool, inbox: Inbox, after: int | None = None
+        self,
+        id: int,
+        key: str,
+        fresh: bool,
+        inbox: Inbox,
+        after: int | None = None,
+        on_detached: Callable[[], object] | None = None,
     ) -> None:
         self.lock = threading.Lock()
         # The key lock file, opened ahead by the caller: None until then, _OPENING while
@@ -116,6 +123,9 @@ class Call:
         # names them too, in case the next coordinator never heard of ``token``.
         self.earlier: tuple[int, ...] = ()
         self.lead: Lead | None = None
+        # Called (once, on the group's thread) when the coordinator says the flight is
+        # no longer the key's (a forget() elsewhere): the local flight leaves its table.
+        self.on_detached = on_detached
 
 
 class Lead(LeadState):
@@ -510,7 +520,7 @@ class DirectoryArbiter:
                     continue
                 reassert = partial(
                     wire.reassert_frame, lead.call.id, lead.call.key, lead.token,
-                    landed=lead.landing is not None,
+                    landed=lead.landing is not None, notices=True,
                 )
                 channel.send(_fitting(reassert, lead.earlier, self._max_frame))
                 if lead.landing is not None:
@@ -532,7 +542,9 @@ class DirectoryArbiter:
                         # It was told to lead while it opened its key file; the lead is
                         # being taken: the new coordinator hears a reassert, not a run.
                         call.sent = True
-                        channel.send(wire.reassert_frame(call.id, call.key, call.pending))
+                        channel.send(
+                            wire.reassert_frame(call.id, call.key, call.pending, notices=True)
+                        )
                     else:
                         self._send_run(call, channel, self._max_frame)
         return channel
@@ -604,10 +616,12 @@ class DirectoryArbiter:
         """(Under the send lock.)"""
         call.sent = True
         if call.joined:  # a rejoin, by every token of the flight it heard
-            rejoin = partial(wire.run_frame, call.id, call.key, flight=call.token)
+            rejoin = partial(wire.run_frame, call.id, call.key, flight=call.token, notices=True)
             channel.send(_fitting(rejoin, call.earlier, max_frame))
         else:
-            channel.send(wire.run_frame(call.id, call.key, fresh=call.fresh, after=call.after))
+            channel.send(wire.run_frame(
+                call.id, call.key, fresh=call.fresh, after=call.after, notices=True
+            ))
 
     def _on_frames(self, frames: list[tuple[dict[str, Any], bytes | None]]) -> None:
         for header, payload in frames:
@@ -665,6 +679,13 @@ class DirectoryArbiter:
             call = self._calls.pop(answer.id, None)
             if call is not None:
                 _finish(call, Event.INTERRUPTED, answer.reason)
+        elif isinstance(answer, wire.Detached):
+            call = self._calls.get(answer.id)
+            if call is not None and call.on_detached is not None:
+                detach, call.on_detached = call.on_detached, None
+                log.debug("%s %s: its flight was detached", self.directory,
+                          DigestOf(call.key))
+                detach()
         elif isinstance(answer, wire.Ack) and answer.id in self._waiters:
             self._waiters.pop(answer.id).set_result(None)  # a forget was done
         elif isinstance(answer, wire.Ack):
@@ -892,9 +913,17 @@ class DirectoryArbiter:
 
     # -- what drivers call (any thread) -----------------------------------------
 
-    def submit(self, key: str, fresh: bool, after: int | None = None) -> Call:
+    def submit(
+        self,
+        key: str,
+        fresh: bool,
+        after: int | None = None,
+        on_detached: Callable[[], object] | None = None,
+    ) -> Call:
         """Ask the directory to lead or join ``key``; events go to the call's inbox.
         ``fresh``: only a flight that begins after the call, or after flight ``after``.
+        ``on_detached``: called on the group's thread if a forget() elsewhere detaches
+        the flight this call leads or joined.
 
         The request goes out from this thread when connected. While it travels, this
         thread opens the key's lock file (creating it costs a journal write), so a
@@ -911,7 +940,7 @@ class DirectoryArbiter:
             if self._fatal is not None:
                 raise renewed(self._fatal)
             self._next_id += 1
-            call = Call(self._next_id, key, fresh, Inbox(), after)
+            call = Call(self._next_id, key, fresh, Inbox(), after, on_detached)
             self._calls[call.id] = call
             channel = self._channel
             if channel is not None:
@@ -1378,8 +1407,8 @@ def _request_size(key: str) -> int:
     reassert, with the longest id and token; ``earlier`` is cut to fit, see _fitting)."""
     most = 2**63 - 1
     return max(
-        len(wire.run_frame(most, key, fresh=True, flight=most, after=most)),
-        len(wire.reassert_frame(most, key, most, landed=True)),
+        len(wire.run_frame(most, key, fresh=True, flight=most, after=most, notices=True)),
+        len(wire.reassert_frame(most, key, most, landed=True, notices=True)),
     ) - 4
 
 

@@ -235,6 +235,9 @@ class _Session:
         self.parties: dict[int, _Flight | str] = {}
         self.leads: dict[int, _Flight] = {}
         self.drains: list[_PendingAck] = []  # acks waiting for this write buffer to empty
+        # It said `"notices":true`: it hears `detached` (a peer of an earlier release
+        # would take the unknown answer as a broken coordinator).
+        self.notices = False
 
     def send(self, frame: bytes) -> None:
         if not self.closed:
@@ -416,6 +419,8 @@ class Coordinator:
 
     def _dispatch(self, session: _Session, request: wire.Request) -> None:
         if isinstance(request, wire.Run):
+            if request.notices:
+                session.notices = True
             if request.id in session.parties or request.id in session.leads:
                 session.send(wire.error_frame(request.id, "this id is already in use"))
             elif request.flight is not None:
@@ -429,6 +434,8 @@ class Coordinator:
         elif isinstance(request, wire.Cancel):
             self._cancel(session, request.id)
         elif isinstance(request, wire.Reassert):
+            if request.notices:
+                session.notices = True
             if request.id in session.parties or request.id in session.leads:
                 session.send(wire.error_frame(request.id, "this id is already in use"))
             else:
@@ -538,6 +545,21 @@ class Coordinator:
         pid = flight.leader.pid if flight.leader is not None else 0
         age = time.monotonic() - flight.started
         session.send(wire.joined_frame(id, flight.token, pid, round(age, 6)))
+        if flight.detached and session.notices:  # a rejoin after a failover
+            session.send(wire.detached_frame(id))
+
+    @staticmethod
+    def _tell_detached(flight: _Flight) -> None:
+        """Tell ``flight``'s leader and joiners it is no longer its key's, so that no
+        new local call in their processes joins their local flight of it either. Only
+        a courtesy (it may be lost with this coordinator); the forgotten mark is what
+        holds across terms (ADR 0020, ADR 0026)."""
+        leader = flight.leader
+        if leader is not None and leader.notices:
+            leader.send(wire.detached_frame(flight.lead_id))
+        for session, id in flight.joiners:
+            if session.notices:
+                session.send(wire.detached_frame(id))
 
     def _lead(self, session: _Session, id: int, key: str) -> None:
         try:
@@ -726,6 +748,8 @@ class Coordinator:
             same.token = max(same.token, token)
             same.landed = same.landed or request.landed
             _add_tokens(same, tokens)
+            if same.detached and session.notices:
+                session.send(wire.detached_frame(request.id))
             return
         # A forget() detached this flight (in this term or an earlier one): it comes
         # back for its own joiners only (ADR 0020).
@@ -757,6 +781,7 @@ class Coordinator:
                 del self._flights[key]
                 older.detached = True
                 self._detached.setdefault(key, []).append(older)
+                self._tell_detached(older)
             else:
                 # It cannot hold the key's lock too: its leader lost it.
                 if older.leader is not None:
@@ -774,6 +799,8 @@ class Coordinator:
         session.leads[request.id] = flight
         if detached:
             self._detached.setdefault(key, []).append(flight)
+            if session.notices:
+                session.send(wire.detached_frame(request.id))
             # Only the rejoins of this very flight stop waiting; new calls go on waiting
             # for the key's lock, then lead.
             waiting = self._waiting.get(key)
@@ -809,6 +836,7 @@ class Coordinator:
             flight.detached = True
             self._detached.setdefault(key, []).append(flight)
             self._mark_forgotten(key, flight.token)
+            self._tell_detached(flight)
         else:
             # A flight of an earlier term may reassert later, whether it holds the key's
             # lock now or its leader still waits for it (told to lead while the key was

@@ -45,6 +45,7 @@ __all__ = [
     "Attempt",
     "BadRequest",
     "Cancel",
+    "Detached",
     "ErrorAnswer",
     "Failure",
     "Forget",
@@ -69,6 +70,7 @@ __all__ = [
     "attempt_frame",
     "cancel_frame",
     "decode_body",
+    "detached_frame",
     "encode_frame",
     "error_frame",
     "error_line",
@@ -510,6 +512,7 @@ class Run:
     flight: int | None = None
     earlier: tuple[int, ...] = ()
     after: int | None = None  # (fresh) any flight that began after this token's will do
+    notices: bool = False  # its connection hears `detached` (ADR 0026)
 
 
 @dataclass(frozen=True, slots=True)
@@ -546,6 +549,7 @@ class Reassert:
     token: int
     earlier: tuple[int, ...] = ()
     landed: bool = False
+    notices: bool = False  # its connection hears `detached` (ADR 0026)
 
 
 @dataclass(frozen=True, slots=True)
@@ -612,6 +616,14 @@ class Ack:
 
 
 @dataclass(frozen=True, slots=True)
+class Detached:
+    """``detached``: the flight the request ``id`` leads or joined is no longer its
+    key's (a forget()): no later call joins it, so neither may a local call."""
+
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
 class Rejected:
     """``rejected``: the lead ``id`` is no longer this process's (its lease is lost)."""
 
@@ -639,7 +651,15 @@ class ErrorAnswer:
 
 
 Answer: TypeAlias = (
-    Lead | Joined | Landed | InterruptedAnswer | Ack | Rejected | StatusAnswer | ErrorAnswer
+    Lead
+    | Joined
+    | Landed
+    | InterruptedAnswer
+    | Ack
+    | Detached
+    | Rejected
+    | StatusAnswer
+    | ErrorAnswer
 )
 
 
@@ -821,21 +841,27 @@ def parse_outcome(header: dict[str, Any], payload: bytes | None) -> Outcome:
 # Requests (coordinator side)
 
 
+def _flag(header: Mapping[str, Any], name: str) -> bool:
+    """An optional boolean field: absent or null is false; anything else is a bad field."""
+    value = header.get(name)
+    if value is None:
+        return False
+    if type(value) is not bool:
+        _bad(name, "a boolean", header)
+    return value
+
+
 def _run(header: Mapping[str, Any], payload: bytes | None) -> Run:
     id = _id_field(header, "id")
     key = _key_field(header)
-    fresh = header.get("fresh")
-    if fresh is None:  # absent or null: the default
-        fresh = False
-    elif type(fresh) is not bool:
-        _bad("fresh", "a boolean", header)
+    fresh = _flag(header, "fresh")
     flight = None if header.get("flight") is None else _id_field(header, "flight")
     after = None
     if header.get("after") is not None:
         after = _id_field(header, "after")
         if not fresh:
             _bad("after", "absent unless fresh is true", header)
-    return Run(id, key, fresh, flight, _earlier_field(header), after)
+    return Run(id, key, fresh, flight, _earlier_field(header), after, _flag(header, "notices"))
 
 
 def _land(header: Mapping[str, Any], payload: bytes | None) -> Land:
@@ -851,17 +877,13 @@ def _cancel(header: Mapping[str, Any], payload: bytes | None) -> Cancel:
 
 
 def _reassert(header: Mapping[str, Any], payload: bytes | None) -> Reassert:
-    landed = header.get("landed")
-    if landed is None:  # absent or null: not landed
-        landed = False
-    elif type(landed) is not bool:
-        _bad("landed", "a boolean", header)
     return Reassert(
         _id_field(header, "id"),
         _key_field(header),
         _id_field(header, "token"),
         _earlier_field(header),
-        landed,
+        _flag(header, "landed"),
+        _flag(header, "notices"),
     )
 
 
@@ -940,6 +962,10 @@ def _ack(header: Mapping[str, Any], payload: bytes | None) -> Ack:
     return Ack(_id_field(header, "id"))
 
 
+def _detached(header: Mapping[str, Any], payload: bytes | None) -> Detached:
+    return Detached(_id_field(header, "id"))
+
+
 def _rejected(header: Mapping[str, Any], payload: bytes | None) -> Rejected:
     return Rejected(_id_field(header, "id"), _str_field(header, "reason"))
 
@@ -968,6 +994,7 @@ _ANSWERS: dict[str, Callable[[Mapping[str, Any], bytes | None], Answer]] = {
     "landed": _landed,
     "interrupted": _interrupted,
     "ack": _ack,
+    "detached": _detached,
     "rejected": _rejected,
     "status": _status_answer,
     "error": _error_answer,
@@ -1040,10 +1067,12 @@ def run_frame(
     flight: int | None = None,
     earlier: Sequence[int] = (),
     after: int | None = None,
+    notices: bool = False,
 ) -> bytes:
     """``run``: lead or join ``key``; ``fresh`` joins only a later flight (``after``: one
     that began after the flight of that token); ``flight`` rejoins (``earlier``: the
-    flight's tokens heard before it, oldest first)."""
+    flight's tokens heard before it, oldest first); ``notices``: this connection hears
+    ``detached``."""
     body = b'{"op":"run","id":%d,"key":%s' % (id, _ENCODER.encode(key).encode())
     if fresh:
         body += b',"fresh":true'
@@ -1053,6 +1082,8 @@ def run_frame(
         body += b',"flight":%d' % flight
     if earlier:  # a rejoin of a flight that retried
         body += _earlier(earlier)
+    if notices:
+        body += b',"notices":true'
     return _frame(body + b"}")
 
 
@@ -1080,16 +1111,24 @@ def cancel_frame(id: int) -> bytes:
 
 
 def reassert_frame(
-    id: int, key: str, token: int, earlier: Sequence[int] = (), *, landed: bool = False
+    id: int,
+    key: str,
+    token: int,
+    earlier: Sequence[int] = (),
+    *,
+    landed: bool = False,
+    notices: bool = False,
 ) -> bytes:
     """``reassert``: tell a new coordinator this process leads ``key`` with ``token``
     (``earlier``: the flight's tokens of its earlier attempts, oldest first; ``landed``:
-    its ``land`` follows)."""
+    its ``land`` follows; ``notices``: this connection hears ``detached``)."""
     header: dict[str, Any] = {"op": "reassert", "id": id, "key": key, "token": token}
     if earlier:
         header["earlier"] = _earlier_list(earlier)
     if landed:
         header["landed"] = True
+    if notices:
+        header["notices"] = True
     return encode_frame(header)
 
 
@@ -1139,6 +1178,11 @@ def interrupted_frame(id: int, reason: str) -> bytes:
 def ack_frame(id: int) -> bytes:
     """``ack``: the landing of the lead ``id`` reached every joiner."""
     return _frame(b'{"op":"ack","id":%d}' % id)
+
+
+def detached_frame(id: int) -> bytes:
+    """``detached``: the flight of the request ``id`` is no longer its key's."""
+    return _frame(b'{"op":"detached","id":%d}' % id)
 
 
 def rejected_frame(id: int, reason: str) -> bytes:

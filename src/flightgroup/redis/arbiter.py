@@ -103,10 +103,17 @@ class FleetCall:
     """One local flight's request to the namespace."""
 
     __slots__ = (
-        "after", "fresh", "inbox", "key", "lead", "nonce", "reading", "task", "withdrawn"
-    )
+        "after", "fresh", "inbox", "key", "lead", "nonce", "on_detached", "reading", "task",
+        "withdrawn",
+    )  # fmt: skip
 
-    def __init__(self, key: str, fresh: bool, after: int | None = None) -> None:
+    def __init__(
+        self,
+        key: str,
+        fresh: bool,
+        after: int | None = None,
+        on_detached: Callable[[], object] | None = None,
+    ) -> None:
         self.key = key
         self.fresh = fresh
         self.after = after
@@ -116,6 +123,15 @@ class FleetCall:
         self.task: asyncio.Task[None] | None = None
         self.reading = False  # only a read may be cancelled: a script may have run
         self.withdrawn = False
+        # Called once when a FORGET elsewhere parked the flight this call leads or
+        # joined: the local flight leaves the table (ADR 0026).
+        self.on_detached = on_detached
+
+    def detached(self) -> None:
+        """The flight was parked by a FORGET: tell the engine, once."""
+        detach, self.on_detached = self.on_detached, None
+        if detach is not None:
+            detach()
 
 
 class FleetLead(LeadState):
@@ -157,6 +173,9 @@ class _Names:
     def mailbox(self, token: int) -> str:
         return f"{self.record}:m:{token}"
 
+    def notice(self, token: int) -> str:
+        return f"{self.record}:n:{token}"
+
     def forgot(self, nonce: str) -> str:
         return f"{self.record}:g:{nonce}"
 
@@ -175,16 +194,20 @@ def _key_text(raw: bytes) -> str:
         return raw.decode("utf-8", "replace")
 
 
-def _entry_fields(reply: Any) -> dict[bytes, bytes]:
-    """The fields of the one entry of an XREAD reply, in either protocol's shape:
-    RESP2 ``[[stream, [(id, fields)]]]``; RESP3 (a URL with ``?protocol=3``) a dict
-    ``{stream: ...}`` whose entries redis-py wraps once more (8.x)."""
-    node = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
-    while not (isinstance(node, (list, tuple)) and len(node) == 2
-               and isinstance(node[0], (bytes, str))):
-        node = node[0]  # down to the entry, (id, fields)
-    fields = node[1]
-    return fields if isinstance(fields, dict) else _fields(fields)
+def _entries(reply: Any) -> dict[str, dict[bytes, bytes]]:
+    """Stream name -> the fields of its one entry, from an XREAD reply in either
+    protocol's shape: RESP2 ``[[stream, [(id, fields)]], ...]``; RESP3 (a URL with
+    ``?protocol=3``) a dict ``{stream: ...}`` whose entries redis-py wraps once more (8.x)."""
+    streams = reply.items() if isinstance(reply, dict) else [(s, e) for s, e in reply]
+    found: dict[str, dict[bytes, bytes]] = {}
+    for stream, node in streams:
+        while not (isinstance(node, (list, tuple)) and len(node) == 2
+                   and isinstance(node[0], (bytes, str))):
+            node = node[0]  # down to the entry, (id, fields)
+        fields = node[1]
+        name = stream.decode() if isinstance(stream, bytes) else stream
+        found[name] = fields if isinstance(fields, dict) else _fields(fields)
+    return found
 
 
 def encode_outcome(outcome: wire.Outcome) -> tuple[str, bytes, float]:
@@ -374,13 +397,22 @@ class RedisArbiter:
 
     # -- what drivers call (any thread) -----------------------------------------
 
-    def submit(self, key: str, fresh: bool, after: int | None = None) -> FleetCall:
+    def submit(
+        self,
+        key: str,
+        fresh: bool,
+        after: int | None = None,
+        on_detached: Callable[[], object] | None = None,
+    ) -> FleetCall:
         """Ask the namespace to lead or join ``key``; events go to the call's inbox.
-        ``fresh``: only a flight that begins after the call, or after flight ``after``."""
+        ``fresh``: only a flight that begins after the call, or after flight ``after``.
+        ``on_detached``: called on the group's thread once a FORGET elsewhere parked the
+        flight this call joined (its joiners read a notice beside its mailbox) or leads
+        (its next RENEW says so)."""
         if self._closing:
             raise self._closed()
         loop = self._ensure_started()
-        call = FleetCall(key, fresh, after)
+        call = FleetCall(key, fresh, after, on_detached)
         with self._start_lock:  # in order with close(): a call posted here is seen by it
             if self._closing:
                 raise self._closed()
@@ -600,6 +632,12 @@ class RedisArbiter:
             if left > 0:
                 call.reading = True
                 block = min(left, _MAX_BLOCK)
+                mailbox = names.mailbox(token)
+                streams = {mailbox: b"0"}
+                # A joiner also reads the flight's notice (a FORGET parked it), until heard.
+                notice = names.notice(token) if follow and call.on_detached else None
+                if notice is not None:
+                    streams[notice] = b"0"
                 try:
                     # Bounded by its own block (plus a command's time), not by the
                     # client's socket timeout past the longest block: a frozen server
@@ -607,8 +645,7 @@ class RedisArbiter:
                     # disconnected by redis-py, never reused with its reply pending.
                     reply = await asyncio.wait_for(
                         self._blocking.xread(
-                            {names.mailbox(token): b"0"}, count=1,
-                            block=max(1, round(block * 1000)),
+                            streams, count=1, block=max(1, round(block * 1000))
                         ),
                         block + self._timeout,
                     )
@@ -619,7 +656,12 @@ class RedisArbiter:
                 finally:
                     call.reading = False
                 if reply:
-                    fields = _entry_fields(reply)
+                    entries = _entries(reply)
+                    if notice is not None and notice in entries:
+                        call.detached()
+                    fields = entries.get(mailbox)
+                    if fields is None:
+                        continue  # only the notice: read the mailbox again
                 elif unreachable is None and time.monotonic() < deadline:
                     continue  # a capped block ended: read again
             if fields is None:
@@ -801,6 +843,8 @@ class RedisArbiter:
                 continue
             if int(ok):
                 lead.renewed_at = max(lead.renewed_at, sent)
+                if int(ok) == 2:  # a FORGET parked it
+                    lead.call.detached()
             else:
                 self._lose(lead, "Redis no longer holds its flight")
 

@@ -18,6 +18,9 @@ tag, so one flight's keys live in one Cluster slot):
   code (``ok``, ``err``, ``tmo``, ``int``, or ``next``: a retry moved the flight to the
   token in ``v``), ``v`` the payload, ``f`` = 1 when it was written for a flight that did
   not land (fenced or abandoned). TTL: the grace time.
+- ``fg:{ns:d}:n:<t>``: the notice that a FORGET parked the running flight ``t``, a
+  stream of one entry (``d`` = 1): its joiners read it beside the mailbox, and their
+  process's local flight of ``t`` takes no new caller (ADR 0026). TTL: a minute.
 - ``fg:{ns:d}:y:<t>``: flight ``t`` was parked by a FORGET and landed: a fresh ACQUIRE
   that names ``t`` (it came during ``t``) cannot take a newer flight as begun after it.
   TTL: the grace time.
@@ -210,14 +213,14 @@ return {1, tok, tonumber(ARGV[2])}
 """
 
 # KEYS: record_1, parked_1, record_2, parked_2, ...  ARGV: lease ms, token_1, token_2, ...
-# -> a 1 (renewed) or 0 (lost) per flight.
+# -> a 1 (renewed), 2 (renewed, and a FORGET parked it: ADR 0026) or 0 (lost) per flight.
 RENEW = _FIND + """
 local out = {}
 for i = 1, #KEYS / 2 do
   local key, state = find(KEYS[2 * i - 1], KEYS[2 * i], ARGV[i + 1])
   if key and state == 'R' then
     redis.call('PEXPIRE', key, ARGV[1])
-    out[i] = 1
+    if key == KEYS[2 * i] then out[i] = 2 else out[i] = 1 end
   else
     out[i] = 0
   end
@@ -378,6 +381,11 @@ elseif v[1] then
   redis.call('RENAME', KEYS[1], KEYS[1] .. ':x:' .. v[1])
   -- Its leading call's ACQUIRE may be re-sent (its reply lost): it finds its flight.
   if v[3] then redis.call('SET', KEYS[1] .. ':o:' .. v[3], v[1], 'PX', ARGV[1] or 60000) end
+  -- Its joiners' processes read this beside its mailbox: their local flight of it must
+  -- take no new caller (ADR 0026). A courtesy: read within a minute, or never needed.
+  local notice = KEYS[1] .. ':n:' .. v[1]
+  redis.call('XADD', notice, '*', 'd', '1')
+  redis.call('PEXPIRE', notice, ARGV[1] or 60000)
   answer = 2
 end
 if KEYS[2] then redis.call('SET', KEYS[2], answer, 'PX', ARGV[1]) end
