@@ -809,6 +809,10 @@ class FlightTable:
                 del flights[tkey]
                 if flight.policy.keeps and not self.closed and not self.wide:
                     self._keep(flight, size)
+                elif self.kept is not None:
+                    # A newer outcome that is not kept: the key's older kept one (a
+                    # fresh call led past it) must not be served after it.
+                    self.kept.discard(tkey)
             elif self.detached:
                 self.detached.discard(flight)  # a forgotten flight is never kept
             stats = self.stats
@@ -843,10 +847,12 @@ class FlightTable:
         retention = flight.policy.retention
         assert retention is not None
         ok = flight.outcome is Outcome.VALUE
-        if not ok and flight.outcome is not Outcome.ERROR:
-            return  # a timeout or an interruption teaches nothing worth keeping
         ttl = retention.success if ok else retention.error
-        if not ttl:
+        # A timeout or an interruption teaches nothing worth keeping; either way the
+        # key's older kept outcome (a fresh call led past it) is no longer its latest.
+        if not ttl or (not ok and flight.outcome is not Outcome.ERROR):
+            if self.kept is not None:
+                self.kept.discard(flight.tkey)
             return
         if self.kept is None:
             self.kept = RetentionStore(retention.max_items, retention.max_bytes, self._clock)

@@ -43,10 +43,10 @@ import socket
 import struct
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..retention import RetentionStore
 from . import fs, wire
 
 __all__ = ["Coordinator"]
@@ -274,8 +274,9 @@ class Coordinator:
         self._poll_timer: asyncio.TimerHandle | None = None
         self._endings: dict[int, _Ending] = {}
         self._releasing: dict[str, int] = {}  # key -> token of a landed flight not yet acked
-        self._kept: OrderedDict[str, tuple[int, wire.Outcome, float, int]] = OrderedDict()
-        self._kept_bytes = 0
+        # Kept outcomes (Retention), the engine's own store: expired ones go before any
+        # live one is evicted. Each keep passes its landing's bounds.
+        self._kept = RetentionStore(_KEPT_MAX_ITEMS, _KEPT_MAX_BYTES)
         self._sessions: set[_Session] = set()
         # every accepted connection until it is lost (greeted or not): close() ends them
         self._transports: set[asyncio.Transport] = set()
@@ -617,6 +618,10 @@ class Coordinator:
         # A detached flight (forgotten, or older than the key's current one) is never kept.
         if isinstance(outcome, (wire.Value, wire.Failure)) and outcome.keep and current:
             self._keep(key, flight.token, outcome, outcome.keep)
+        elif current:
+            # A newer outcome that is not kept: the key's older kept one (a fresh call
+            # led past it) must not be served after it.
+            self._drop_kept(key)
         # A leader frees the key lock once this landing is acknowledged, so the next
         # call leads at once (its lock taken when freed). Not after an interruption or
         # a timeout: a group that closed, or a sync work past its deadline, keeps the
@@ -1047,36 +1052,23 @@ class Coordinator:
         Retention set (absent: the coordinator's own). An outcome over ``max_bytes``
         alone is not kept (and the key's older one goes); then the least recently used
         others are evicted until at most ``max_items`` and ``max_bytes`` remain."""
-        size = wire.kept_size(outcome)
         max_items = outcome.max_items if outcome.max_items is not None else _KEPT_MAX_ITEMS
         max_bytes = outcome.max_bytes if outcome.max_bytes is not None else _KEPT_MAX_BYTES
-        self._drop_kept(key)
-        if size > max_bytes:
-            return
-        self._kept[key] = (token, outcome, time.monotonic() + seconds, size)
-        self._kept_bytes += size
-        # The new entry is the last (most recent) one: it is never evicted by its own keep.
-        while len(self._kept) > 1 and (
-            len(self._kept) > max_items or self._kept_bytes > max_bytes
-        ):
-            _, (_, _, _, dropped) = self._kept.popitem(last=False)
-            self._kept_bytes -= dropped
+        # Expired outcomes leave first; the new one is never evicted by its own keep.
+        self._kept.put(
+            key, isinstance(outcome, wire.Value), outcome, token, seconds,
+            wire.kept_size(outcome), (max_items, max_bytes),
+        )
 
     def _kept_of(self, key: str) -> tuple[int, wire.Outcome] | None:
-        entry = self._kept.get(key)
+        entry = self._kept.get(key)  # a hit counts as a use (LRU); an expired one goes
         if entry is None:
             return None
-        token, outcome, until, _ = entry
-        if until < time.monotonic():
-            self._drop_kept(key)
-            return None
-        self._kept.move_to_end(key)  # a hit counts as a use (LRU)
-        return token, outcome
+        outcome: wire.Outcome = entry.payload
+        return entry.token, outcome
 
     def _drop_kept(self, key: str) -> None:
-        entry = self._kept.pop(key, None)
-        if entry is not None:
-            self._kept_bytes -= entry[3]
+        self._kept.discard(key)
 
     # -- connections ------------------------------------------------------------
 
