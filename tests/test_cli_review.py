@@ -4,6 +4,7 @@ UTF-8 in ``status``."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import threading
@@ -46,11 +47,21 @@ def test_run_with_a_dir_that_cannot_be_a_directory_group_is_bad_usage(
     assert str(path).encode() in line
 
 
-def test_status_of_a_dir_that_is_no_directory_group_is_bad_usage() -> None:
-    proc = _flightgroup("status", "--dir", "/proc")
+def test_status_of_a_path_that_is_no_directory_is_bad_usage(place: Path) -> None:
+    (place / "file").write_text("")
+    proc = _flightgroup("status", "--dir", str(place / "file"))
     assert proc.returncode == 2, proc.stderr
     [line] = proc.stderr.splitlines()
     assert line.startswith(b"flightgroup: error: ")
+    assert b"not a directory" in line
+
+
+def test_status_of_a_folder_no_group_ever_used_has_no_flights_and_changes_nothing() -> None:
+    """A folder without flight.lock (here /proc, where no group can be) holds no group:
+    status says so and creates nothing (before, it took part in an election there)."""
+    proc = _flightgroup("status", "--dir", "/proc", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"flights": []}
 
 
 def test_a_joiner_with_its_stderr_closed_passes_on_the_leaders_output_and_code(

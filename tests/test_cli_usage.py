@@ -4,6 +4,7 @@ and the output records the fleet scope carries in its value."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -81,6 +82,8 @@ def test_bad_usage_exits_2_with_one_line_and_runs_nothing(place: Path) -> None:
         assert err.startswith("flightgroup: error: "), (name, err)
         assert out == "", (name, out)
     assert not marker.exists()
+    # Bad usage changes nothing: the group directories named are not made.
+    assert sorted(os.listdir(place)) == [], os.listdir(place)
     # The fleet case says which: today it is not built; once it is, Redis is unreachable.
     _, err = procs["unreachable or unbuilt fleet"].communicate()
     assert "fleet scope is not available" in err or "127.0.0.1" in err or "reach" in err, err
@@ -194,3 +197,12 @@ def test_output_records_survive_pieces_and_the_fleet_budget(
     out, err = capfdbinary.readouterr()
     assert out == b"two\nsix\n"
     assert b"first 4 bytes" in err
+
+
+def test_status_leaves_nothing_in_a_folder_no_group_used(place: Path) -> None:
+    """`status` changes nothing (docs/cli.md), also pointed at any folder by mistake."""
+    (place / "mine").write_text("mine")
+    done = flightgroup("status", "--dir", str(place), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"flights": []}
+    assert sorted(os.listdir(place)) == ["mine"]

@@ -12,8 +12,10 @@ SIGTERM to the leader go to CMD, and the flight ends with CMD's own exit status.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
+import select
 import signal
 import socket
 import stat
@@ -24,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import IO, Any
 
 from .codec import JSON
 from .command_spool import (
@@ -138,18 +140,28 @@ def open_group(scope: Scope, *, create: bool = True) -> FlightGroup | None:
         assert scope.directory is not None
         if scope.default and not _check_default_folder(scope.directory, create):
             return None
-        if not create and not os.path.isdir(scope.directory):
+        if not create and os.path.exists(scope.directory):
+            if not os.path.isdir(scope.directory):
+                raise UsageError(f"cannot use the directory {scope.directory}: not a directory")
+            fs.check_local(scope.directory)  # a network file system: bad usage, as for run
+        if not create and not os.path.exists(os.path.join(scope.directory, fs.LOCK_NAME)):
+            # No group ever used it (or it is no directory): nothing to ask, and a
+            # status must not leave a group's files in any folder it is pointed at.
             return None
+        # The group checks the path (its socket's length) and creates nothing: bad
+        # usage changes nothing on disk.
+        group = FlightGroup(directory=scope.directory, codec=JSON)
         if create:
             # A path that cannot be a directory group (a file, /proc, no permission)
             # is bad usage: one line, exit 2, not the first call's traceback.
             try:
                 fs.ensure_directory(scope.directory)
             except OSError as exc:
+                group.close()
                 raise UsageError(
                     f"cannot use the directory {scope.directory}: {exc.strerror or exc}"
                 ) from None
-        return FlightGroup(directory=scope.directory, codec=JSON)
+        return group
     except NotImplementedError:
         raise UsageError("the fleet scope is not available in this version") from None
     except (ValueError, TypeError) as exc:
@@ -169,15 +181,19 @@ def parse_timeout(text: str | None) -> float | None:
     return seconds
 
 
-def _write_all(fd: int, data: bytes) -> bool:
-    """Write ``data`` to ``fd``; False once the reader is gone (a closed pipe)."""
+def _write_all(fd: int, data: bytes) -> OSError | None:
+    """Write ``data`` to ``fd``; None, or the error that stopped it (EPIPE: the reader
+    went away; EBADF: the descriptor is closed). A full descriptor left non-blocking by
+    whoever made it (EAGAIN) is waited for, as a blocking one would be."""
     view = memoryview(data)
-    try:
-        while view:
+    while view:
+        try:
             view = view[os.write(fd, view) :]
-    except OSError:
-        return False
-    return True
+        except BlockingIOError:
+            select.select([], [fd], [])
+        except OSError as exc:
+            return exc
+    return None
 
 
 def _say(line: str) -> None:
@@ -263,7 +279,7 @@ class _Follower:
             self.emitted = True
             if stream == STDOUT:
                 if self._stdout_open:
-                    self._stdout_open = _write_all(1, data)
+                    self._stdout_open = _write_all(1, data) is None
             else:
                 _write_all(2, data)
 
@@ -335,6 +351,9 @@ class _Run:
         self.value: dict[str, Any] | None = None
         self.work_thread: threading.Thread | None = None
         self.follower: _Follower | None = None
+        # Writing CMD's output to our own stdout or stderr failed (ENOSPC, EIO, ...):
+        # the leader says so and exits 1 if CMD succeeded; its joiners are not affected.
+        self.write_failed = False
 
     # -- signals ---------------------------------------------------------------
 
@@ -411,8 +430,8 @@ class _Run:
         assert proc.stderr is not None
         pumps = [
             threading.Thread(
-                target=_pump,
-                args=(pipe.fileno(), own, stream, sink),
+                target=self._pump,
+                args=(pipe, own, stream, sink),
                 name="flightgroup-pump",
                 daemon=True,
             )
@@ -427,6 +446,40 @@ class _Run:
         proc.stdout.close()
         proc.stderr.close()
         return _exit_status(returncode)
+
+    def _pump(self, pipe: IO[bytes], own: int, stream: int, sink: SpoolWriter | Capture) -> None:
+        """Copy one of CMD's pipes to our own fd (live) and to the sink."""
+        fd = pipe.fileno()
+        passing = True
+        while True:
+            try:
+                data = os.read(fd, 1 << 16)
+            except InterruptedError:  # pragma: no cover  (PEP 475 retries)
+                continue
+            if not data:
+                return
+            sink.write(stream, data)
+            if not passing:
+                continue
+            error = _write_all(own, data)
+            if error is None:
+                continue
+            passing = False
+            if error.errno == errno.EPIPE:
+                # Our reader went away (`| head -1`): as in a shell pipeline, CMD's next
+                # write here gets SIGPIPE, and the run ends with CMD's own status for
+                # everyone. Reading on let an endless CMD fill the spool.
+                pipe.close()
+                return
+            if error.errno != errno.EBADF:  # EBADF: closed by our caller, nothing to pass
+                self.write_failed = True
+                name = "stdout" if own == 1 else "stderr"
+                _say(f"cannot write the command's {name}: {error.strerror or error}")
+
+    def exit_code(self, code: int) -> int:
+        """The leader's own exit code for a run that ended with ``code``: 1 if its
+        own output could not be written while CMD succeeded (as ``cat`` does)."""
+        return 1 if code == 0 and self.write_failed else code
 
     # -- a joiner ---------------------------------------------------------------
 
@@ -485,19 +538,6 @@ class _Run:
         return exit_code
 
 
-def _pump(fd: int, own: int, stream: int, sink: SpoolWriter | Capture) -> None:
-    """Copy one of CMD's pipes to our own fd (live) and to the sink."""
-    passing = True
-    while True:
-        try:
-            data = os.read(fd, 1 << 16)
-        except InterruptedError:  # pragma: no cover  (PEP 475 retries)
-            continue
-        if not data:
-            return
-        if passing:
-            passing = _write_all(own, data)  # our reader went away: keep recording
-        sink.write(stream, data)
 
 
 def _install(handler: Callable[[int, FrameType | None], None]) -> dict[int, Any]:
@@ -579,7 +619,7 @@ def _run_in(run: _Run, group: FlightGroup, timeout: float | None, fresh: bool) -
     if result.joined:
         return run.finish_joined(result.value)
     exit_code: int = result.value["exit"]
-    return exit_code
+    return run.exit_code(exit_code)
 
 
 def _leader_after_wait(run: _Run) -> int:
@@ -592,4 +632,4 @@ def _leader_after_wait(run: _Run) -> int:
     if run.value is None:
         return 1
     exit_code: int = run.value["exit"]
-    return exit_code
+    return run.exit_code(exit_code)
