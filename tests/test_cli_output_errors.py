@@ -134,3 +134,21 @@ def _unread(fd: int) -> int:
     count = array.array("i", [0])
     fcntl.ioctl(fd, termios.FIONREAD, count)
     return count[0]
+
+
+@pytest.mark.parametrize("closed", [1, 2])
+def test_a_closed_stdout_or_stderr_passes_nothing_and_the_run_succeeds(
+    place: Path, closed: int
+) -> None:
+    """`>&-` / `2>&-`: fd 1 or 2 is closed at start. Before, the group's own descriptors
+    (its event loop's epoll, a socket) took that number, CMD's output was written into
+    them, and a run that succeeded exited 1."""
+    code = "import sys; print('out'); print('err', file=sys.stderr)"
+    done = subprocess.run(
+        _run(place, PY, "-c", code),
+        stdin=subprocess.DEVNULL, capture_output=True, timeout=WAIT, check=False,
+        preexec_fn=lambda: os.close(closed),
+    )  # fmt: skip
+    assert done.returncode == 0, done
+    shown = done.stderr if closed == 1 else done.stdout
+    assert shown == (b"err\n" if closed == 1 else b"out\n")

@@ -92,3 +92,33 @@ def test_the_directory_drops_kept_outcomes_that_ran_out_before_evicting_a_live_o
         assert len(arbiter._coordinator._kept) == 2
     finally:
         close(g)
+
+
+def test_a_fresh_flight_whose_leader_vanished_ends_the_older_kept_outcome(
+    directory: str,
+) -> None:
+    """The directory's flight ends without a landing (its leader's connection closed:
+    the process died): the older kept outcome goes too, as for a landing that keeps
+    nothing."""
+    import os
+
+    from .dirproc import HELLO_OK, RawConn
+    from .ingroup import arbiter, coordinating
+    from .support import wait_until
+
+    a = coordinating(directory, retention=Retention(success=60.0))
+    try:
+        assert a.run_sync("k", lambda: "old").value == "old"
+        assert a.run_sync("k", lambda: "unused").value == "old"  # kept
+        coordinator = arbiter(a)._coordinator
+        assert coordinator is not None
+        with RawConn(os.path.join(directory, "flight.sock")) as leader:
+            assert leader.hello() == HELLO_OK
+            leader.send_frame({"op": "run", "id": 1, "key": "k", "fresh": True})
+            leader.expect("lead")
+        # Its connection closed with the lead: the flight is interrupted.
+        wait_until(lambda: "k" not in coordinator._flights, "the fresh flight ended")
+        later = a.run_sync("k", lambda: "new")
+        assert (later.value, later.joined) == ("new", False)
+    finally:
+        close(a)

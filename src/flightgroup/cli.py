@@ -25,6 +25,7 @@ from .command import (
     EXIT_TIMEOUT,
     EXIT_USAGE,
     UsageError,
+    hold_standard_fds,
     parse_timeout,
     run_command,
     scope_from_args,
@@ -177,6 +178,7 @@ def _one_line(text: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flightgroup`` command; its exit code."""
+    hold_standard_fds()
     try:
         return _dispatch(list(sys.argv[1:] if argv is None else argv))
     except (UsageError, FlightError) as exc:  # FlightError: NFS, unreachable Redis, ...

@@ -181,6 +181,30 @@ def parse_timeout(text: str | None) -> float | None:
     return seconds
 
 
+# Our stdout and stderr among fds 1 and 2 that were closed when we started: /dev/null
+# holds their place (hold_standard_fds), and CMD's output for them is recorded, not passed.
+_closed_at_start: frozenset[int] = frozenset()
+
+
+def hold_standard_fds() -> None:
+    """Put /dev/null on each of fds 0, 1 and 2 that is closed (``>&-``), before anything
+    opens a descriptor: else the group's own (its event loop's epoll, a socket) would
+    take that number, and what is written to "stdout" would go into it."""
+    global _closed_at_start
+    closed = set()
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.add(fd)
+    for fd in sorted(closed):
+        null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+    _closed_at_start = frozenset(closed)
+
+
 def _write_all(fd: int, data: bytes) -> OSError | None:
     """Write ``data`` to ``fd``; None, or the error that stopped it (EPIPE: the reader
     went away; EBADF: the descriptor is closed). A full descriptor left non-blocking by
@@ -450,7 +474,7 @@ class _Run:
     def _pump(self, pipe: IO[bytes], own: int, stream: int, sink: SpoolWriter | Capture) -> None:
         """Copy one of CMD's pipes to our own fd (live) and to the sink."""
         fd = pipe.fileno()
-        passing = True
+        passing = own not in _closed_at_start  # closed by our caller: nothing to pass
         while True:
             try:
                 data = os.read(fd, 1 << 16)

@@ -305,6 +305,11 @@ class Flight:
         return f"<Flight key={self.key!r} token={self.token} {self.state.value}>"
 
 
+def _stragglers_done(flight: Flight) -> bool:
+    """Every sync attempt of ``flight`` left running past its deadline has returned."""
+    return all(ended.is_set() for ended in flight.stragglers or ())
+
+
 def _calls_itself(key: str) -> RuntimeError:
     return RuntimeError(
         f"A work of the flight of {key!r} called the same key on the same group; "
@@ -404,6 +409,7 @@ class FlightTable:
         "detached",
         "flights",
         "kept",
+        "lingering",
         "lock",
         "stats",
         "wide",
@@ -420,6 +426,9 @@ class FlightTable:
         self.flights: dict[Hashable, Flight] = {}
         # flights that left the table by forget() but still run
         self.detached: set[Flight] = set()
+        # (wide scopes) settled flights whose sync work runs on past its deadline (and
+        # holds the key lock, in the directory scope), until it returns
+        self.lingering: set[Flight] = set()
         # kept outcomes (Retention): settled flights, made on the first one kept
         self.kept: RetentionStore | None = None
         self._clock: Callable[[], float] = time.monotonic
@@ -459,13 +468,17 @@ class FlightTable:
                 raise GroupClosedError()
             stats = self.stats
             flight = self.flights.get(tkey)
-            if chain is not None and self.wide and self.detached and self._detached_in(
-                tkey, chain
+            if (
+                chain is not None
+                and self.wide
+                and (self.detached or self.lingering)
+                and self._left_in(tkey, chain)
             ):
-                # I6 for a flight that left the table: a forget(), here or in another
-                # process, detached the caller's own flight (ADR 0026). A new lead would
-                # wait for the key lock that very flight holds (directory scope) or run
-                # the key again inside its own work (fleet).
+                # I6 for a flight that left the table while its work runs: a forget(),
+                # here or in another process, detached it (ADR 0026), or it settled
+                # past its deadline. A new lead would wait for the key lock that very
+                # flight holds (directory scope) or run the key again inside its own
+                # work (fleet).
                 raise _calls_itself(key)
             if flight is None:
                 if self.kept is not None and not fresh:
@@ -797,6 +810,9 @@ class FlightTable:
                 flight.data = data
             flight.state = DONE  # from RUNNING, RETRY_PENDING or SETTLING
             flight.attempt = None  # the attempt points at its flight: no cycle to collect
+            if flight.stragglers is not None and not _stragglers_done(flight):
+                self.lingering = {f for f in self.lingering if not _stragglers_done(f)}
+                self.lingering.add(flight)
             waiters = flight.waiters
             if waiters:
                 flight.waiters = {}
@@ -901,11 +917,14 @@ class FlightTable:
                 # callers it has; close() must still find it.
                 self.detached.add(flight)
 
-    def _detached_in(self, tkey: Hashable, current: Flight | None) -> bool:
+    def _left_in(self, tkey: Hashable, current: Flight | None) -> bool:
         """(Under the lock) True if ``current``, or a flight whose work started it, is
-        a detached flight of this table with the key ``tkey``."""
+        a flight of this table with the key ``tkey`` that left it while its work runs:
+        detached, or lingering (see ``lingering``)."""
+        if self.lingering:
+            self.lingering = {f for f in self.lingering if not _stragglers_done(f)}
         while current is not None:
-            if current.tkey == tkey and current in self.detached:
+            if current.tkey == tkey and (current in self.detached or current in self.lingering):
                 return True
             current = current.parent
         return False

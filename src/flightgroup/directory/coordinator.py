@@ -715,6 +715,9 @@ class Coordinator:
             return
         if self._flights.get(flight.key) is flight:
             del self._flights[flight.key]
+            # Ended without an outcome to keep: as in _land, an older kept outcome (a
+            # fresh call led past it) must not be served after it.
+            self._drop_kept(flight.key)
         self._deliver(flight, wire.Interrupted(reason))
         self._after(flight)
 

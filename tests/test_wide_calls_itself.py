@@ -1,0 +1,42 @@
+"""I6 (ADR 0006) in the wide scopes for a work whose flight already left the table: a
+sync work that ran past its deadline (its flight settled with FlightTimeoutError, its
+work runs on and, in the directory scope, holds the key lock) and then calls its own
+key gets RuntimeError. Before, the call led a new flight that waited for the key lock
+the caller itself held (directory), or ran the key again inside its own work (fleet).
+Found by review. (A flight detached by a forget: tests/test_*_detached_notice.py.)
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from flightgroup import FlightTimeoutError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_a_work_past_its_deadline_that_calls_its_own_key_raises(wide: Any) -> None:
+    go_on, ended = threading.Event(), threading.Event()
+    inner: list[BaseException | str] = []
+
+    def body() -> str:
+        if not go_on.is_set():  # the outer run; an inner one (the bug) returns at once
+            assert go_on.wait(20)
+            try:
+                inner.append(again())
+            except BaseException as exc:
+                inner.append(exc)
+            finally:
+                ended.set()
+        return "late"
+
+    again = wide.coalesce(key=lambda: "k", deadline=0.3)(body)
+    with pytest.raises(FlightTimeoutError):
+        again()  # the flight settled; its work runs on
+    go_on.set()
+    assert ended.wait(20), "the nested call waited for the key lock its own work holds"
+    [error] = inner
+    assert isinstance(error, RuntimeError) and "wait for itself" in str(error), error
