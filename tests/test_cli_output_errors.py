@@ -152,3 +152,45 @@ def test_a_closed_stdout_or_stderr_passes_nothing_and_the_run_succeeds(
     assert done.returncode == 0, done
     shown = done.stderr if closed == 1 else done.stdout
     assert shown == (b"err\n" if closed == 1 else b"out\n")
+
+
+TICKS = r"""
+import os, sys, time
+go = sys.argv[1]
+while not os.path.exists(go):
+    print("tick", flush=True)
+    time.sleep(0.05)
+print("done", flush=True)
+"""
+
+
+def test_a_joiners_reader_going_away_ends_that_joiner_only(place: Path) -> None:
+    """`flightgroup run ... | head -1` as a joiner: it exits 141 quietly at its next
+    write, while the run goes on for the leader (before, it followed the whole run)."""
+    go = place / "go"
+    cmd = _run(place, PY, "-c", TICKS, str(go))
+    leader = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+    )
+    assert leader.stdout is not None
+    assert leader.stdout.readline() == b"tick\n"  # the leader runs CMD
+    joiner = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+    )
+    try:
+        assert joiner.stdout is not None
+        assert joiner.stdout.readline() == b"tick\n"  # the joiner follows its output
+        joiner.stdout.close()
+        assert joiner.wait(WAIT) == 141
+        assert joiner.stderr is not None
+        assert b"joined the run" in joiner.stderr.read()
+        assert leader.poll() is None  # the run goes on
+        go.touch()
+        leader.stdout.read()
+        assert leader.wait(WAIT) == 0
+    finally:
+        go.touch()
+        for proc in (leader, joiner):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from typing import NoReturn
 from .command import (
     EXIT_INTERRUPTED,
     EXIT_SIGINT,
+    EXIT_SIGPIPE,
     EXIT_TIMEOUT,
     EXIT_USAGE,
     UsageError,
@@ -34,7 +34,6 @@ from .errors import FlightError
 
 __all__ = ["main"]
 
-EXIT_SIGPIPE = 128 + signal.SIGPIPE  # 141, as a shell reports a command SIGPIPE killed
 
 
 def _run_epilog() -> str:

@@ -60,6 +60,7 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: the leader died; running again may work
 EXIT_TIMEOUT = 124  # as timeout(1)
 EXIT_SIGINT = 130  # 128 + SIGINT, as a shell reports it
+EXIT_SIGPIPE = 128 + signal.SIGPIPE  # 141, as a shell reports a command SIGPIPE killed
 EXIT_CANNOT_RUN = 126  # as a shell: found but not runnable
 EXIT_NOT_FOUND = 127
 
@@ -261,7 +262,11 @@ class _Follower:
         self._tty = os.isatty(2)
         self._progress = False  # the progress line is on the screen
         self._next_progress = 0.0
-        self._stdout_open = True
+        self._not_passed: set[int] = set(_closed_at_start)  # our fds that take no more
+        # Our reader went away (EPIPE): the joiner withdraws and exits 141 quietly.
+        self.reader_gone = False
+        # Another write error (ENOSPC, EIO): said; exit 1 if the leader's CMD succeeded.
+        self.write_failed = False
         self.emitted = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -301,11 +306,26 @@ class _Follower:
                 continue
             self._clear_progress()
             self.emitted = True
-            if stream == STDOUT:
-                if self._stdout_open:
-                    self._stdout_open = _write_all(1, data) is None
-            else:
-                _write_all(2, data)
+            own = 1 if stream == STDOUT else 2
+            if own in self._not_passed:
+                continue
+            error = _write_all(own, data)
+            if error is None:
+                continue
+            self._not_passed.add(own)
+            if error.errno == errno.EPIPE:
+                # As in a pipeline (`| head -1`): this caller is done. From the follow
+                # thread, the main thread's wait is interrupted by a SIGINT sent to it
+                # (a joiner withdraws; the run goes on for the others; a real signal,
+                # as only one wakes a blocked wait); at the end, it just exits.
+                self.reader_gone = True
+                main = threading.main_thread()
+                if threading.current_thread() is not main and main.ident is not None:
+                    signal.pthread_kill(main.ident, signal.SIGINT)
+            elif error.errno != errno.EBADF:
+                self.write_failed = True
+                name = "stdout" if own == 1 else "stderr"
+                _say(f"cannot write the leader's {name}: {error.strerror or error}")
 
     def _show_progress(self) -> None:
         now = time.monotonic()
@@ -559,7 +579,9 @@ class _Run:
         if self.leader_unknown and value.get("pid") is not None:
             _say(f"the run of {self.key!r} was led by pid {value['pid']} on {value.get('host')}")
         exit_code: int = value["exit"]
-        return exit_code
+        if follower.reader_gone:
+            return EXIT_SIGPIPE
+        return 1 if exit_code == 0 and follower.write_failed else exit_code
 
 
 
@@ -612,6 +634,8 @@ def _run_in(run: _Run, group: FlightGroup, timeout: float | None, fresh: bool) -
             return _leader_after_wait(run)
         if run.follower is not None:
             run.follower.abandon()
+            if run.follower.reader_gone:  # our reader went away: quietly, as a pipeline
+                return EXIT_SIGPIPE
         _say(f"interrupted; the run of {key!r} goes on for the others")
         return EXIT_SIGINT
     except FlightInterruptedError as exc:
