@@ -194,3 +194,14 @@ def test_a_joiners_reader_going_away_ends_that_joiner_only(place: Path) -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_a_closed_stdin_is_dev_null_for_the_command(place: Path) -> None:
+    """`<&-`: CMD gets /dev/null as its stdin, not a closed fd 0 its first open() takes."""
+    code = "import os; print(os.path.realpath('/proc/self/fd/0'))"
+    done = subprocess.run(
+        _run(place, PY, "-c", code), capture_output=True, timeout=WAIT, check=False,
+        preexec_fn=lambda: os.close(0),
+    )  # fmt: skip
+    assert done.returncode == 0, done
+    assert done.stdout == b"/dev/null\n"

@@ -15,6 +15,8 @@ import pytest
 
 from flightgroup import FlightTimeoutError
 
+from .support import wait_until
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -40,3 +42,20 @@ def test_a_work_past_its_deadline_that_calls_its_own_key_raises(wide: Any) -> No
     assert ended.wait(20), "the nested call waited for the key lock its own work holds"
     [error] = inner
     assert isinstance(error, RuntimeError) and "wait for itself" in str(error), error
+
+
+def test_a_flight_lingers_only_until_its_late_work_returns(wide: Any) -> None:
+    """The table holds a flight settled past its deadline only while its work runs on
+    (its outcome with it): it lets go when the work returns, whatever else happens."""
+    go_on = threading.Event()
+
+    def body() -> str:
+        assert go_on.wait(20)
+        return "late"
+
+    late = wide.coalesce(key=lambda: "k", deadline=0.3)(body)
+    with pytest.raises(FlightTimeoutError):
+        late()
+    assert len(wide._table.lingering) == 1
+    go_on.set()
+    wait_until(lambda: not wide._table.lingering, "the flight lets go once its work returned")

@@ -203,6 +203,7 @@ def hold_standard_fds() -> None:
         if null != fd:
             os.dup2(null, fd)
             os.close(null)
+        os.set_inheritable(fd, True)  # CMD gets it too (os.open's are close-on-exec)
     _closed_at_start = frozenset(closed)
 
 
@@ -252,8 +253,16 @@ class _Follower:
     """A joiner's view of the leader's output: follows the spool file while it
     grows, and shows a progress line on a terminal until output comes."""
 
-    def __init__(self, key: str, path: str | None, age: float, leader: str) -> None:
+    def __init__(
+        self,
+        key: str,
+        path: str | None,
+        age: float,
+        leader: str,
+        reader_gone: Callable[[], None] | None = None,
+    ) -> None:
         self._key = key
+        self._on_reader_gone = reader_gone  # called from the follow thread
         self._path = path
         self._fd = -1
         self._reader = RecordReader()
@@ -314,14 +323,11 @@ class _Follower:
                 continue
             self._not_passed.add(own)
             if error.errno == errno.EPIPE:
-                # As in a pipeline (`| head -1`): this caller is done. From the follow
-                # thread, the main thread's wait is interrupted by a SIGINT sent to it
-                # (a joiner withdraws; the run goes on for the others; a real signal,
-                # as only one wakes a blocked wait); at the end, it just exits.
+                # As in a pipeline (`| head -1`): this caller is done (see
+                # _Run.withdraw_now); at the end of the run, it just exits 141.
                 self.reader_gone = True
-                main = threading.main_thread()
-                if threading.current_thread() is not main and main.ident is not None:
-                    signal.pthread_kill(main.ident, signal.SIGINT)
+                if self._on_reader_gone and threading.current_thread() is self._thread:
+                    self._on_reader_gone()
             elif error.errno != errno.EBADF:
                 self.write_failed = True
                 name = "stdout" if own == 1 else "stderr"
@@ -398,6 +404,9 @@ class _Run:
         # Writing CMD's output to our own stdout or stderr failed (ENOSPC, EIO, ...):
         # the leader says so and exits 1 if CMD succeeded; its joiners are not affected.
         self.write_failed = False
+        # on_signal is SIGINT's handler (the main thread runs the call): a joiner whose
+        # reader went away may withdraw by sending it SIGINT.
+        self.handles_sigint = False
 
     # -- signals ---------------------------------------------------------------
 
@@ -544,8 +553,17 @@ class _Run:
             self.leader_unknown = True
             line += f" (leader unknown: {why})"
         _say(line)
-        self.follower = _Follower(self.key, path, age, leader)
+        self.follower = _Follower(self.key, path, age, leader, self.withdraw_now)
         self.follower.start()
+
+    def withdraw_now(self) -> None:
+        """(The follow thread) our reader went away: the joiner withdraws at once, as
+        Ctrl-C makes it, by a SIGINT to the main thread that waits in the call (a real
+        signal: only one wakes a blocked wait). Not when something else handles SIGINT
+        (cli.main called off the main thread): the joiner then follows to the end."""
+        main = threading.main_thread()
+        if self.handles_sigint and main.ident is not None:
+            signal.pthread_kill(main.ident, signal.SIGINT)
 
     def _flight(self) -> tuple[dict[str, Any] | None, str]:
         """The running flight of our key, from the group's status request; else None
@@ -610,8 +628,17 @@ def run_command(
     assert group is not None
     run = _Run(group, scope, key, cmd)
     old = _install(run.on_signal)
+    run.handles_sigint = signal.SIGINT in old
     try:
         return _run_in(run, group, timeout, fresh)
+    except KeyboardInterrupt:
+        # The SIGINT withdraw_now sent may land once the call returned (the run ended
+        # meanwhile): still the quiet end of a joiner whose reader went away.
+        follower = run.follower
+        if follower is None or not follower.reader_gone:
+            raise
+        follower.abandon()
+        return EXIT_SIGPIPE
     finally:
         for signum, handler in old.items():
             signal.signal(signum, handler)

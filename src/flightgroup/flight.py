@@ -811,8 +811,7 @@ class FlightTable:
             flight.state = DONE  # from RUNNING, RETRY_PENDING or SETTLING
             flight.attempt = None  # the attempt points at its flight: no cycle to collect
             if flight.stragglers is not None and not _stragglers_done(flight):
-                self.lingering = {f for f in self.lingering if not _stragglers_done(f)}
-                self.lingering.add(flight)
+                self.lingering.add(flight)  # until unlinger: its last work returned
             waiters = flight.waiters
             if waiters:
                 flight.waiters = {}
@@ -921,13 +920,20 @@ class FlightTable:
         """(Under the lock) True if ``current``, or a flight whose work started it, is
         a flight of this table with the key ``tkey`` that left it while its work runs:
         detached, or lingering (see ``lingering``)."""
-        if self.lingering:
-            self.lingering = {f for f in self.lingering if not _stragglers_done(f)}
         while current is not None:
             if current.tkey == tkey and (current in self.detached or current in self.lingering):
                 return True
             current = current.parent
         return False
+
+    def unlinger(self, flight: Flight) -> None:
+        """A sync attempt of ``flight`` returned (on its own thread): once every one
+        left running past its deadline has, the flight no longer lingers."""
+        if flight.stragglers is None:
+            return
+        with self.lock:
+            if flight in self.lingering and _stragglers_done(flight):
+                self.lingering.discard(flight)
 
     def detach(self, flight: Flight) -> None:
         """(Wide scopes) ``flight`` is no longer its key's in the scope (a forget() in

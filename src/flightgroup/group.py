@@ -966,7 +966,7 @@ class FlightGroup:
                 else:
                     try:
                         outcome, value, error = _attempt_sync_with_deadline(
-                            attempt, work, policy.deadline
+                            attempt, work, policy.deadline, self._table.unlinger
                         )
                     except BaseException as exc:  # KeyboardInterrupt while waiting, no thread
                         outcome, value, error = Outcome.INTERRUPTED, None, exc
@@ -1589,11 +1589,15 @@ def _attempt_sync(attempt: Attempt, work: Callable[[], Any]) -> Ending:
 
 
 def _attempt_sync_with_deadline(
-    attempt: Attempt, work: Callable[[], Any], deadline: float
+    attempt: Attempt,
+    work: Callable[[], Any],
+    deadline: float,
+    returned: Callable[[Flight], None],
 ) -> Ending:
     """One attempt on a thread of its own, waited for until the deadline. A sync
     work cannot be stopped: past the deadline its lease is lost and it runs on,
-    detached; its late ending goes to this attempt's own box, which nobody reads."""
+    detached; its late ending goes to this attempt's own box, which nobody reads.
+    ``returned(flight)`` is called on that thread once the work returned."""
     box: list[Ending] = []
     done = new_thread_waiter()
     ended = threading.Event()  # the work itself returned (for a wide scope's key lock)
@@ -1604,6 +1608,7 @@ def _attempt_sync_with_deadline(
         finally:
             done.release()
             ended.set()
+            returned(attempt.flight)
 
     threading.Thread(
         target=copy_context().run, args=(body,), name=f"flightgroup-work-{attempt.token}",
