@@ -244,31 +244,3 @@ def test_the_notices_field_and_the_detached_answer_on_the_wire() -> None:
     assert wire.parse_answer_frame({"op": "detached", "id": 9}, None) == wire.Detached(9)
     with pytest.raises(wire.WireError):
         wire.parse_answer_frame({"op": "detached", "id": "9"}, None)
-
-
-def test_a_work_that_calls_its_own_key_after_a_forget_elsewhere_still_raises(
-    directory: str,
-) -> None:
-    """I6 (ADR 0006) once the notice took the leader's own flight out of its table: the
-    nested call must not lead a flight that waits for the key lock its own flight holds."""
-    a = coordinating(directory)
-    b = group(directory)
-    go_on, started = threading.Event(), threading.Event()
-
-    def work() -> str:
-        started.set()
-        assert go_on.wait(20)
-        with pytest.raises(RuntimeError, match="wait for itself"):
-            b.run_sync("k", lambda: "inner")
-        return "outer"
-
-    try:
-        outer = Background(lambda: b.run_sync("k", work))
-        assert started.wait(10)
-        a.forget("k")
-        wait_until(lambda: "k" not in b._table.flights, "b's group read the notice")
-        go_on.set()
-        assert outer.wait().value == "outer"
-    finally:
-        go_on.set()
-        close(a, b)

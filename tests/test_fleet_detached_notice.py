@@ -65,33 +65,3 @@ def test_a_forget_elsewhere_detaches_the_leaders_and_the_joiners_local_flights(
     finally:
         old_may_end.set()
         close(leader, joiner, forgetter)
-
-
-def test_a_work_that_calls_its_own_key_after_a_forget_elsewhere_still_raises(
-    redis_server: Any, namespace: str
-) -> None:
-    """I6 (ADR 0006) once the notice took the leader's own flight out of its table: the
-    nested call must not run the key again inside its own work."""
-    leader = fleet_group(redis_server.url, namespace, lease=0.9)
-    forgetter = fleet_group(redis_server.url, namespace)
-    go_on, started = threading.Event(), threading.Event()
-    runs: list[str] = []
-
-    def work() -> str:
-        started.set()
-        assert go_on.wait(20)
-        with pytest.raises(RuntimeError, match="wait for itself"):
-            leader.run_sync("k", lambda: runs.append("inner") or "inner")
-        return "outer"
-
-    try:
-        outer = Background(lambda: leader.run_sync("k", work))
-        assert started.wait(10)
-        forgetter.forget("k")
-        wait_until(lambda: "k" not in leader._table.flights, "a renewal told the leader")
-        go_on.set()
-        assert outer.wait().value == "outer"
-        assert runs == []
-    finally:
-        go_on.set()
-        close(leader, forgetter)
