@@ -431,10 +431,9 @@ def test_sync_leading_caller_with_timeout_calls_on_join_when_joined_and_landed_r
 
 
 def test_async_leading_caller_calls_on_join_when_the_landing_is_already_in(
-    directory: str, monkeypatch: pytest.MonkeyPatch
+    directory: str, monkeypatch: pytest.MonkeyPatch, task_start: str
 ) -> None:
-    if not group_module._EAGER:
-        pytest.skip("the eager task start is 3.12+")
+    """Each way the leader's task starts (eagerly on 3.12+, through the loop)."""
     c = _coordinating(directory)
     b = _group(directory)
     a, _, release, leader = _remote_leader(directory)

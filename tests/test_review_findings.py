@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import functools
 import gc
-import sys
 import threading
 import types
 import weakref
@@ -315,13 +314,8 @@ def test_leader_whose_work_thread_cannot_start_leaves_nothing_behind(
 # -- 8. a settled async flight is freed only by the cyclic GC ------------------------------
 
 
-@pytest.mark.parametrize("eager", [True, False], ids=["eager", "loop"])
-def test_settled_async_flight_is_freed_without_the_cyclic_gc(
-    monkeypatch: pytest.MonkeyPatch, eager: bool
-) -> None:
-    if eager and sys.version_info < (3, 12):
-        pytest.skip("eager start needs 3.12+")
-    monkeypatch.setattr(group_module, "_EAGER", eager)
+def test_settled_async_flight_is_freed_without_the_cyclic_gc(task_start: str) -> None:
+    """Each way the leader's task starts (eagerly on 3.12+, through the loop)."""
 
     class Big:
         pass

@@ -602,8 +602,8 @@ def test_mixed_schedules(schedule: list[Step], n_keys: int, eager: bool) -> None
 # -- regressions ------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not HAS_EAGER, reason="needs a leader's task to start eagerly (3.12+)")
-def test_regression_fresh_joiner_of_an_ended_flight_still_gets_on_join() -> None:
+@pytest.mark.parametrize("eager", [True, False] if HAS_EAGER else [False])
+def test_regression_fresh_joiner_of_an_ended_flight_still_gets_on_join(eager: bool) -> None:
     """A fresh caller whose claim finds the next flight already ended (Role.TAKE)
     joined it: API.md calls on_join once for each joiner."""
     async def main() -> None:
@@ -636,5 +636,5 @@ def test_regression_fresh_joiner_of_an_ended_flight_still_gets_on_join() -> None
         assert (res.value, res.joined) == ("new", True)
         assert joins == ["second"]
 
-    with task_start(True):
+    with task_start(eager):
         asyncio.run(asyncio.wait_for(main(), 10))
