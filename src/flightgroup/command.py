@@ -209,8 +209,8 @@ def hold_standard_fds() -> None:
 
 def _write_all(fd: int, data: bytes) -> OSError | None:
     """Write ``data`` to ``fd``; None, or the error that stopped it (EPIPE: the reader
-    went away; EBADF: the descriptor is closed). A full descriptor left non-blocking by
-    whoever made it (EAGAIN) is waited for, as a blocking one would be."""
+    went away). A full descriptor left non-blocking by whoever made it (EAGAIN) is
+    waited for, as a blocking one would be."""
     view = memoryview(data)
     while view:
         try:
@@ -220,6 +220,16 @@ def _write_all(fd: int, data: bytes) -> OSError | None:
         except OSError as exc:
             return exc
     return None
+
+
+def _failed_to_pass(error: OSError, own: int, whose: str) -> bool:
+    """After writing to our ``own`` fd failed with ``error``: True (said once, on
+    stderr) for a real write error, False when our reader went away (EPIPE)."""
+    if error.errno == errno.EPIPE:
+        return False
+    name = "stdout" if own == 1 else "stderr"
+    _say(f"cannot write the {whose} {name}: {error.strerror or error}")
+    return True
 
 
 def _say(line: str) -> None:
@@ -322,16 +332,14 @@ class _Follower:
             if error is None:
                 continue
             self._not_passed.add(own)
-            if error.errno == errno.EPIPE:
-                # As in a pipeline (`| head -1`): this caller is done (see
-                # _Run.withdraw_now); at the end of the run, it just exits 141.
-                self.reader_gone = True
-                if self._on_reader_gone and threading.current_thread() is self._thread:
-                    self._on_reader_gone()
-            elif error.errno != errno.EBADF:
+            if _failed_to_pass(error, own, "leader's"):
                 self.write_failed = True
-                name = "stdout" if own == 1 else "stderr"
-                _say(f"cannot write the leader's {name}: {error.strerror or error}")
+                continue
+            # As in a pipeline (`| head -1`): this caller is done (see
+            # _Run.withdraw_now); at the end of the run, it just exits 141.
+            self.reader_gone = True
+            if self._on_reader_gone and threading.current_thread() is self._thread:
+                self._on_reader_gone()
 
     def _show_progress(self) -> None:
         now = time.monotonic()
@@ -518,16 +526,14 @@ class _Run:
             if error is None:
                 continue
             passing = False
-            if error.errno == errno.EPIPE:
-                # Our reader went away (`| head -1`): as in a shell pipeline, CMD's next
-                # write here gets SIGPIPE, and the run ends with CMD's own status for
-                # everyone. Reading on let an endless CMD fill the spool.
-                pipe.close()
-                return
-            if error.errno != errno.EBADF:  # EBADF: closed by our caller, nothing to pass
+            if _failed_to_pass(error, own, "command's"):
                 self.write_failed = True
-                name = "stdout" if own == 1 else "stderr"
-                _say(f"cannot write the command's {name}: {error.strerror or error}")
+                continue
+            # Our reader went away (`| head -1`): as in a shell pipeline, CMD's next
+            # write here gets SIGPIPE, and the run ends with CMD's own status for
+            # everyone. Reading on let an endless CMD fill the spool.
+            pipe.close()
+            return
 
     def exit_code(self, code: int) -> int:
         """The leader's own exit code for a run that ended with ``code``: 1 if its
@@ -600,8 +606,6 @@ class _Run:
         if follower.reader_gone:
             return EXIT_SIGPIPE
         return 1 if exit_code == 0 and follower.write_failed else exit_code
-
-
 
 
 def _install(handler: Callable[[int, FrameType | None], None]) -> dict[int, Any]:

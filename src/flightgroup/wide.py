@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from .policy import FlightPolicy
 
 __all__ = [
-    "Arbiter", "Event", "Inbox", "KeptCauses", "LeadState", "closed_in_fork", "forked_reason",
+    "Arbiter", "DetachedNotice", "Event", "Inbox", "KeptCauses", "LeadState", "closed_in_fork",
+    "forked_reason",
     "from_wire", "key_as_called", "post", "start_loop", "to_wire",
 ]
 
@@ -128,6 +129,22 @@ def post(loop: asyncio.AbstractEventLoop | None, fn: Callable[..., object], *arg
     except RuntimeError:  # the loop closed
         return False
     return True
+
+
+class DetachedNotice:
+    """What an arbiter's call holds for ADR 0026: the engine's callback for a forget()
+    elsewhere that took the scope's flight of the call away from its key."""
+
+    __slots__ = ("on_detached",)
+
+    def __init__(self, on_detached: Callable[[], object] | None) -> None:
+        self.on_detached = on_detached
+
+    def detached(self) -> None:
+        """The scope said the flight was detached: tell the engine, once."""
+        detach, self.on_detached = self.on_detached, None
+        if detach is not None:
+            detach()
 
 
 class LeadState:

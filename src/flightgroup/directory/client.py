@@ -43,6 +43,7 @@ from ..errors import (
     renewed,
 )
 from ..wide import (
+    DetachedNotice,
     Event,
     Inbox,
     LeadState,
@@ -70,8 +71,9 @@ _OPENING = -2  # Call.fd while the caller creates the key's file
 _SETTLED = 0.5
 
 
-class Call:
-    """One local flight's request to the directory (its id is reused for the lead)."""
+class Call(DetachedNotice):
+    """One local flight's request to the directory (its id is reused for the lead;
+    ``on_detached``: a forget() elsewhere detached the flight it leads or joined)."""
 
     __slots__ = (
         "after",
@@ -84,7 +86,6 @@ class Call:
         "key",
         "lead",
         "lock",
-        "on_detached",
         "outlived",
         "pending",
         "refused",
@@ -101,6 +102,7 @@ class Call:
         after: int | None = None,
         on_detached: Callable[[], object] | None = None,
     ) -> None:
+        super().__init__(on_detached)
         self.lock = threading.Lock()
         # The key lock file, opened ahead by the caller: None until then, _OPENING while
         # it opens, -1 once the lead took it or the call ended without leading.
@@ -123,9 +125,6 @@ class Call:
         # names them too, in case the next coordinator never heard of ``token``.
         self.earlier: tuple[int, ...] = ()
         self.lead: Lead | None = None
-        # Called (once, on the group's thread) when the coordinator says the flight is
-        # no longer the key's (a forget() elsewhere): the local flight leaves its table.
-        self.on_detached = on_detached
 
 
 class Lead(LeadState):
@@ -681,11 +680,10 @@ class DirectoryArbiter:
                 _finish(call, Event.INTERRUPTED, answer.reason)
         elif isinstance(answer, wire.Detached):
             call = self._calls.get(answer.id)
-            if call is not None and call.on_detached is not None:
-                detach, call.on_detached = call.on_detached, None
+            if call is not None:
                 log.debug("%s %s: its flight was detached", self.directory,
                           DigestOf(call.key))
-                detach()
+                call.detached()
         elif isinstance(answer, wire.Ack) and answer.id in self._waiters:
             self._waiters.pop(answer.id).set_result(None)  # a forget was done
         elif isinstance(answer, wire.Ack):

@@ -243,6 +243,12 @@ class _Session:
         if not self.closed:
             self.transport.write(frame)
 
+    def tell_detached(self, id: int) -> None:
+        """The flight of request ``id`` is no longer its key's (ADR 0026), if this
+        connection said it hears that."""
+        if self.notices:
+            self.send(wire.detached_frame(id))
+
 
 class Coordinator:
     """One term of the directory's coordinator. ``start`` serves; ``close`` stops
@@ -546,8 +552,8 @@ class Coordinator:
         pid = flight.leader.pid if flight.leader is not None else 0
         age = time.monotonic() - flight.started
         session.send(wire.joined_frame(id, flight.token, pid, round(age, 6)))
-        if flight.detached and session.notices:  # a rejoin after a failover
-            session.send(wire.detached_frame(id))
+        if flight.detached:  # a rejoin after a failover
+            session.tell_detached(id)
 
     @staticmethod
     def _tell_detached(flight: _Flight) -> None:
@@ -555,12 +561,10 @@ class Coordinator:
         new local call in their processes joins their local flight of it either. Only
         a courtesy (it may be lost with this coordinator); the forgotten mark is what
         holds across terms (ADR 0020, ADR 0026)."""
-        leader = flight.leader
-        if leader is not None and leader.notices:
-            leader.send(wire.detached_frame(flight.lead_id))
+        if flight.leader is not None:
+            flight.leader.tell_detached(flight.lead_id)
         for session, id in flight.joiners:
-            if session.notices:
-                session.send(wire.detached_frame(id))
+            session.tell_detached(id)
 
     def _lead(self, session: _Session, id: int, key: str) -> None:
         try:
@@ -756,8 +760,8 @@ class Coordinator:
             same.token = max(same.token, token)
             same.landed = same.landed or request.landed
             _add_tokens(same, tokens)
-            if same.detached and session.notices:
-                session.send(wire.detached_frame(request.id))
+            if same.detached:
+                session.tell_detached(request.id)
             return
         # A forget() detached this flight (in this term or an earlier one): it comes
         # back for its own joiners only (ADR 0020).
@@ -807,8 +811,7 @@ class Coordinator:
         session.leads[request.id] = flight
         if detached:
             self._detached.setdefault(key, []).append(flight)
-            if session.notices:
-                session.send(wire.detached_frame(request.id))
+            session.tell_detached(request.id)
             # Only the rejoins of this very flight stop waiting; new calls go on waiting
             # for the key's lock, then lead.
             waiting = self._waiting.get(key)

@@ -51,6 +51,7 @@ from .._log import DigestOf, key_digest, log
 from ..directory import wire
 from ..errors import GroupClosedError, UnavailableError
 from ..wide import (
+    DetachedNotice,
     Event,
     Inbox,
     LeadState,
@@ -99,13 +100,13 @@ _ANSWERS = {1: "lead", 2: "join", 3: "kept", 4: "wait for the next flight"}
 _UNREACHABLE = (RedisError, RedisClusterException, OSError)
 
 
-class FleetCall:
-    """One local flight's request to the namespace."""
+class FleetCall(DetachedNotice):
+    """One local flight's request to the namespace (``on_detached``: a FORGET elsewhere
+    parked the flight it leads or joined)."""
 
     __slots__ = (
-        "after", "fresh", "inbox", "key", "lead", "nonce", "on_detached", "reading", "task",
-        "withdrawn",
-    )  # fmt: skip
+        "after", "fresh", "inbox", "key", "lead", "nonce", "reading", "task", "withdrawn"
+    )
 
     def __init__(
         self,
@@ -114,6 +115,7 @@ class FleetCall:
         after: int | None = None,
         on_detached: Callable[[], object] | None = None,
     ) -> None:
+        super().__init__(on_detached)
         self.key = key
         self.fresh = fresh
         self.after = after
@@ -123,15 +125,6 @@ class FleetCall:
         self.task: asyncio.Task[None] | None = None
         self.reading = False  # only a read may be cancelled: a script may have run
         self.withdrawn = False
-        # Called once when a FORGET elsewhere parked the flight this call leads or
-        # joined: the local flight leaves the table (ADR 0026).
-        self.on_detached = on_detached
-
-    def detached(self) -> None:
-        """The flight was parked by a FORGET: tell the engine, once."""
-        detach, self.on_detached = self.on_detached, None
-        if detach is not None:
-            detach()
 
 
 class FleetLead(LeadState):
