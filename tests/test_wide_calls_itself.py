@@ -8,12 +8,14 @@ Found by review. The same for a flight that a forget() in another process detach
 
 from __future__ import annotations
 
+import asyncio
+import os
 import threading
 from typing import Any
 
 import pytest
 
-from flightgroup import FlightTimeoutError
+from flightgroup import JSON, FlightGroup, FlightTimeoutError
 
 from .ingroup import Background
 from .support import wait_until
@@ -91,3 +93,118 @@ def test_a_work_whose_flight_a_forget_elsewhere_detached_still_raises(
         assert runs == []
     finally:
         go_on.set()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_work_that_calls_its_own_key_through_another_group_of_the_scope_raises(
+    pair: tuple[Any, Any], mode: str
+) -> None:
+    """Two groups of one process that share a scope (one directory, or one namespace on
+    one Redis) are one group (API.md): a work of k that calls k through the other group
+    would join its own flight and wait for itself. Before, it hung until the deadline."""
+    first, second = pair
+    runs: list[str] = []
+
+    async def inner_async() -> str:
+        runs.append("inner")
+        return "inner"
+
+    async def outer_async() -> str:
+        with pytest.raises(RuntimeError, match="wait for itself"):
+            await second.run("k", inner_async)
+        # through the other group, nested one level further (k calls j calls k)
+        async def middle() -> str:
+            await second.run("k", inner_async)
+            return "middle"
+
+        with pytest.raises(RuntimeError, match="wait for itself"):
+            await second.run("j", middle)
+        return "outer"
+
+    def outer_sync() -> str:
+        with pytest.raises(RuntimeError, match="wait for itself"):
+            second.run_sync("k", lambda: runs.append("inner") or "inner")
+        return "outer"
+
+    if mode == "sync":
+        assert first.run_sync("k", outer_sync).value == "outer"
+    else:
+        assert asyncio.run(first.run("k", outer_async)).value == "outer"
+    assert runs == []
+    # the key is not stuck afterwards (fresh: the outer flight's landing may still be on
+    # its way, and a plain call would join it)
+    assert second.run_sync("k", lambda: "later", fresh=True).value == "later"
+
+
+def _stranger(first: Any, tmp: str) -> Any:
+    """A group of the same kind as ``first`` with another scope: another directory (the
+    same one under another name is the same scope), or another namespace on its Redis."""
+    fleet = first._fleet
+    if fleet is None:
+        return FlightGroup(directory=os.path.join(tmp, "other"), codec=JSON)
+    url = first._table.scope[1]
+    return FlightGroup(redis=url, namespace=f"{fleet.namespace}-other", codec=JSON)
+
+
+def test_a_work_of_k_calls_k_in_another_scope_and_it_runs_there(
+    pair: tuple[Any, Any], tmp_path: Any
+) -> None:
+    """Only the same scope is the same group: k's work may call k of another directory
+    or namespace, which runs it; and a directory named through a symlink is the same."""
+    first, _ = pair
+    stranger = _stranger(first, str(tmp_path))
+    try:
+        def outer() -> str:
+            return "outer+" + stranger.run_sync("k", lambda: "elsewhere").value
+
+        assert first.run_sync("k", outer).value == "outer+elsewhere"
+    finally:
+        stranger.close()
+    if first._fleet is not None:
+        return
+    link = os.path.join(str(tmp_path), "link")
+    os.symlink(first._table.scope[1], link)
+    alias = FlightGroup(directory=link, codec=JSON)
+    try:
+        def through_alias() -> str:
+            with pytest.raises(RuntimeError, match="wait for itself"):
+                alias.run_sync("k", lambda: "inner")
+            return "outer"
+
+        assert first.run_sync("k", through_alias, fresh=True).value == "outer"
+    finally:
+        alias.close()
+
+
+def test_a_task_that_outlives_its_flights_work_calls_the_key_as_anyone(
+    pair: tuple[Any, Any],
+) -> None:
+    """The check is of a flight whose work still runs: a task the work started, which
+    calls the key through the other group after the flight ended, leads or joins it as
+    any caller would (it inherited the work's context, and so its chain)."""
+    first, second = pair
+    ended = threading.Event()
+
+    async def main() -> str:
+        later: list[asyncio.Task[Any]] = []
+
+        async def work() -> str:
+            async def afterwards() -> Any:
+                assert await asyncio.to_thread(ended.wait, 20)
+                return await second.run("k", _value("again"), fresh=True)
+
+            later.append(asyncio.create_task(afterwards()))
+            return "first"
+
+        assert (await first.run("k", work)).value == "first"
+        ended.set()
+        return (await later[0]).value  # type: ignore[no-any-return]
+
+    assert asyncio.run(main()) == "again"
+
+
+def _value(value: str) -> Any:
+    async def work() -> str:
+        return value
+
+    return work

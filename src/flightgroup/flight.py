@@ -275,6 +275,9 @@ class Flight:
     scoped = False
     remote = False
     joined_remote = False
+    # (wide scopes) the table the flight belongs to: a nested call through another group
+    # of the same scope must see that this flight is its own (I6)
+    home: FlightTable | None = None
 
     def __init__(self, tkey: Hashable, key: str, token: int, state: State) -> None:
         self.tkey = tkey
@@ -411,13 +414,17 @@ class FlightTable:
         "kept",
         "lingering",
         "lock",
+        "scope",
         "stats",
         "wide",
     )
 
-    def __init__(self, wide: bool = False) -> None:
+    def __init__(self, wide: bool = False, scope: Hashable | None = None) -> None:
         # A wide scope keeps outcomes where every process reaches them, not here.
         self.wide = wide
+        # (wide scopes) what names the scope (its directory, its Redis and namespace):
+        # another group of this process with the same scope is the same group (I6)
+        self.scope = scope
         # A wide group counts a flight when the scope says its work runs here (ran_here),
         # never before: a flight joined elsewhere must not count as one, then stop counting
         # (counters only grow).
@@ -471,14 +478,18 @@ class FlightTable:
             if (
                 chain is not None
                 and self.wide
-                and (self.detached or self.lingering)
-                and self._left_in(tkey, chain)
+                and (
+                    ((self.detached or self.lingering) and self._left_in(tkey, chain))
+                    or self._runs_in_kin(tkey, chain)
+                )
             ):
-                # I6 for a flight that left the table while its work runs: a forget(),
-                # here or in another process, detached it (ADR 0026), or it settled
-                # past its deadline. A new lead would wait for the key lock that very
-                # flight holds (directory scope) or run the key again inside its own
-                # work (fleet).
+                # I6 for a flight of this scope that the check below cannot see: one
+                # that left this table while its work runs (a forget(), here or in
+                # another process, detached it (ADR 0026), or it settled past its
+                # deadline), or one that another group of this process with the same
+                # scope runs. A new lead would wait for the key lock that very flight
+                # holds (directory scope) or run the key again inside its own work
+                # (fleet); a join would wait for itself.
                 raise _calls_itself(key)
             if flight is None:
                 if self.kept is not None and not fresh:
@@ -495,6 +506,8 @@ class FlightTable:
                 self._next_token += 1
                 token = self._next_token
                 flight = Flight(tkey, key, token, RUNNING)
+                if self.scope is not None:
+                    flight.home = self
                 if fresh:
                     flight.fresh_lead = True
                 flight.attempt = Attempt(flight, token)
@@ -850,6 +863,7 @@ class FlightTable:
                     # Its token comes when it is led (_lead): a flight that starts later
                     # must carry the larger token, even if it was made earlier.
                     following = Flight(tkey, flight.key, 0, IDLE)
+                    following.home = flight.home
                     if flight.scoped and outcome is not Outcome.LOST:
                         following.after = flight.token
                     flights[tkey] = following
@@ -925,6 +939,37 @@ class FlightTable:
                 return True
             current = current.parent
         return False
+
+    def _runs_in_kin(self, tkey: Hashable, current: Flight | None) -> bool:
+        """True if ``current``, or a flight whose work started it, is a flight of the
+        key ``tkey`` that another group of this process with the same scope runs: the
+        scope would make this call join it (or wait for its key lock), so its work
+        would wait for itself. A flight whose work is over (a task it started may
+        outlive it) does not count."""
+        if self.scope is None:
+            return False
+        while current is not None:
+            home = current.home
+            if (
+                current.tkey == tkey
+                and home is not None
+                and home is not self
+                and home.scope == self.scope
+                and home.holds(current)
+            ):
+                return True
+            current = current.parent
+        return False
+
+    def holds(self, flight: Flight) -> bool:
+        """``flight``'s work may still run: it is this table's flight of its key, or it
+        left the table while its work runs (detached or lingering). Read without the
+        lock (by another group's table): each test is one atomic read."""
+        return (
+            self.flights.get(flight.tkey) is flight
+            or flight in self.detached
+            or flight in self.lingering
+        )
 
     def unlinger(self, flight: Flight) -> None:
         """A sync attempt of ``flight`` returned (on its own thread): once every one

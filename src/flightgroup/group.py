@@ -276,6 +276,10 @@ class FlightGroup:
         self._codec = codec
         self._arbiter: Arbiter | None = None
         self._fleet: RedisArbiter | None = None
+        # Two groups of this process with the same scope are one group: I6 must see the
+        # other's flights (FlightTable.scope). A directory by its real path; a fleet by
+        # its URL as written (another spelling of the same server is not recognised).
+        scope: Hashable | None = None
         if redis is not None:
             assert namespace is not None
             try:
@@ -289,6 +293,7 @@ class FlightGroup:
             self._arbiter = self._fleet = RedisArbiter(
                 redis, namespace, lease=lease, cluster=cluster, max_value_bytes=max_value_bytes
             )
+            scope = ("fleet", redis, namespace)
         if directory is not None:
             from .directory import forked
             from .directory.client import DirectoryArbiter
@@ -307,10 +312,11 @@ class FlightGroup:
                     f"header in max_frame_bytes ({max_frame_bytes}): at most {room}"
                 )
             forked.watch(path)  # a forked child lets go of this directory's locks
+            scope = ("directory", os.path.realpath(path))
         if self._arbiter is not None:
             self._arbiter.on_fork = functools.partial(_forget_flights, weakref.ref(self))
         self._max_value_bytes = max_value_bytes
-        self._table = FlightTable(wide=self._arbiter is not None)
+        self._table = FlightTable(wide=self._arbiter is not None, scope=scope)
         self._closed = False
         self._closed_why: str | None = None  # why, when not by close(): a forked child
         self._causes: KeptCauses | None = None  # made at a wide group's first kept failure
