@@ -113,6 +113,10 @@ def test_a_failure_marks_every_span_and_sync_and_decorated_calls_are_traced(span
         assert span.status.status_code is StatusCode.ERROR
         assert span.attributes is not None and span.attributes["flightgroup.outcome"] == "error"
     assert join.attributes is not None and join.attributes["flightgroup.joined"] is True
+    # the failed joiner's span still names the flight's token, and links to its span
+    assert flight.attributes is not None
+    assert join.attributes["flightgroup.token"] == flight.attributes["flightgroup.token"]
+    assert [link.context.span_id for link in join.links] == [flight.context.span_id]
 
     @group.coalesce(key=lambda n: f"n:{n}")
     def double(n: int) -> int:
@@ -169,3 +173,66 @@ def test_bad_input_still_raises_at_once(spans: Any) -> None:
         group.run_sync("", lambda: 1)
     assert exporter.get_finished_spans() == ()
     assert isinstance(group, flightgroup.FlightGroup)
+
+
+def test_a_kept_failure_and_a_failure_led_elsewhere_name_their_flights_token(
+    spans: Any, directory: str
+) -> None:
+    """A call served a kept failure, and a joiner whose flight failed in another group of
+    the directory, raise errors that name no token: their spans still carry the flight's
+    (found by review: only calls that returned a Result had one)."""
+    provider, exporter = spans
+    kept = FlightGroup(retention=flightgroup.Retention(error=60.0))
+    instrument(kept, provider)
+
+    def fail() -> None:
+        raise ValueError("broken")
+
+    with pytest.raises(ValueError):
+        kept.run_sync("k", fail)
+    with pytest.raises(flightgroup.FlightFailedError):
+        kept.run_sync("k", fail)  # the kept failure
+    [flight] = named(exporter, "flightgroup.flight")
+    [join] = named(exporter, "flightgroup.join")
+    assert flight.attributes is not None and join.attributes is not None
+    assert join.attributes["flightgroup.token"] == flight.attributes["flightgroup.token"]
+    assert join.attributes["flightgroup.outcome"] == "error"
+    exporter.clear()
+
+    a = FlightGroup(directory=directory, codec=JSON)
+    b = FlightGroup(directory=directory, codec=JSON)
+    instrument(a, provider)
+    instrument(b, provider)
+    started, gate = threading.Event(), threading.Event()
+
+    def fail_later() -> None:
+        started.set()
+        gate.wait(10)
+        raise ValueError("broken")
+
+    errors: list[BaseException] = []
+
+    def lead() -> None:
+        try:
+            a.run_sync("k", fail_later)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=lead)
+    thread.start()
+    try:
+        assert started.wait(10)
+        with pytest.raises(flightgroup.FlightFailedError):
+            b.run_sync("k", fail_later, on_join=gate.set)
+        thread.join(10)
+    finally:
+        gate.set()
+        a.close()
+        b.close()
+    assert [type(e) for e in errors] == [ValueError]
+    [flight] = named(exporter, "flightgroup.flight")
+    [join] = named(exporter, "flightgroup.join")
+    assert flight.attributes is not None and join.attributes is not None
+    assert flight.attributes["flightgroup.scope"] == "directory"
+    assert join.attributes["flightgroup.token"] == flight.attributes["flightgroup.token"]
+    assert join.attributes["flightgroup.token"] >> 32 >= 1  # a directory token: the epoch

@@ -32,11 +32,13 @@ from opentelemetry.trace import SpanContext, Status, StatusCode, TracerProvider
 
 from ._log import key_digest
 from .errors import (
+    FlightError,
     FlightInterruptedError,
     FlightTimeoutError,
     GroupClosedError,
     LeaseLostError,
 )
+from .flight import Flight
 from .group import FlightGroup, Result
 from .lease import current_lease
 from .policy import FlightPolicy
@@ -47,6 +49,7 @@ T = TypeVar("T")
 
 _SCOPE_NAME = "flightgroup"
 _MAX_LINKS = 10_000  # span contexts of recent flights led here, for joiners' links
+_TOKEN = "_flightgroup_token"  # set on a delivered FlightError: its flight's token
 
 
 class _Links:
@@ -169,6 +172,15 @@ class _Traced(FlightGroup):
         except Exception:  # (or LookupError) this runs inside the work: never fail it
             return
 
+    def _deliver(self, flight: Flight, leader: bool) -> Result[Any]:
+        try:
+            return super()._deliver(flight, leader)
+        except FlightError as exc:
+            # A joiner's error (or a kept failure's) names no token: the span reads the
+            # flight's from it. Each caller's instance is its own (errors.renewed).
+            exc.__dict__[_TOKEN] = flight.token
+            raise
+
     def _end(self, call: _Call, result: Result[Any] | None, error: BaseException | None) -> None:
         # Tracing must never change a call: whatever the span path raises (a span
         # processor's on_end, an exporter plugin) is dropped, the call returns or
@@ -183,7 +195,12 @@ class _Traced(FlightGroup):
     ) -> None:
         span = call.span
         joined = not call.led
-        token = result.token if result is not None else call.token
+        if result is not None:
+            token: int | None = result.token
+        elif call.token is not None:
+            token = call.token
+        else:
+            token = getattr(error, "__dict__", {}).get(_TOKEN)
         if result is not None:
             joined = result.joined
         span.update_name("flightgroup.join" if joined else "flightgroup.flight")
