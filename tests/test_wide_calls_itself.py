@@ -208,3 +208,37 @@ def _value(value: str) -> Any:
         return value
 
     return work
+
+
+def test_run_sync_through_another_group_on_the_loop_that_runs_the_flight_is_refused(
+    pair: tuple[Any, Any],
+) -> None:
+    """run_sync on the thread of the loop that runs a flight's async work blocks that
+    work: refused in its own group, and now through another group of the same scope too,
+    which would have joined the flight (or, fresh, waited for its end) for ever."""
+    first, second = pair
+
+    async def main() -> str:
+        release = asyncio.Event()
+
+        async def work() -> str:
+            await release.wait()
+            return "v"
+
+        leader = asyncio.create_task(first.run("k", work))
+        for _ in range(1000):
+            flight = first._table.flights.get("k")
+            if flight is not None and flight.loop is not None and flight.decided:
+                break
+            await asyncio.sleep(0.005)
+        else:
+            raise AssertionError("the flight never started")
+        for fresh in (False, True):
+            with pytest.raises(RuntimeError, match="block"):
+                second.run_sync("k", lambda: "other", fresh=fresh)
+        # another key of the same loop's thread is not this flight's: it runs
+        assert second.run_sync("j", lambda: "j").value == "j"
+        release.set()
+        return (await leader).value  # type: ignore[no-any-return]
+
+    assert asyncio.run(main()) == "v"

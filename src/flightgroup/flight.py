@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import threading
 import time
+import weakref
 from _thread import LockType, allocate_lock
 from asyncio import events
 from collections.abc import Hashable
@@ -275,9 +276,6 @@ class Flight:
     scoped = False
     remote = False
     joined_remote = False
-    # (wide scopes) the table the flight belongs to: a nested call through another group
-    # of the same scope must see that this flight is its own (I6)
-    home: FlightTable | None = None
 
     def __init__(self, tkey: Hashable, key: str, token: int, state: State) -> None:
         self.tkey = tkey
@@ -311,6 +309,13 @@ class Flight:
 def _stragglers_done(flight: Flight) -> bool:
     """Every sync attempt of ``flight`` left running past its deadline has returned."""
     return all(ended.is_set() for ended in flight.stragglers or ())
+
+
+def _blocks_its_loop(key: str) -> RuntimeError:
+    return RuntimeError(
+        f"run_sync({key!r}) was called on the thread of the event loop that runs "
+        "this flight's work, so it would block that work forever; use await run()."
+    )
 
 
 def _calls_itself(key: str) -> RuntimeError:
@@ -396,6 +401,12 @@ def wake(waiters: Iterable[Waiter], signal: Signal | Flight) -> None:
                 loop.call_soon_threadsafe(_wake_futures, futures, signal)
 
 
+# (wide scopes) the tables of this process by scope: groups of one scope are one group,
+# and a sync call must see the flights of the others (FlightTable._kin_blocks)
+_KIN_LOCK = threading.Lock()
+_KIN: dict[Hashable, weakref.WeakSet[FlightTable]] = {}
+
+
 class FlightTable:
     """The in-process flight table of one group: key -> Flight, thread-safe.
 
@@ -404,6 +415,7 @@ class FlightTable:
     """
 
     __slots__ = (
+        "__weakref__",
         "_clock",
         "_evict_log_at",
         "_lead_counts",
@@ -425,6 +437,9 @@ class FlightTable:
         # (wide scopes) what names the scope (its directory, its Redis and namespace):
         # another group of this process with the same scope is the same group (I6)
         self.scope = scope
+        if scope is not None:
+            with _KIN_LOCK:
+                _KIN.setdefault(scope, weakref.WeakSet()).add(self)
         # A wide group counts a flight when the scope says its work runs here (ran_here),
         # never before: a flight joined elsewhere must not count as one, then stop counting
         # (counters only grow).
@@ -491,6 +506,13 @@ class FlightTable:
                 # holds (directory scope) or run the key again inside its own work
                 # (fleet); a join would wait for itself.
                 raise _calls_itself(key)
+            if blocking_loop is not None and self.scope is not None and self._kin_blocks(
+                tkey, blocking_loop
+            ):
+                # run_sync on the thread of the loop that runs the work of another
+                # group's flight of the key, in this scope: the scope would make it join
+                # that flight (or wait for its end) and block the work it waits for.
+                raise _blocks_its_loop(key)
             if flight is None:
                 if self.kept is not None and not fresh:
                     entry = self.kept.get(tkey)
@@ -506,8 +528,6 @@ class FlightTable:
                 self._next_token += 1
                 token = self._next_token
                 flight = Flight(tkey, key, token, RUNNING)
-                if self.scope is not None:
-                    flight.home = self
                 if fresh:
                     flight.fresh_lead = True
                 flight.attempt = Attempt(flight, token)
@@ -524,10 +544,7 @@ class FlightTable:
             if chain is not None and flight.in_chain_of(chain):  # I6
                 raise _calls_itself(key)
             if blocking_loop is not None and flight.loop is blocking_loop:
-                raise RuntimeError(
-                    f"run_sync({key!r}) was called on the thread of the event loop that runs "
-                    "this flight's work, so it would block that work forever; use await run()."
-                )
+                raise _blocks_its_loop(key)
             self._check_waiters(flight)
             stats.calls += 1
             waiter = make_waiter()
@@ -863,7 +880,6 @@ class FlightTable:
                     # Its token comes when it is led (_lead): a flight that starts later
                     # must carry the larger token, even if it was made earlier.
                     following = Flight(tkey, flight.key, 0, IDLE)
-                    following.home = flight.home
                     if flight.scoped and outcome is not Outcome.LOST:
                         following.after = flight.token
                     flights[tkey] = following
@@ -940,6 +956,12 @@ class FlightTable:
             current = current.parent
         return False
 
+    def _kin(self) -> list[FlightTable]:
+        """The other tables of this scope in this process (wide scopes)."""
+        with _KIN_LOCK:
+            tables = list(_KIN.get(self.scope, ()))
+        return [table for table in tables if table is not self]
+
     def _runs_in_kin(self, tkey: Hashable, current: Flight | None) -> bool:
         """True if ``current``, or a flight whose work started it, is a flight of the
         key ``tkey`` that another group of this process with the same scope runs: the
@@ -948,17 +970,23 @@ class FlightTable:
         outlive it) does not count."""
         if self.scope is None:
             return False
+        tables: list[FlightTable] | None = None
         while current is not None:
-            home = current.home
-            if (
-                current.tkey == tkey
-                and home is not None
-                and home is not self
-                and home.scope == self.scope
-                and home.holds(current)
-            ):
-                return True
+            if current.tkey == tkey:
+                if tables is None:
+                    tables = self._kin()
+                if any(table.holds(current) for table in tables):
+                    return True
             current = current.parent
+        return False
+
+    def _kin_blocks(self, tkey: Hashable, loop: asyncio.AbstractEventLoop) -> bool:
+        """True if another table of this scope in this process has a flight of ``tkey``
+        whose async work runs on ``loop`` here (not known to be led elsewhere)."""
+        for table in self._kin():
+            flight = table.flights.get(tkey)
+            if flight is not None and flight.loop is loop and not flight.joined_remote:
+                return True
         return False
 
     def holds(self, flight: Flight) -> bool:
