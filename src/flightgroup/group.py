@@ -665,18 +665,17 @@ class FlightGroup:
                     role = Role.LEADING
                     continue
                 waiter = new_thread_waiter()
-                context = copy_context()
                 drive: Callable[..., Any] = self._drive_wide_sync if wide else self._drive_sync
-                try:
-                    threading.Thread(
-                        target=context.run,
-                        args=(drive, flight, work, _current_flight()),
-                        name=f"flightgroup-work-{flight.token}",
-                        daemon=True,
-                    ).start()
-                except BaseException as exc:  # "can't start new thread": nothing ran
-                    self._land(flight, Outcome.INTERRUPTED, None, exc)
-                    raise
+                # A failed start ("can't start new thread", or a KeyboardInterrupt that
+                # landed inside start() before the thread got going): nothing ran. An
+                # interrupt once it got going re-raises here: this caller withdraws,
+                # the flight goes on for the others.
+                failed = _start_thread(
+                    f"flightgroup-work-{flight.token}", drive, flight, work, _current_flight()
+                )
+                if failed is not None:
+                    self._land(flight, Outcome.INTERRUPTED, None, failed)
+                    raise failed
                 role = Role.LEADING
             if role is Role.LEADING:  # (sync: a wide leading caller told it joined)
                 leader = True
@@ -1090,11 +1089,12 @@ class FlightGroup:
                         call_on_join()
                     except BaseException as exc:  # also a KeyboardInterrupt during it
                         # This caller withdraws now; the flight goes on for the others
-                        # here on a thread of its own, to its outcome.
-                        threading.Thread(
-                            target=self._follow_remote_sync, args=(flight, call),
-                            name="flightgroup-follow", daemon=True,
-                        ).start()
+                        # here on a thread of its own, to its outcome (no thread: it
+                        # ends interrupted, below, and this caller raises its own error).
+                        if _start_thread(
+                            "flightgroup-follow", self._follow_remote_sync, flight, call
+                        ) is not None:
+                            raise
                         return exc
         except BaseException as exc:  # KeyboardInterrupt while waiting
             arbiter.withdraw(call)
@@ -1644,6 +1644,29 @@ def _forget_flights(ref: weakref.ref[FlightGroup], why: str) -> None:
         group._table = FlightTable(wide=True)
         group._closed = True
         group._closed_why = why
+
+
+def _start_thread(name: str, run: Callable[..., object], *args: Any) -> BaseException | None:
+    """Start a daemon thread that calls ``run(*args)`` in a copy of this context.
+
+    None once started. When ``start()`` raises (no thread to be had, or a
+    KeyboardInterrupt handled inside it), the new thread and this one race for a gate:
+    if this one wins, ``run`` never runs and the error is returned; if the thread got
+    going first, ``run`` runs and the error is raised here."""
+    gate = threading.Lock()
+
+    def body() -> None:
+        if gate.acquire(blocking=False):
+            run(*args)
+
+    thread = threading.Thread(target=copy_context().run, args=(body,), name=name, daemon=True)
+    try:
+        thread.start()
+    except BaseException as exc:
+        if gate.acquire(blocking=False):
+            return exc
+        raise
+    return None
 
 
 def _current_flight() -> Flight | None:
