@@ -242,3 +242,18 @@ def test_run_sync_through_another_group_on_the_loop_that_runs_the_flight_is_refu
         return (await leader).value  # type: ignore[no-any-return]
 
     assert asyncio.run(main()) == "v"
+
+
+def test_the_scopes_register_forgets_the_scopes_of_collected_groups(tmp_path: Any) -> None:
+    """A program that makes groups on many directories over its life (a temporary one per
+    job) keeps no entry per directory once its groups are gone."""
+    import gc
+
+    from flightgroup import flight
+
+    for i in range(20):
+        g = FlightGroup(directory=os.path.join(str(tmp_path), f"d{i}"), codec=JSON)
+        g.close()
+        del g
+        gc.collect()
+    assert len([scope for scope in flight._KIN if str(tmp_path) in scope[1]]) <= 1

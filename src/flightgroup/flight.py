@@ -439,6 +439,8 @@ class FlightTable:
         self.scope = scope
         if scope is not None:
             with _KIN_LOCK:
+                for gone in [name for name, tables in _KIN.items() if not tables]:
+                    del _KIN[gone]  # every group of that scope was collected
                 _KIN.setdefault(scope, weakref.WeakSet()).add(self)
         # A wide group counts a flight when the scope says its work runs here (ran_here),
         # never before: a flight joined elsewhere must not count as one, then stop counting
