@@ -350,13 +350,16 @@ def interrupter():
 
 interrupted = threading.Event()
 leader = None
-threading.Thread(target=interrupter).start()
+driver = threading.Thread(target=interrupter)
+driver.start()
 try:
     g.run_sync("k", work)
     leader = "returned"
 except KeyboardInterrupt:
     leader = "KeyboardInterrupt"
 interrupted.set()
+# The main thread stays: from 3.12 on, no thread may start once it has ended.
+driver.join(60)
 """
 
 
