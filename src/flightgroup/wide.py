@@ -86,8 +86,13 @@ def start_loop(
 ) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
     """A group's background thread: a new event loop running in a daemon thread named
     ``name``; ``setup(loop)`` runs first, on that thread. Returns once the loop runs.
-    When the loop is stopped, its tasks are cancelled and awaited, then it closes."""
-    loop = asyncio.new_event_loop()
+    When the loop is stopped, its tasks are cancelled and awaited, then it closes.
+
+    Always the standard library's selector loop, whatever the event loop policy (a
+    program may have installed uvloop for its own loops): the group's machinery is
+    written and tested against it, and reads its internals where it must (a forked
+    child's let-go)."""
+    loop = asyncio.SelectorEventLoop()
     ready = threading.Event()
 
     def run() -> None:
