@@ -914,6 +914,38 @@ class FakeCoordinator:
         self.sock.close()
 
 
+class MuteCoordinator:
+    """Serves flight.sock (the test holds flight.lock) and answers nothing but the
+    handshake: the test reads what a group sends, and answers by hand if it wants."""
+
+    def __init__(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        os.chmod(path, 0o600)
+        self.sock.listen(16)
+        self.conns: list[RawConn] = []
+
+    def accept(self, timeout: float = 10.0) -> RawConn:
+        """The next connection, its handshake answered."""
+        ready, _, _ = select.select([self.sock], [], [], timeout)
+        assert ready, "no group connected"
+        sock, _ = self.sock.accept()
+        sock.settimeout(10)
+        conn = RawConn.__new__(RawConn)
+        conn.sock, conn.buf = sock, b""
+        self.conns.append(conn)
+        assert json.loads(conn.read_line(timeout))["protocol"] == "flightgroup"
+        conn.send(HELLO_OK)
+        return conn
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.close()
+        self.sock.close()
+
+
 def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
     """Wait (bounded) until ``predicate()`` holds: for a state other processes reach."""
     end = time.monotonic() + timeout

@@ -1194,6 +1194,11 @@ class DirectoryArbiter:
 
     def _begin_close(self) -> None:
         for call in self._take_unled():
+            if call.sent:
+                # As a withdrawal does: left out, a coordinator that has not read the
+                # run yet would make this dead call a leader, and other processes' calls
+                # would join a flight nobody runs until this connection goes.
+                self._send(wire.cancel_frame(call.id))
             _finish(call, Event.FAILED, GroupClosedError())
         for lead in list(self._leads.values()):
             if self._abandon(lead):  # still waiting for its key lock: it never starts
