@@ -90,6 +90,7 @@ class Call(DetachedNotice):
         "pending",
         "refused",
         "sent",
+        "sent_end",
         "token",
     )
 
@@ -116,8 +117,11 @@ class Call(DetachedNotice):
         self.after = after  # (fresh) a flight newer than this token is a later one
         self.inbox = inbox
         self.sent = False  # went out on the current connection
-        # (fresh) it went out to a coordinator that is gone, unanswered: it was made
-        # before the next term began, so any flight of that term began after it
+        # where its request ends in that connection's stream (Channel.send), -1: never
+        # written there
+        self.sent_end = -1
+        # (fresh) the socket of a coordinator that is gone took it, unanswered: it was
+        # made before the next term began, so any flight of that term began after it
         self.outlived = False
         self.joined = False  # heard `joined`: after a reconnect it rejoins by token
         self.token = 0
@@ -183,6 +187,10 @@ class Channel:
         self.lock = threading.Lock()
         self._loop = loop
         self._out = bytearray()  # what the socket has not taken yet
+        # Bytes handed to send(), and bytes the socket took: a request whose end the
+        # socket took reached the coordinator's side before it went (see Call.outlived).
+        self._offered = 0
+        self._taken = 0
         self._flushing = False  # a writer callback is (being) registered
         # An answer over this group's limit (a coordinator of a larger one sent it) fails
         # only its request: dropping the connection would lose every lease on it.
@@ -194,11 +202,14 @@ class Channel:
         self.heard = False  # a whole frame came: the coordinator serves us
         loop.add_reader(sock.fileno(), self._readable)
 
-    def send(self, frame: bytes) -> None:
-        """Write ``frame`` (any thread; never blocks)."""
+    def send(self, frame: bytes) -> int:
+        """Write ``frame`` (any thread; never blocks). Returns where it ends in this
+        connection's stream (see ``took``), or -1 if it was not written here at all."""
         with self.lock:
             if self.closed:
-                return
+                return -1
+            self._offered += len(frame)
+            end = self._offered
             if not self._out:
                 try:
                     sent = self.sock.send(frame)
@@ -206,16 +217,22 @@ class Channel:
                     sent = 0
                 except OSError as exc:
                     self._post_lost(f"cannot write: {exc}")
-                    return
+                    return -1
+                self._taken += sent
                 if sent == len(frame):
-                    return
+                    return end
                 frame = frame[sent:]
             self._out += frame
             if self._flushing:
-                return
+                return end
             self._flushing = True
         with contextlib.suppress(RuntimeError):  # the loop closed
             self._loop.call_soon_threadsafe(self._start_flush)
+        return end
+
+    def took(self, end: int) -> bool:
+        """The socket took everything up to ``end`` (a ``send`` result)."""
+        return 0 <= end <= self._taken
 
     def _start_flush(self) -> None:
         with self.lock:
@@ -234,6 +251,7 @@ class Channel:
             except OSError as exc:
                 self._post_lost(f"cannot write: {exc}")
                 return
+            self._taken += sent
             del self._out[:sent]
             if self._out:
                 return
@@ -554,9 +572,20 @@ class DirectoryArbiter:
                 self._channel = None
                 self._connected_now.clear()
             for call in list(self._calls.values()):  # (a work's thread may pop one)
-                if call.sent and call.fresh and not call.joined and call.lead is None:
+                # Only a request the gone coordinator's socket took was made before the
+                # next term began. One written to a socket already dead (this process
+                # was frozen through the failover, say) may be newer than that term's
+                # flights: it goes to the next coordinator as a new fresh call.
+                if (
+                    call.sent
+                    and call.fresh
+                    and not call.joined
+                    and call.lead is None
+                    and channel.took(call.sent_end)
+                ):
                     call.outlived = True
                 call.sent = False
+                call.sent_end = -1
         for id, waiter in list(self._waiters.items()):
             del self._waiters[id]
             if not waiter.done():
@@ -618,7 +647,7 @@ class DirectoryArbiter:
             rejoin = partial(wire.run_frame, call.id, call.key, flight=call.token, notices=True)
             channel.send(_fitting(rejoin, call.earlier, max_frame))
         else:
-            channel.send(wire.run_frame(
+            call.sent_end = channel.send(wire.run_frame(
                 call.id, call.key, fresh=call.fresh, after=call.after, notices=True
             ))
 
