@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from flightgroup import JSON, FlightGroup, GroupClosedError
+from flightgroup import JSON, FlightGroup, GroupClosedError, LeaseLostError, current_lease
+from flightgroup.directory import wire
 
-from .dirproc import Harness, MuteCoordinator, harness, key_file, wait_for
-from .ingroup import Background
+from .dirproc import Harness, MuteCoordinator, harness, key_file, raw_conns, wait_for
+from .ingroup import Background, arbiter, close, coordinating, hold_key_lock
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -105,3 +106,82 @@ def test_a_fresh_run_resent_after_a_failover_admits_only_flights_after_it(
     for call in calls:
         with pytest.raises(GroupClosedError):
             call.wait()
+
+
+@pytest.mark.parametrize("lock", ["free", "held, then freed"])
+def test_a_lead_overtaken_by_a_newer_flight_of_the_key_runs_with_its_lease_lost(
+    h: Harness, mute: MuteCoordinator, lock: str
+) -> None:
+    """A lead granted while the key's lock was still held (the last leader waiting for
+    its landing's ack) waits for that lock. If a forget() detaches it meanwhile, or a
+    failover lets a new call lead before it reasserts, a newer flight of the key can take
+    the lock first and run. The lead must then not run its work as if it held the lease,
+    under an older token after a newer one (the soak saw 1:7 run after 2:1, and new calls
+    join it). Every leader writes its token into the key's file under the lock, so the
+    lead sees the newer token when it gets the lock."""
+    ours, newer = (1 << 32) | 5, (2 << 32) | 1
+    holder = hold_key_lock(h.dir, "k")
+    os.pwrite(holder, b"%-20d\n" % newer, 0)  # as the newer flight's leader wrote it
+    if lock == "free":
+        os.close(holder)
+    seen: list[tuple[bool, int]] = []
+
+    def work() -> str:
+        lease = current_lease()
+        seen.append((lease.lost, lease.token))
+        return "stale"
+
+    g = FlightGroup(directory=h.dir, codec=JSON)
+    try:
+        call = Background(lambda: g.run_sync("k", work))
+        conn = mute.accept()
+        run = _frames_until(conn, "run", "k")
+        conn.send(wire.lead_frame(run["id"], ours))
+        if lock != "free":
+            wait_for(
+                lambda: any(t.name == "flightgroup-keylock" for t in threading.enumerate()),
+                "the lead waiting for the key lock",
+            )
+            os.close(holder)
+        with pytest.raises(LeaseLostError):
+            call.wait()
+        assert seen == [(True, ours)]
+        with open(h.path("execution-locks", key_file("k")), "rb") as f:
+            assert int(f.read()) == newer, "the newer token stays in the key's file"
+    finally:
+        g.close()
+
+
+def test_a_reassert_of_a_flight_a_newer_one_of_its_key_overtook_is_refused(
+    directory: str,
+) -> None:
+    """After a failover, a lead of the earlier term that still waited for the key lock
+    reasserts; meanwhile a new call led the key in this term, ran and ended (its token is
+    in the key's file, and not among the endings, which record reasserted flights only).
+    The reassert is refused, so new calls never join a flight whose token is older than
+    one that already ran (the soak: a call made then joined 1:7 after 2:1 ran)."""
+    a = coordinating(directory)
+    sock = os.path.join(directory, "flight.sock")
+    epoch = arbiter(a)._coordinator.epoch  # type: ignore[union-attr]
+    older, ran = (epoch - 1) << 32 | 7, epoch << 32 | 1
+    try:
+        with raw_conns(sock, 2) as (stale, other):
+            # the flight that ran and ended in this term wrote its token under the lock
+            fd = hold_key_lock(directory, "k")
+            os.pwrite(fd, b"%-20d\n" % ran, 0)
+            os.close(fd)
+            stale.send(wire.reassert_frame(1, "k", older, notices=True))
+            assert stale.expect("rejected")[0]["id"] == 1
+            other.send(wire.run_frame(1, "k"))
+            assert other.expect("lead")[0]["token"] > ran  # nobody joins the stale one
+            # a reassert of a flight newer than what ran is taken back as before
+            other.send(wire.reassert_frame(2, "j", ran + 1))
+            other.served()
+            assert [f["key"] for f in _status(other)].count("j") == 1
+    finally:
+        close(a)
+
+
+def _status(conn: Any) -> list[dict[str, Any]]:
+    conn.send_frame({"op": "status", "id": 77})
+    return list(conn.expect("status")[0]["flights"])

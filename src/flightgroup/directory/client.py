@@ -66,6 +66,7 @@ __all__ = ["Call", "DirectoryArbiter", "Event", "Inbox", "from_wire", "to_wire"]
 
 
 _OPENING = -2  # Call.fd while the caller creates the key's file
+_TOKEN_LIMIT = 2**63  # a key's file that says more holds no token (see fs.key_lock_token)
 # s: a connection that lived this long counts as served, even if nothing came (an idle
 # group hears nothing); a shorter one that heard nothing counts as refused.
 _SETTLED = 0.5
@@ -881,22 +882,34 @@ class DirectoryArbiter:
         self._locked(lead)
 
     def _locked(self, lead: Lead) -> None:
+        newer = 0
         with lead.lock:
             if lead.abandoned:  # closed or withdrawn while it waited for the lock
                 fd = -1
             else:
                 lead.locked = True
                 fd = lead.fd
-                # Evidence for the epoch (ADR 0009), written under the lock: release()
-                # may close the descriptor (and its number be reused) once it is free.
-                # Fixed width, so no truncate (a journal commit on ext4): a token has
-                # at most 19 digits.
+                # Every leader writes its token here under the lock, so a higher one
+                # means a newer flight of the key held it first: this lead was granted,
+                # then overtaken while it waited (a forget() detached it, or a failover
+                # let a new call lead before its reassert). Its work must not run as if
+                # it held the lease, under an older token (ADR 0028).
+                # Evidence for the epoch too (ADR 0009), written under the lock:
+                # release() may close the descriptor (and its number be reused) once it
+                # is free. Fixed width, so no truncate (a journal commit on ext4): a
+                # token has at most 19 digits.
                 if fd >= 0:
-                    with contextlib.suppress(OSError):
-                        os.pwrite(fd, b"%-20d\n" % lead.token, 0)
+                    with contextlib.suppress(OSError, ValueError):
+                        newer = int(os.pread(fd, 20, 0) or b"0")
+                    if newer <= lead.token or newer >= _TOKEN_LIMIT:
+                        newer = 0
+                        with contextlib.suppress(OSError):
+                            os.pwrite(fd, b"%-20d\n" % lead.token, 0)
         if fd < 0:
             lead.release()
             return
+        if newer:  # lost before its work starts: the work hears it when it binds
+            self._lose(lead, f"a newer flight of the key (token {newer}) held its key lock first")
         lead.call.inbox.put(Event.LEAD, lead.token)
 
     def _lock_failed(self, lead: Lead, exc: Exception) -> None:

@@ -779,6 +779,11 @@ class Coordinator:
                 # Reasserts are rare (after a failover): a scan of the endings is fine.
                 ended = max((t for t, e in self._endings.items() if e.key == key), default=0)
                 reason = "a newer flight of the key ended" if ended > token else ""
+                if not reason and (fs.key_lock_token(self.directory, key) or 0) > token:
+                    # A newer flight of the key took its lock and ended, in this term
+                    # (unlike reasserted ones, those are not in the endings): this one
+                    # was granted, then overtaken while it waited for the lock (ADR 0028).
+                    reason = "a newer flight of the key ran"
             if reason:
                 session.send(wire.rejected_frame(request.id, reason))
                 return

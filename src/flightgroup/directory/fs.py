@@ -318,6 +318,14 @@ def _read_number(path: str) -> _Number:
     return _Number(path, int(match.group(1)))
 
 
+def key_lock_token(directory: str, key: str) -> int | None:
+    """The last token written to ``key``'s lock file: the newest flight of the key that
+    took the lock (each leader writes its token under it). None when there is none, or
+    the file is unreadable or corrupt."""
+    token = _read_number(key_lock_path(directory, key)).value
+    return token if token is not None and token < _TOKEN_LIMIT else None
+
+
 def _key_lock_epochs(directory: str) -> list[int]:
     """The epochs of the tokens recorded in the key-lock files; unreadable, empty and
     corrupt files are skipped (a leader may be between taking a lock and writing to it)."""
