@@ -6,6 +6,8 @@ the interleaving the soak found by hand.
 from __future__ import annotations
 
 import os
+import select
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -185,3 +187,46 @@ def test_a_reassert_of_a_flight_a_newer_one_of_its_key_overtook_is_refused(
 def _status(conn: Any) -> list[dict[str, Any]]:
     conn.send_frame({"op": "status", "id": 77})
     return list(conn.expect("status")[0]["flights"])
+
+
+def test_a_stall_of_this_process_is_not_an_outage(h: Harness) -> None:
+    """A process frozen while it waited for a coordinator's handshake (which then died,
+    and another took over) must not count its own stall as time without a coordinator:
+    it tries again and reaches the new one. Before, its first failed attempt after the
+    thaw (against the dead coordinator's socket) gave up at once, and its calls raised
+    UnavailableError although a coordinator served. The stall is the group's own thread
+    held, past every attempt's longest time."""
+    os.makedirs(h.dir, mode=0o700)
+    h.take_election()
+    path = h.path("flight.sock")
+    frozen = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    frozen.bind(path)
+    frozen.listen(4)
+    g = FlightGroup(directory=h.dir, codec=JSON, reconnect_timeout=1.0)
+    try:
+        call = Background(lambda: g.run_sync("k", lambda: "v"))
+        # The group connected and said hello; a frozen coordinator never answers.
+        ready, _, _ = select.select([frozen], [], [], 10)
+        assert ready
+        waiting, _ = frozen.accept()
+        arbiter = g._arbiter
+        wait_for(lambda: arbiter._loop is not None, "the group's loop")  # type: ignore[union-attr]
+        loop = arbiter._loop  # type: ignore[union-attr]
+        entered, go_on = threading.Event(), threading.Event()
+        loop.call_soon_threadsafe(lambda: (entered.set(), go_on.wait(30)))
+        assert entered.wait(10)
+        # The old coordinator dies; the next one serves at once.
+        waiting.close()
+        frozen.close()
+        mute = MuteCoordinator(path)
+        # The stall outlasts the longest attempt, and reconnect_timeout many times over.
+        stalled = threading.Event()
+        assert not stalled.wait(wire.HANDSHAKE_TIMEOUT + 2.5)
+        go_on.set()
+        conn = mute.accept()
+        run = _frames_until(conn, "run", "k")
+        conn.send(wire.lead_frame(run["id"], 1 << 32 | 1))
+        assert call.wait().value == "v"
+        mute.close()
+    finally:
+        g.close()

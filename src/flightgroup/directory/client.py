@@ -66,6 +66,9 @@ __all__ = ["Call", "DirectoryArbiter", "Event", "Inbox", "from_wire", "to_wire"]
 
 
 _OPENING = -2  # Call.fd while the caller creates the key's file
+# The longest one connection attempt (its handshake's wait, then the pause before the
+# next) takes while this process runs; one that took longer spanned a stall.
+_ATTEMPT_MAX = wire.HANDSHAKE_TIMEOUT + 0.5 + 1.0
 _TOKEN_LIMIT = 2**63  # a key's file that says more holds no token (see fs.key_lock_token)
 # s: a connection that lived this long counts as served, even if nothing came (an idle
 # group hears nothing); a shorter one that heard nothing counts as refused.
@@ -455,7 +458,12 @@ class DirectoryArbiter:
         is up): a landing made while no coordinator served must still reach one."""
         assert self._kick is not None
         backoff = 0.0005
-        down_since = time.monotonic()
+        # Seconds of this process's own running time with no coordinator of our version:
+        # an attempt that took longer than any can (this process was frozen, stopped in
+        # a debugger) counts for nothing, or a process thawed after a failover would give
+        # up on its first try, against the socket of the coordinator that died.
+        down = 0.0
+        last = time.monotonic()
         refusals = 0  # handshakes in a row that failed (refused, unanswered)
         while not self._finishing:
             try:
@@ -481,13 +489,17 @@ class DirectoryArbiter:
                 await lost
                 if channel.heard or time.monotonic() - began >= _SETTLED:
                     backoff, refusals = 0.0005, 0
-                    down_since = time.monotonic()
+                    down, last = 0.0, time.monotonic()
                     continue
                 # Welcomed, then dropped before it served anything: a coordinator that
                 # does so to every connection is no more reachable than a silent one.
                 refusals += 1
                 backoff = min(0.001 * 2**refusals, 0.5)
-            if time.monotonic() - down_since > self._reconnect_timeout:
+            now = time.monotonic()
+            if now - last <= _ATTEMPT_MAX:
+                down += now - last
+            last = now
+            if down > self._reconnect_timeout:
                 self._give_up()
             self._kick.clear()
             with contextlib.suppress(TimeoutError):
