@@ -1431,8 +1431,16 @@ class FlightGroup:
             return
         wire_key = _plain_wire_key(key)
         arbiter.check_key(wire_key)  # a key the scope cannot carry changes nothing
-        self._table.forget(key)
+        self._forget_wide(arbiter, key, wire_key)
+
+    def _forget_wide(self, arbiter: Arbiter, tkey: Hashable, wire_key: str) -> None:
+        self._table.forget(tkey)
         arbiter.forget(wire_key)
+        # Again once the scope confirmed: a call of this group made in between may have
+        # reached the scope first and joined the old flight, and the scope's notice of
+        # the forget reaches its local flight later (fleet: at its next read). A call
+        # made after forget() returned must not join it.
+        self._table.forget(tkey)
 
     def _forget_op(self, tkey: Hashable) -> None:
         arbiter = self._arbiter
@@ -1442,8 +1450,7 @@ class FlightGroup:
         namespace, op = cast("tuple[str, str]", tkey)
         wire_key = f"\x00{namespace}\x00{op}"
         arbiter.check_key(wire_key)
-        self._table.forget(tkey)
-        arbiter.forget(wire_key)
+        self._forget_wide(arbiter, tkey, wire_key)
 
     def stats(self) -> Stats:
         """A snapshot of this group's counters in this process."""
