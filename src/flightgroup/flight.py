@@ -276,6 +276,10 @@ class Flight:
     scoped = False
     remote = False
     joined_remote = False
+    # (wide scopes) it left the table (a forget) and, when it ended, its fresh callers
+    # went on waiting for the end of the key's flight then (``next``): that one may have
+    # joined a flight of the scope that began before their calls
+    moved = False
 
     def __init__(self, tkey: Hashable, key: str, token: int, state: State) -> None:
         self.tkey = tkey
@@ -325,11 +329,20 @@ def _calls_itself(key: str) -> RuntimeError:
     )
 
 
+def waited_on(flight: Flight) -> Flight:
+    """The flight whose end a fresh caller of ``flight`` waits for: ``flight``, or the
+    one its fresh callers moved on to (``Flight.moved``)."""
+    while flight.moved and flight.next is not None:
+        flight = flight.next
+    return flight
+
+
 def signal_of(flight: Flight, fresh_of: Flight | None, waiter: Waiter) -> Signal | Flight:
     """The signal ``waiter`` of ``flight`` was handed, read from the flight itself
     (valid once the waiter was detached, I3). ``fresh_of`` is the flight whose end
     a fresh caller waited for, else None."""
     if fresh_of is not None:
+        fresh_of = waited_on(fresh_of)
         if waiter in fresh_of.promoted:
             return JOINED
         following = fresh_of.next
@@ -784,11 +797,15 @@ class FlightTable:
         with self.lock:
             if flight.waiters and flight.waiters.pop(waiter, False) is None:
                 return True
-            fresh = flight.fresh
-            if fresh is not None and waiter in fresh:
-                fresh.remove(waiter)
-                return True
-            return False
+            while True:
+                fresh = flight.fresh
+                if fresh is not None and waiter in fresh:
+                    fresh.remove(waiter)
+                    return True
+                following = flight.next
+                if not flight.moved or following is None:
+                    return False
+                flight = following  # its fresh callers wait there now
 
     # -- running and settling -------------------------------------------------
 
@@ -878,6 +895,18 @@ class FlightTable:
                 stats.wait_us.record(mean, timed)
             if fresh and not self.closed:
                 following = flights.get(tkey)
+                if self.wide and following is not None and following.state is not IDLE:
+                    # This flight left the table (a forget, here or elsewhere) and a newer
+                    # local flight took the key. It may have joined a flight of the scope
+                    # that began before these callers came (a forget made elsewhere is
+                    # heard here late): they wait for its end, as fresh callers that came
+                    # now would, and take the flight after it.
+                    if following.state is SETTLING:
+                        following.scoped = False
+                    following.fresh = [*(following.fresh or ()), *fresh]
+                    flight.next = following
+                    flight.moved = True
+                    return waiters, None
                 if following is None:
                     # Its token comes when it is led (_lead): a flight that starts later
                     # must carry the larger token, even if it was made earlier.

@@ -70,6 +70,7 @@ from .flight import (
     _expire,
     new_thread_waiter,
     signal_of,
+    waited_on,
     wake,
 )
 from .lease import _CURRENT
@@ -533,6 +534,7 @@ class FlightGroup:
                 else:  # a fresh caller that ran_here made a joiner of the flight it waited on,
                     # or a joiner whose on_join waited for the scope's answer
                     fresh_of = None
+                    flight = waited_on(flight)
                     role, waiter = table.claim(
                         flight, loop.create_future, policy, claimed=False, counted=deferred
                     )
@@ -742,6 +744,7 @@ class FlightGroup:
                     call_on_join, on_join = on_join, None
                     call_on_join()  # its waiter was detached: nothing to withdraw
                 fresh_of = None
+                flight = waited_on(flight)
                 role, waiter = table.claim(
                     flight, new_thread_waiter, policy, claimed=False, counted=deferred
                 )
