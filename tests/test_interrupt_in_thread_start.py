@@ -92,3 +92,59 @@ def test_an_interrupt_before_the_driver_started_ends_the_flight_with_nothing_run
     assert not g._table.flights, "the flight ended"
     assert g.run_sync("k", lambda: runs.append("again") or "v").value == "v"
     assert runs == ["again"]
+
+
+def test_an_interrupt_once_the_follow_thread_runs_leaves_the_local_joiners_be(
+    directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other site: a wide scope's leading caller whose flight joined one led
+    elsewhere, whose on_join raised, hands the flight to a thread that follows it for its
+    local joiners. An interrupt once that thread got going must not withdraw the flight
+    beneath them (before, they got FlightInterruptedError while the flight went on, and
+    the thread waited for ever). Found by review (2026-12-01)."""
+    from flightgroup import JSON, FlightGroup
+
+    original = threading.Thread.start
+    armed = [True]
+
+    def start(self: threading.Thread) -> None:
+        if armed[0] and self.name == "flightgroup-follow":
+            armed[0] = False
+            original(self)
+            raise KeyboardInterrupt
+        return original(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    g1 = FlightGroup(directory=directory, codec=JSON)
+    g2 = FlightGroup(directory=directory, codec=JSON)
+    started, release = threading.Event(), threading.Event()
+
+    def work() -> str:
+        started.set()
+        assert release.wait(20)
+        return "v"
+
+    def on_join() -> None:
+        # a plain joiner of g2's local flight came meanwhile; then on_join fails
+        wait_until(lambda: g2.stats().joins >= 2, "a local joiner joined")
+        raise ValueError("on_join failed")
+
+    try:
+        leader = Background(lambda: g1.run_sync("k", work))
+        assert started.wait(20)
+        leading = Background(lambda: g2.run_sync("k", lambda: "never", on_join=on_join))
+        wait_until(lambda: "k" in g2._table.flights, "g2's local flight")
+        joiner = Background(lambda: g2.run_sync("k", lambda: "never"))
+        with pytest.raises(KeyboardInterrupt):
+            leading.wait()
+        release.set()
+        assert leader.wait().value == "v"
+        assert joiner.wait().value == "v"
+        wait_until(
+            lambda: all(t.name != "flightgroup-follow" for t in threading.enumerate()),
+            "the follow thread ended",
+        )
+    finally:
+        release.set()
+        g1.close()
+        g2.close()

@@ -122,3 +122,71 @@ def test_fresh_callers_of_a_flight_forgotten_elsewhere_wait_for_the_keys_next_fl
             event.set()
         a.close()
         b.close()
+
+
+def test_a_fresh_caller_promoted_before_its_flight_moved_joins_that_flight(
+    directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """W, a sync fresh caller of F, is promoted to a joiner of F (F's work ran here) and
+    reads its signal late; meanwhile F is forgotten, and when it ends its other fresh
+    caller X goes on waiting for the key's next local flight G (F.moved). W must still
+    join F, the flight that promoted it: reading its signal through F's link to G gave
+    it G's (a GroupClosedError from an open group, or a claim it never held). Found by
+    review (2026-12-01). W's thread is held at the entry of signal_of to open the window
+    a descheduled thread has."""
+    import flightgroup.group as group_module
+    from flightgroup import JSON, FlightGroup
+
+    hold = threading.Event()
+    real = group_module.signal_of
+
+    def held(*args: Any) -> Any:
+        if threading.current_thread().name == "W":
+            assert hold.wait(30)
+        return real(*args)
+
+    monkeypatch.setattr(group_module, "signal_of", held)
+    g = FlightGroup(directory=directory, codec=JSON)
+    release = {name: threading.Event() for name in ("E", "F", "X", "G")}
+    began: set[str] = set()
+
+    def work(name: str) -> Any:
+        def run() -> str:
+            began.add(name)
+            assert release[name].wait(30)
+            return name
+
+        return run
+
+    table = g._table
+    try:
+        e = Background(lambda: g.run_sync("k", work("E")))
+        wait_until(lambda: "E" in began, "E runs")
+        g.forget("k")
+        f = Background(lambda: g.run_sync("k", work("F")))
+        wait_until(lambda: table.flights.get("k") is not None, "F is the key's flight")
+        flight_f = table.flights["k"]
+        w = Background(lambda: g.run_sync("k", lambda: "W led", fresh=True), name="W")
+        wait_until(lambda: bool(flight_f.fresh), "W waits for F's end")
+        release["E"].set()  # F takes the key lock: its work runs here, W is promoted
+        wait_until(lambda: "F" in began and bool(flight_f.promoted), "W promoted into F")
+        x = Background(lambda: g.run_sync("k", work("X"), fresh=True))
+        wait_until(lambda: bool(flight_f.fresh), "X waits for F's end")
+        g.forget("k")
+        later = Background(lambda: g.run_sync("k", work("G")))
+        wait_until(lambda: table.flights.get("k") not in (None, flight_f), "G took the key")
+        release["F"].set()  # F ends: X goes on waiting for G's end
+        wait_until(lambda: flight_f.moved, "X moved on to G")
+        hold.set()
+        got = w.wait()
+        assert (got.value, got.joined) == ("F", True), got
+        release["G"].set()
+        release["X"].set()
+        assert e.wait().value == "E" and f.wait().value == "F"
+        assert later.wait().value == "G"
+        assert x.wait().value in ("G", "X")  # promoted into G, or the flight after it
+    finally:
+        hold.set()
+        for event in release.values():
+            event.set()
+        g.close()

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 import time
 import weakref
@@ -329,10 +330,11 @@ def _calls_itself(key: str) -> RuntimeError:
     )
 
 
-def waited_on(flight: Flight) -> Flight:
-    """The flight whose end a fresh caller of ``flight`` waits for: ``flight``, or the
-    one its fresh callers moved on to (``Flight.moved``)."""
-    while flight.moved and flight.next is not None:
+def waited_on(flight: Flight, waiter: Waiter) -> Flight:
+    """The flight a fresh caller of ``flight`` (its ``waiter``) waits on: ``flight``,
+    or along the links of flights whose fresh callers moved on (``Flight.moved``), the
+    one that promoted it to a joiner, else the last one."""
+    while waiter not in flight.promoted and flight.moved and flight.next is not None:
         flight = flight.next
     return flight
 
@@ -342,7 +344,7 @@ def signal_of(flight: Flight, fresh_of: Flight | None, waiter: Waiter) -> Signal
     (valid once the waiter was detached, I3). ``fresh_of`` is the flight whose end
     a fresh caller waited for, else None."""
     if fresh_of is not None:
-        fresh_of = waited_on(fresh_of)
+        fresh_of = waited_on(fresh_of, waiter)
         if waiter in fresh_of.promoted:
             return JOINED
         following = fresh_of.next
@@ -418,6 +420,28 @@ def wake(waiters: Iterable[Waiter], signal: Signal | Flight) -> None:
 # and a sync call must see the flights of the others (FlightTable._kin_blocks)
 _KIN_LOCK = threading.Lock()
 _KIN: dict[Hashable, weakref.WeakSet[FlightTable]] = {}
+_KIN_PRUNE_AT = 64  # scopes registered before the next sweep of those left empty
+
+
+def _kin_after_fork() -> None:
+    # A thread of the parent may have held the lock at the fork: held here for ever.
+    global _KIN_LOCK
+    _KIN_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_kin_after_fork)
+
+
+def _kin_register(scope: Hashable, table: FlightTable) -> None:
+    global _KIN_PRUNE_AT
+    with _KIN_LOCK:
+        if len(_KIN) >= _KIN_PRUNE_AT:
+            # Scopes whose groups were all collected (a group per temporary directory),
+            # swept when the register doubled: amortised, not a scan per group made.
+            for gone in [name for name, tables in _KIN.items() if not tables]:
+                del _KIN[gone]
+            _KIN_PRUNE_AT = max(64, 2 * len(_KIN))
+        _KIN.setdefault(scope, weakref.WeakSet()).add(table)
 
 
 class FlightTable:
@@ -451,10 +475,7 @@ class FlightTable:
         # another group of this process with the same scope is the same group (I6)
         self.scope = scope
         if scope is not None:
-            with _KIN_LOCK:
-                for gone in [name for name, tables in _KIN.items() if not tables]:
-                    del _KIN[gone]  # every group of that scope was collected
-                _KIN.setdefault(scope, weakref.WeakSet()).add(self)
+            _kin_register(scope, self)
         # A wide group counts a flight when the scope says its work runs here (ran_here),
         # never before: a flight joined elsewhere must not count as one, then stop counting
         # (counters only grow).

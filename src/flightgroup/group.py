@@ -534,7 +534,7 @@ class FlightGroup:
                 else:  # a fresh caller that ran_here made a joiner of the flight it waited on,
                     # or a joiner whose on_join waited for the scope's answer
                     fresh_of = None
-                    flight = waited_on(flight)
+                    flight = waited_on(flight, fut)
                     role, waiter = table.claim(
                         flight, loop.create_future, policy, claimed=False, counted=deferred
                     )
@@ -744,7 +744,7 @@ class FlightGroup:
                     call_on_join, on_join = on_join, None
                     call_on_join()  # its waiter was detached: nothing to withdraw
                 fresh_of = None
-                flight = waited_on(flight)
+                flight = waited_on(flight, waiter)
                 role, waiter = table.claim(
                     flight, new_thread_waiter, policy, claimed=False, counted=deferred
                 )
@@ -1094,9 +1094,13 @@ class FlightGroup:
                         # This caller withdraws now; the flight goes on for the others
                         # here on a thread of its own, to its outcome (no thread: it
                         # ends interrupted, below, and this caller raises its own error).
-                        if _start_thread(
-                            "flightgroup-follow", self._follow_remote_sync, flight, call
-                        ) is not None:
+                        try:
+                            started = _start_thread(
+                                "flightgroup-follow", self._follow_remote_sync, flight, call
+                            )
+                        except BaseException as interrupt:  # (got going: it follows)
+                            return interrupt
+                        if started is not None:
                             raise
                         return exc
         except BaseException as exc:  # KeyboardInterrupt while waiting
