@@ -14,7 +14,14 @@ from typing import Any
 
 import pytest
 
-from flightgroup import JSON, FlightGroup, GroupClosedError, LeaseLostError, current_lease
+from flightgroup import (
+    JSON,
+    FlightGroup,
+    GroupClosedError,
+    LeaseLostError,
+    Retry,
+    current_lease,
+)
 from flightgroup.directory import wire
 
 from .dirproc import Harness, MuteCoordinator, harness, key_file, raw_conns, wait_for
@@ -228,5 +235,39 @@ def test_a_stall_of_this_process_is_not_an_outage(h: Harness) -> None:
         conn.send(wire.lead_frame(run["id"], 1 << 32 | 1))
         assert call.wait().value == "v"
         mute.close()
+    finally:
+        g.close()
+
+
+def test_a_retrys_token_is_written_to_the_keys_file(h: Harness, mute: MuteCoordinator) -> None:
+    """Each attempt of a flight has its own, newer token. A forgotten flight that retries
+    while the key's next flight waits for the lock it holds gets a token newer than that
+    flight's; the next flight must see it when it takes the lock, so the retry writes its
+    token into the key's file as the first attempt did (found by a chaos soak: the next
+    flight then ran under an older token after the retry, its lease intact)."""
+    first, second = (1 << 32) | 3, (1 << 32) | 9
+    seen: list[int] = []
+
+    def work() -> str:
+        with open(h.path("execution-locks", key_file("k")), "rb") as f:
+            seen.append(int(f.read()))
+        if len(seen) == 1:
+            raise ValueError("the first attempt fails")
+        return "second"
+
+    g = FlightGroup(
+        directory=h.dir, codec=JSON, retry=Retry(attempts=2, backoff=0.0, jitter=False),
+        reconnect_timeout=1.0,  # close() waits that long for the landing's ack
+    )
+    try:
+        call = Background(lambda: g.run_sync("k", work))
+        conn = mute.accept()
+        run = _frames_until(conn, "run", "k")
+        conn.send(wire.lead_frame(run["id"], first))
+        header, _ = conn.read_frame()
+        assert header["op"] == "attempt", header
+        conn.send(wire.lead_frame(run["id"], second))
+        assert call.wait().value == "second"
+        assert seen == [first, second]
     finally:
         g.close()

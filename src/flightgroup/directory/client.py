@@ -800,6 +800,13 @@ class DirectoryArbiter:
                 lead.retrying = False
                 lead.earlier = _heard(lead.earlier, lead.token, token)
                 lead.token = token
+                # The key's file names the newest token that holds its lock (ADR 0028):
+                # a flight of the key led meanwhile (this one was forgotten) has an
+                # older token than this attempt's, and must see it when it gets the lock.
+                with lead.lock:
+                    if lead.locked and lead.fd >= 0:
+                        with contextlib.suppress(OSError):
+                            os.pwrite(lead.fd, b"%-20d\n" % token, 0)
                 call.inbox.put(Event.LEAD, token)
             return
         with call.lock:
