@@ -283,3 +283,62 @@ def test_a_fork_while_another_thread_holds_the_scopes_register_lock(tmp_path: An
 
 def _make_a_group(path: str) -> None:
     FlightGroup(directory=path, codec=JSON).close()
+
+
+def test_a_flight_being_forgotten_is_still_seen_by_another_group_of_its_scope(
+    directory: str,
+) -> None:
+    """The cross-group check reads the other group's table without its lock, so a flight
+    leaving the table (forget) must be in ``detached`` before it leaves ``flights``: in
+    the step between, a nested call through the other group saw it in neither, joined it
+    in the scope and waited for itself (found by review, 2026-12-01). The forgetting
+    thread is traced and held at any line where the flight is in neither."""
+    import sys
+
+    first = FlightGroup(directory=directory, codec=JSON)
+    second = FlightGroup(directory=directory, codec=JSON)
+    table = first._table
+    started, go, checked = threading.Event(), threading.Event(), threading.Event()
+    inner: list[BaseException | str] = []
+
+    def work() -> str:
+        started.set()
+        assert go.wait(20)
+        try:
+            inner.append(second.run_sync("k", lambda: "inner", timeout=5).value)
+        except BaseException as exc:
+            inner.append(exc)
+        checked.set()
+        return "outer"
+
+    def in_neither() -> bool:
+        return not any(f.tkey == "k" for f in (*table.flights.values(), *table.detached))
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line" and not go.is_set() and in_neither():
+            go.set()  # the window: the nested call runs now
+            assert checked.wait(20)
+        return local
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        return local if frame.f_code is type(table).forget.__code__ else None
+
+    def forget() -> None:
+        sys.settrace(tracer)
+        try:
+            first.forget("k")
+        finally:
+            sys.settrace(None)
+
+    try:
+        outer = Background(lambda: first.run_sync("k", work))
+        assert started.wait(20)
+        Background(forget).wait()
+        go.set()
+        assert outer.wait().value == "outer"
+        [error] = inner
+        assert isinstance(error, RuntimeError) and "wait for itself" in str(error), error
+    finally:
+        go.set()
+        first.close()
+        second.close()

@@ -992,11 +992,13 @@ class FlightTable:
         with self.lock:
             if self.kept is not None:
                 self.kept.discard(tkey)
-            flight = self.flights.pop(tkey, None)
+            flight = self.flights.get(tkey)
             if flight is not None:
                 # It runs on (or, if IDLE, its claimants still lead it) for the
-                # callers it has; close() must still find it.
+                # callers it has; close() must still find it. Detached before it leaves:
+                # another group's table reads both without this lock (``holds``).
                 self.detached.add(flight)
+                del self.flights[tkey]
 
     def _left_in(self, tkey: Hashable, current: Flight | None) -> bool:
         """(Under the lock) True if ``current``, or a flight whose work started it, is
@@ -1066,8 +1068,8 @@ class FlightTable:
         table as forget() would take it; the next local call leads a new one."""
         with self.lock:
             if self.flights.get(flight.tkey) is flight:
+                self.detached.add(flight)  # first: see forget()
                 del self.flights[flight.tkey]
-                self.detached.add(flight)
 
     def close(self) -> list[tuple[Flight, list[Waiter]]]:
         """Mark the group closed and detach every waiter; return them to wake
