@@ -322,8 +322,14 @@ def key_lock_token(directory: str, key: str) -> int | None:
     """The last token written to ``key``'s lock file: the newest flight of the key that
     took the lock (each leader writes its token under it). None when there is none, or
     the file is unreadable or corrupt."""
-    token = _read_number(key_lock_path(directory, key)).value
-    return token if token is not None and token < _TOKEN_LIMIT else None
+    path = key_lock_path(directory, key)
+    token = _read_number(path).value
+    # Read without the lock: a read torn by a leader's write under it can still be a
+    # number; two reads that agree are not torn (a write between them changes nothing:
+    # the leader's own check, under the lock, is the one that decides).
+    if token is None or token >= _TOKEN_LIMIT or _read_number(path).value != token:
+        return None
+    return token
 
 
 def _key_lock_epochs(directory: str) -> list[int]:
