@@ -464,6 +464,7 @@ class DirectoryArbiter:
         # up on its first try, against the socket of the coordinator that died.
         down = 0.0
         last = time.monotonic()
+        over = False  # an attempt began after ``down`` passed reconnect_timeout
         refusals = 0  # handshakes in a row that failed (refused, unanswered)
         while not self._finishing:
             try:
@@ -489,7 +490,7 @@ class DirectoryArbiter:
                 await lost
                 if channel.heard or time.monotonic() - began >= _SETTLED:
                     backoff, refusals = 0.0005, 0
-                    down, last = 0.0, time.monotonic()
+                    down, last, over = 0.0, time.monotonic(), False
                     continue
                 # Welcomed, then dropped before it served anything: a coordinator that
                 # does so to every connection is no more reachable than a silent one.
@@ -500,7 +501,14 @@ class DirectoryArbiter:
                 down += now - last
             last = now
             if down > self._reconnect_timeout:
-                self._give_up()
+                if over:
+                    self._give_up()
+                else:
+                    # One more attempt, at once, before giving up: the one that just
+                    # failed may have begun before a stall too short to leave out (it
+                    # waited on a coordinator that died meanwhile).
+                    over = True
+                    continue
             self._kick.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), backoff)
