@@ -69,7 +69,6 @@ _OPENING = -2  # Call.fd while the caller creates the key's file
 # The longest one connection attempt (its handshake's wait, then the pause before the
 # next) takes while this process runs; one that took longer spanned a stall.
 _ATTEMPT_MAX = wire.HANDSHAKE_TIMEOUT + 0.5 + 1.0
-_TOKEN_LIMIT = 2**63  # a key's file that says more holds no token (see fs.key_lock_token)
 # s: a connection that lived this long counts as served, even if nothing came (an idle
 # group hears nothing); a shorter one that heard nothing counts as refused.
 _SETTLED = 0.5
@@ -928,7 +927,7 @@ class DirectoryArbiter:
                 if fd >= 0:
                     with contextlib.suppress(OSError, ValueError):
                         newer = int(os.pread(fd, 20, 0) or b"0")
-                    if newer <= lead.token or newer >= _TOKEN_LIMIT:
+                    if newer <= lead.token or newer >= fs.TOKEN_LIMIT:
                         newer = 0
                         with contextlib.suppress(OSError):
                             os.pwrite(fd, b"%-20d\n" % lead.token, 0)

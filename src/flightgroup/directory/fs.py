@@ -59,7 +59,7 @@ STATE: Final = "state"  # state/epoch is the second copy of the epoch
 
 # Tokens are ``epoch << 32 | sequence`` and must fit 63 bits, so an epoch stays below 2**31.
 _EPOCH_LIMIT: Final = 2**31
-_TOKEN_LIMIT: Final = 2**63
+TOKEN_LIMIT: Final = 2**63
 # An epoch or a token is at most 19 digits; a file longer than this is not one (and reading
 # it whole is pointless). Also keeps int() far from its 4,300-digit conversion limit.
 _MAX_NUMBER_FILE: Final = 4096
@@ -327,7 +327,7 @@ def key_lock_token(directory: str, key: str) -> int | None:
     # Read without the lock: a read torn by a leader's write under it can still be a
     # number; two reads that agree are not torn (a write between them changes nothing:
     # the leader's own check, under the lock, is the one that decides).
-    if token is None or token >= _TOKEN_LIMIT or _read_number(path).value != token:
+    if token is None or token >= TOKEN_LIMIT or _read_number(path).value != token:
         return None
     return token
 
@@ -348,7 +348,7 @@ def _key_lock_epochs(directory: str) -> list[int]:
             except OSError:
                 continue
             token = _read_number(entry.path).value
-            if token is not None and token < _TOKEN_LIMIT:
+            if token is not None and token < TOKEN_LIMIT:
                 epochs.append(token >> 32)
     return epochs
 
