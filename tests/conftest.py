@@ -34,6 +34,21 @@ def pytest_configure(config: pytest.Config) -> None:
             compileall.compile_dir(os.path.join(_ROOT, package), quiet=1)
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which Redis build the fleet tests start (tests/redisproc.py; ADR 0029)."""
+    import subprocess
+
+    from .redisproc import REDIS_SERVER
+
+    try:
+        banner = subprocess.run(
+            [REDIS_SERVER, "--version"], capture_output=True, text=True, timeout=20
+        ).stdout.strip()
+    except OSError as exc:
+        banner = f"cannot run: {exc}"
+    return f"redis-server for the fleet tests: {REDIS_SERVER} ({banner})"
+
+
 @pytest.fixture(params=_MODES)
 def task_start(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run the test with each way a leader's task can start: eagerly (3.12+) and

@@ -31,8 +31,14 @@ from typing import Any
 
 import redis
 
-REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
-REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
+# Another server build (a Valkey, an older Redis) can be put under the whole suite:
+# FLIGHTGROUP_TEST_REDIS_SERVER and FLIGHTGROUP_TEST_REDIS_CLI name its binaries.
+REDIS_SERVER = os.environ.get("FLIGHTGROUP_TEST_REDIS_SERVER") or (
+    shutil.which("redis-server") or "/usr/bin/redis-server"
+)
+REDIS_CLI = os.environ.get("FLIGHTGROUP_TEST_REDIS_CLI") or (
+    shutil.which("redis-cli") or "/usr/bin/redis-cli"
+)
 
 
 def free_port() -> int:

@@ -6,10 +6,18 @@ the other's server, and its tests would share (and flush) that server's keys.
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+from typing import Any
+
 import pytest
 
 from . import redisproc
 from .redisproc import RedisServer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.timeout(60)
@@ -43,3 +51,29 @@ def test_a_given_port_that_is_taken_fails_instead_of_moving() -> None:
         assert other.client().ping()  # untouched
     finally:
         other.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_servers_run_the_binary_the_run_names(tmp_path: Any) -> None:
+    """``scripts/dev test`` puts the fleet tests under other builds (a Valkey, an older
+    Redis) by naming their binary: each server must be that binary, not the machine's.
+    Here the named build is a copy of this run's own, at a path of its own."""
+    named = tmp_path / "redis-server-under-test"
+    shutil.copy2(redisproc.REDIS_SERVER, named)
+    probe = (
+        "import os\n"
+        "from tests.redisproc import RedisServer\n"
+        "s = RedisServer()\n"
+        "try:\n"
+        "    answered = s.client().info('server')['process_id'] == s.pid\n"
+        "    print(os.readlink(f'/proc/{s.pid}/exe'), answered)\n"
+        "finally:\n"
+        "    s.close()\n"
+    )
+    env = {**os.environ, "FLIGHTGROUP_TEST_REDIS_SERVER": str(named)}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=40,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(named), "True"]
