@@ -77,6 +77,16 @@ def directory() -> Iterator[str]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture
+def h() -> Iterator[Any]:
+    """A :class:`tests.dirproc.Harness`: child processes on one directory, driven over
+    pipes, all stopped (by pid) and the directory removed afterwards."""
+    from .dirproc import harness
+
+    with harness() as made:
+        yield made
+
+
 @pytest.fixture(scope="module")
 def redis_server() -> Iterator[Any]:
     """A redis-server of this module's own, on a free loopback port (tests that

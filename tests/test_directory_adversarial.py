@@ -16,7 +16,7 @@ import contextlib
 import fcntl
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -30,7 +30,7 @@ from flightgroup import (
 from flightgroup.directory import fs
 from flightgroup.directory.client import _OPENING, DirectoryArbiter
 
-from .dirproc import Child, Harness, assert_value, harness, wait_for
+from .dirproc import Child, Harness, assert_value, wait_for
 from .ingroup import Background, coordinating
 from .ingroup import arbiter as _arbiter
 from .ingroup import close as _close
@@ -112,12 +112,6 @@ def _answer_lead_while_opening(monkeypatch: pytest.MonkeyPatch, arbiter: Directo
 def _cont(child: Child) -> None:
     if child.alive():
         child.cont()
-
-
-@pytest.fixture
-def h() -> Iterator[Harness]:
-    with harness() as made:
-        yield made
 
 
 # -----------------------------------------------------------------------------

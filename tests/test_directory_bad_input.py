@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Iterator
 from unittest.mock import ANY
 
 import pytest
@@ -27,19 +26,12 @@ from .dirproc import (
     RawConn,
     assert_error,
     assert_value,
-    harness,
 )
 
 pytestmark = pytest.mark.timeout(60)
 
 V2 = b'{"protocol":"flightgroup","version":2}\n'
 OK = b'{"ok":true}\n'
-
-
-@pytest.fixture
-def h() -> Iterator[Harness]:
-    with harness() as hh:
-        yield hh
 
 
 # -- the socket path --------------------------------------------------------------

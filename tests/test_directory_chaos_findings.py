@@ -24,16 +24,10 @@ from flightgroup import (
 )
 from flightgroup.directory import wire
 
-from .dirproc import Harness, MuteCoordinator, harness, key_file, raw_conns, wait_for
+from .dirproc import Harness, MuteCoordinator, key_file, raw_conns, wait_for
 from .ingroup import Background, arbiter, close, coordinating, hold_key_lock
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def h() -> Iterator[Harness]:
-    with harness() as hh:
-        yield hh
 
 
 @pytest.fixture

@@ -11,24 +11,18 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
 from flightgroup.directory import wire
 from flightgroup.directory.client import DirectoryArbiter
 
-from .dirproc import HELLO_OK, Harness, RawConn, assert_value, harness
+from .dirproc import HELLO_OK, Harness, RawConn, assert_value
 from .ingroup import Background, arbiter, close, coordinating, group
 from .support import wait_until
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def h() -> Iterator[Harness]:
-    with harness() as hh:
-        yield hh
 
 
 def test_a_joining_process_stops_handing_a_forgotten_flight_to_its_new_calls(h: Harness) -> None:

@@ -10,22 +10,15 @@ duration.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from .dirproc import HELLO, Child, Harness, assert_error, assert_value, harness, key_lock_held
+from .dirproc import HELLO, Child, Harness, assert_error, assert_value, key_lock_held
 
 pytestmark = pytest.mark.timeout(60)
 
 V2 = b'{"protocol":"flightgroup","version":2}\n'
-
-
-@pytest.fixture
-def h() -> Iterator[Harness]:
-    with harness() as hh:
-        yield hh
 
 
 def test_leader_killed_joiners_interrupted_next_call_leads(h: Harness) -> None:

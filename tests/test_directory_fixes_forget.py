@@ -8,21 +8,14 @@ of frames on one connection; nothing waits on a bare sleep.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
 
-from .dirproc import HELLO_OK, Harness, RawConn, assert_value, harness, wait_for
+from .dirproc import HELLO_OK, Harness, RawConn, assert_value, wait_for
 from .ingroup import arbiter, close, coordinating, group
 from .support import wait_until
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def h() -> Iterator[Harness]:
-    with harness() as hh:
-        yield hh
 
 
 def test_a_forget_survives_a_coordinator_killed_right_after_confirming_it(h: Harness) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
 
 import pytest
 
@@ -20,7 +19,6 @@ from .dirproc import (
     RawConn,
     assert_error,
     assert_value,
-    harness,
     key_file,
     key_lock_held,
     wait_any,
@@ -28,12 +26,6 @@ from .dirproc import (
 )
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def h() -> Iterator[Harness]:
-    with harness() as hh:
-        yield hh
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

@@ -27,15 +27,9 @@ import pytest
 
 from flightgroup.directory import client, wire
 
-from .dirproc import Harness, RawConn, assert_value, harness, wait_for
+from .dirproc import Harness, RawConn, assert_value, wait_for
 
 BIG = 2 * 1024 * 1024  # a value that fills a frozen joiner's socket and more
-
-
-@pytest.fixture
-def h() -> Iterator[Harness]:
-    with harness() as hh:
-        yield hh
 
 
 class Gate:

@@ -8,24 +8,17 @@ monkeypatched hooks; nothing waits on a bare sleep.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from flightgroup import JSON, FlightFailedError, FlightGroup, Retention
 
-from .dirproc import Harness, assert_value, harness, wait_for
+from .dirproc import Harness, assert_value, wait_for
 from .ingroup import Background, arbiter, close, coordinating, group
 from .support import wait_until
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def h() -> Iterator[Harness]:
-    with harness() as hh:
-        yield hh
 
 
 def _coordinator_of(of: FlightGroup) -> Any:

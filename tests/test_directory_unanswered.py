@@ -5,22 +5,14 @@ concurrent.futures.TimeoutError."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from flightgroup import GroupClosedError, UnavailableError
 
-from .dirproc import Harness, harness
+from .dirproc import Harness
 from .ingroup import arbiter, close, group
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def h() -> Iterator[Harness]:
-    with harness() as hh:
-        yield hh
 
 
 def test_a_forget_no_coordinator_confirms_raises_unavailable(h: Harness) -> None:

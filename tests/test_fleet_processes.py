@@ -13,23 +13,16 @@ of 1 s; the tests that kill or restart Redis use a server of their own.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from .dirproc import Child, Harness, assert_error, assert_value, harness, wait_any, wait_for
+from .dirproc import Child, Harness, assert_error, assert_value, wait_any, wait_for
 from .redisproc import RedisServer, keys_without_ttl
 
 pytestmark = pytest.mark.timeout(60)
 
 SHORT = 1.0  # the lease of tests that wait for one to run out
-
-
-@pytest.fixture
-def h() -> Iterator[Harness]:
-    with harness() as hh:
-        yield hh
 
 
 def record(ns: str, key: str) -> str:

@@ -43,19 +43,13 @@ from flightgroup.directory.client import DirectoryArbiter
 from flightgroup.otel import instrument
 from flightgroup.prometheus import register
 
-from .dirproc import Harness, RawConn, harness
+from .dirproc import Harness, RawConn
 from .support import until, wait_until
 
 MARK = "qx7AUDITqx7"
 KEY = f"tenant:{MARK}:key"  # a key that holds a tenant id
 VALUE = f"{MARK}:value"
 SYSTEM_PYTHON = "/usr/bin/python3"  # a Python the user nobody may run (stdlib only)
-
-
-@pytest.fixture
-def h() -> Iterator[Harness]:
-    with harness() as hh:
-        yield hh
 
 
 @pytest.fixture
