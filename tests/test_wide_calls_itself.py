@@ -142,8 +142,7 @@ def _stranger(first: Any, tmp: str) -> Any:
     fleet = first._fleet
     if fleet is None:
         return FlightGroup(directory=os.path.join(tmp, "other"), codec=JSON)
-    url = first._table.scope[1]
-    return FlightGroup(redis=url, namespace=f"{fleet.namespace}-other", codec=JSON)
+    return FlightGroup(redis=fleet.url, namespace=f"{fleet.namespace}-other", codec=JSON)
 
 
 def test_a_work_of_k_calls_k_in_another_scope_and_it_runs_there(
@@ -174,6 +173,42 @@ def test_a_work_of_k_calls_k_in_another_scope_and_it_runs_there(
         assert first.run_sync("k", through_alias, fresh=True).value == "outer"
     finally:
         alias.close()
+
+
+@pytest.mark.parametrize(
+    ("spelling", "same"),
+    [
+        ("redis://localhost:{port}", True),
+        ("redis://LOCALHOST:{port}/0?socket_timeout=7", True),
+        ("redis://[::1]:{port}/0", True),
+        ("redis://127.0.0.1:{port}/1", False),  # another database: another scope
+    ],
+)
+def test_two_spellings_of_one_redis_are_one_scope(
+    redis_server: Any, namespace: str, spelling: str, same: bool
+) -> None:
+    """A group on ``redis://127.0.0.1:P/0`` and one on ``redis://localhost:P`` share
+    every flight in Redis, so they are one group to I6: a work of k that calls k through
+    the other raises instead of joining its own flight and waiting for itself until the
+    deadline (before, the URL as written was the scope). Another database is another
+    scope, where the call runs."""
+    first = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON)
+    second = FlightGroup(
+        redis=spelling.format(port=redis_server.port), namespace=namespace, codec=JSON
+    )
+    try:
+        def outer() -> str:
+            if same:
+                with pytest.raises(RuntimeError, match="wait for itself"):
+                    second.run_sync("k", lambda: "inner")
+                return "outer"
+            return "outer+" + second.run_sync("k", lambda: "inner").value
+
+        want = "outer" if same else "outer+inner"
+        assert first.run_sync("k", outer, timeout=20).value == want
+    finally:
+        second.close()
+        first.close()
 
 
 def test_a_task_that_outlives_its_flights_work_calls_the_key_as_anyone(

@@ -279,7 +279,7 @@ class FlightGroup:
         self._fleet: RedisArbiter | None = None
         # Two groups of this process with the same scope are one group: I6 must see the
         # other's flights (FlightTable.scope). A directory by its real path; a fleet by
-        # its URL as written (another spelling of the same server is not recognised).
+        # the server its URL names (RedisArbiter.server) and its namespace.
         scope: Hashable | None = None
         if redis is not None:
             assert namespace is not None
@@ -294,7 +294,7 @@ class FlightGroup:
             self._arbiter = self._fleet = RedisArbiter(
                 redis, namespace, lease=lease, cluster=cluster, max_value_bytes=max_value_bytes
             )
-            scope = ("fleet", redis, namespace)
+            scope = ("fleet", self._fleet.server, namespace)
         if directory is not None:
             from .directory import forked
             from .directory.client import DirectoryArbiter

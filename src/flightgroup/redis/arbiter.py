@@ -35,7 +35,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Hashable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -243,6 +243,22 @@ def decode_outcome(code: bytes | None, payload: bytes | None) -> wire.Outcome:
     return wire.Interrupted("its outcome in Redis could not be read")
 
 
+# Names of this host's loopback interface that a Redis URL commonly uses for one server.
+_LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def _server_of(parts: dict[str, Any]) -> tuple[Hashable, ...]:
+    """The server and database that a parsed Redis URL names, without I/O: its socket's
+    real path, or its host (one name for the loopback ones: ``localhost``, ``127.0.0.1``
+    and ``::1``; others as written, lowercased) and port, and the database. Groups of
+    this process whose URLs name one server are one scope to I6 (ADR 0006)."""
+    db = int(parts.get("db") or 0)
+    if "path" in parts:
+        return ("unix", os.path.realpath(str(parts["path"])), db)
+    host = str(parts.get("host") or "localhost").lower()
+    return ("tcp", "loopback" if host in _LOOPBACK else host, int(parts.get("port") or 6379), db)
+
+
 class RedisArbiter:
     """Lead or join for the fleet scope of a group (see the module)."""
 
@@ -256,10 +272,11 @@ class RedisArbiter:
         max_value_bytes: int = 1024 * 1024,
     ) -> None:
         try:
-            parse_url(url)  # type: ignore[no-untyped-call]  # a bad URL fails here, no I/O
+            parts = parse_url(url)  # type: ignore[no-untyped-call]  # a bad URL fails here
         except ValueError as exc:
             raise ValueError(f"cannot use the Redis URL {_safe(url)!r}: {exc}") from None
         self.url = url
+        self.server = _server_of(parts)
         self.namespace = namespace
         self._lease = lease
         self._lease_ms = _ms(lease)
