@@ -208,6 +208,13 @@ class Attempt:
         if self.lease is not None:
             self.lease._lose()
 
+    def lose_in_child(self) -> None:
+        """(Wide scopes, in a forked child) the scope's lease is the parent's: lost to
+        the scope here. Its ``wait_lost`` callers were the parent's, and are not woken."""
+        self.lost = self.revoked = True
+        if self.lease is not None:
+            self.lease._lose_in_child()
+
 
 class Flight:
     """One run of the work for one key, from its start to its outcome.
@@ -423,13 +430,22 @@ _KIN: dict[Hashable, weakref.WeakSet[FlightTable]] = {}
 _KIN_PRUNE_AT = 64  # scopes registered before the next sweep of those left empty
 
 
-def _kin_after_fork() -> None:
-    # A thread of the parent may have held the lock at the fork: held here for ever.
+# Every table of this process, for a forked child (``_after_fork``).
+_TABLES: weakref.WeakSet[FlightTable] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    """(In a forked child) a lock another thread of the parent held at the fork stays
+    held here for ever, and the flights copied from the parent's tables have no leader
+    here (their threads and loops were not copied): a call that joined one would wait
+    for ever. So every table gets a new lock and drops its flights (ADR 0030)."""
     global _KIN_LOCK
     _KIN_LOCK = threading.Lock()
+    for table in list(_TABLES):
+        table._forked()
 
 
-os.register_at_fork(after_in_child=_kin_after_fork)
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def _kin_register(scope: Hashable, table: FlightTable) -> None:
@@ -476,6 +492,7 @@ class FlightTable:
         self.scope = scope
         if scope is not None:
             _kin_register(scope, self)
+        _TABLES.add(self)
         # A wide group counts a flight when the scope says its work runs here (ran_here),
         # never before: a flight joined elsewhere must not count as one, then stop counting
         # (counters only grow).
@@ -494,6 +511,21 @@ class FlightTable:
         self.closed = False
         self._next_token = 0
         self._evict_log_at = 0.0
+
+    def _forked(self) -> None:
+        """(In a forked child, the only thread) see ``_after_fork``. Kept outcomes stay:
+        they are values. A wide flight's work that this child runs on (it forked inside
+        the work) holds no lease of the scope here: its lease is lost, so its outcome
+        is never taken for the flight's (its call raises LeaseLostError)."""
+        self.lock = threading.Lock()
+        copied = [*self.flights.values(), *self.detached, *self.lingering]
+        self.flights = {}
+        self.detached = set()
+        self.lingering = set()
+        if self.wide:
+            for flight in copied:
+                if flight.attempt is not None:
+                    flight.attempt.lose_in_child()
 
     def use_clock(self, clock: Callable[[], float]) -> None:
         """Drive retention with ``clock`` (tests use a fake one)."""

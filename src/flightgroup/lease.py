@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,15 @@ __all__ = ["Lease", "current_lease"]
 # Guards every lease's list of lost-waiters. Loss is rare and registration is
 # rare, so one lock for the module costs nothing and keeps Lease small.
 _LOSS_LOCK = threading.Lock()
+
+
+def _after_fork() -> None:
+    # A thread of the parent may have held it at the fork: held here for ever.
+    global _LOSS_LOCK
+    _LOSS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 # The attempt whose work runs here (set in the work's own task or thread). Its
 # lease is made only when the work asks for it: most works never do.
@@ -94,6 +104,13 @@ class Lease:
             # A loop that closed meanwhile raises RuntimeError: nobody waits there.
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_resolve, fut)
+
+    def _lose_in_child(self) -> None:
+        """(In a forked child) mark the lease lost. Its waiters are the parent's tasks,
+        on copies of the parent's loops: waking one would write to the parent's
+        wake-up socket, which the child shares."""
+        self._waiters = None
+        self._lost = True
 
     def __repr__(self) -> str:
         return f"<Lease key={self.key!r} token={self.token} lost={self._lost}>"

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext, Status, StatusCode, TracerProvider
 
+from ._forksafe import renew_after_fork
 from ._log import key_digest
 from .errors import (
     FlightError,
@@ -57,6 +58,7 @@ class _Links:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        renew_after_fork(self)
         self._contexts: collections.OrderedDict[tuple[str, int], SpanContext] = (
             collections.OrderedDict()
         )

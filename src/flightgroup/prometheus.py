@@ -20,6 +20,7 @@ Metrics (with the default prefix ``flightgroup``):
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -32,6 +33,8 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 from prometheus_client.registry import Collector, CollectorRegistry
+
+from ._forksafe import renew_after_fork
 
 if TYPE_CHECKING:
     from .flight import FlightTable
@@ -54,6 +57,7 @@ class FlightGroupCollector(Collector):
     def __init__(self, prefix: str = "flightgroup") -> None:
         self._prefix = prefix
         self._lock = threading.Lock()
+        renew_after_fork(self)
         self._tables: dict[str, FlightTable] = {}
 
     def add(self, name: str, table: FlightTable) -> None:
@@ -129,6 +133,15 @@ _COLLECTORS: weakref.WeakKeyDictionary[CollectorRegistry, FlightGroupCollector] 
     weakref.WeakKeyDictionary()
 )
 _COLLECTORS_LOCK = threading.Lock()
+
+
+def _after_fork() -> None:
+    # A thread of the parent may have held it at the fork: held here for ever.
+    global _COLLECTORS_LOCK
+    _COLLECTORS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def register(

@@ -55,7 +55,7 @@ from ..wide import (
     start_loop,
     to_wire,
 )
-from . import fs, wire
+from . import forked, fs, wire
 from .coordinator import Coordinator
 
 if TYPE_CHECKING:
@@ -517,10 +517,18 @@ class DirectoryArbiter:
     async def _connect(self) -> socket.socket:
         """Connect and shake hands; the socket is non-blocking, for the Channel."""
         loop = asyncio.get_running_loop()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.setblocking(False)
+        path = fs.socket_path(self.directory)
+        with forked.socket_guard():  # no fork before it is connected (forked.py)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.setblocking(False)
+                # A Unix socket connects at once or not at all: a full backlog
+                # (BlockingIOError) fails this attempt like a refusal.
+                sock.connect(path)
+            except BaseException:
+                sock.close()
+                raise
         try:
-            await loop.sock_connect(sock, fs.socket_path(self.directory))
             await loop.sock_sendall(sock, wire.HELLO)
             line = await asyncio.wait_for(_read_line(loop, sock), wire.HANDSHAKE_TIMEOUT)
             kind, detail = wire.parse_answer(line)

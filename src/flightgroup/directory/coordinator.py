@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..retention import RetentionStore
-from . import fs, wire
+from . import forked, fs, wire
 
 __all__ = ["Coordinator"]
 
@@ -310,9 +310,14 @@ class Coordinator:
         path = fs.socket_path(self.directory)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with forked.socket_guard():  # no fork before it is bound (forked.py)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.bind(path)
+            except BaseException:
+                sock.close()
+                raise
         try:
-            sock.bind(path)
             os.chmod(path, 0o600)  # before listen: nobody can connect to it yet
             sock.listen(512)
             sock.setblocking(False)

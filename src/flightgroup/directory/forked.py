@@ -15,6 +15,11 @@ never an unrelated file that reused the number. The descriptors are found by wha
 are (``flight.lock`` or a key-lock file of a group's directory, a Unix socket bound or
 connected to its ``flight.sock``, by whatever path), so no code that opens one has to
 register it; the user's own files in the directory are left alone.
+
+A socket names no path between its ``socket()`` and its ``connect()`` or ``bind()``: a
+child forked then could not tell it from its own, and the parent connects it right after,
+so the child would hold the parent's connection. Those steps are made under
+:func:`socket_guard`, which a fork waits for.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import threading
 
 from . import fs
 
@@ -31,11 +37,36 @@ from . import fs
 _directories: set[str] = set()
 
 
+# Held from a group's socket() until that socket is connected or bound; a fork waits.
+_guard = threading.Lock()
+
+
+def socket_guard() -> threading.Lock:
+    """Hold while a group's Unix socket is made and connected or bound: no fork comes
+    between, so a forked child always finds the socket by its path (see the module).
+    Hold it only around those system calls, which do not wait."""
+    return _guard
+
+
 def watch(directory: str) -> None:
     """Make a child forked from now on let go of ``directory``'s locks and sockets."""
     if not _directories:
-        os.register_at_fork(after_in_child=_let_go)
+        os.register_at_fork(before=_hold, after_in_parent=_release, after_in_child=_child)
     _directories.add(os.path.realpath(directory))  # as /proc names files
+
+
+def _hold() -> None:
+    _guard.acquire()
+
+
+def _release() -> None:
+    _guard.release()
+
+
+def _child() -> None:
+    global _guard
+    _guard = threading.Lock()  # the copy is held (by this fork)
+    _let_go()
 
 
 def _let_go() -> None:

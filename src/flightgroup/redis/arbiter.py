@@ -287,6 +287,9 @@ class RedisArbiter:
         self._host = socket.gethostname()
         self._start_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
+        # The loop as soon as its thread runs, before any connection is made: a fork
+        # while another thread starts the group must let go of it too (_after_fork).
+        self._booting: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._client: Any = None  # Redis | RedisCluster: scripts and commands
         self._blocking: Any = None  # Redis | RedisCluster: the joiners' XREADs
@@ -327,6 +330,7 @@ class RedisArbiter:
             return loop
 
     def _setup(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._booting = loop
         try:
             self._client = self._make_client(self._timeout, retries=3)
             # Blocking reads: a socket timeout past the longest block, and no silent
@@ -1093,13 +1097,15 @@ def _after_fork() -> None:
         if not started:
             continue
         _inherited.append(dict(vars(arbiter)))
-        if arbiter._loop is not None:
-            _let_go(arbiter._loop)
+        loop = arbiter._loop or arbiter._booting
+        if loop is not None:
+            _let_go(loop)
         arbiter._closing = True  # close() has nothing to wait for
         arbiter._close_returned = threading.Event()  # (a copy's lock may be held)
         arbiter._close_returned.set()
         arbiter._closed_why = forked_reason("fleet", parent)
-        arbiter._loop = arbiter._thread = arbiter._ready = arbiter._renewer = None
+        arbiter._loop = arbiter._booting = arbiter._thread = None
+        arbiter._ready = arbiter._renewer = None
         arbiter._client = arbiter._blocking = None
         arbiter._scripts = {}
         arbiter._calls, arbiter._leads, arbiter._tasks = set(), set(), set()
