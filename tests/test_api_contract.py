@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import threading
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -87,6 +88,49 @@ def test_a_wide_scope_keeps_nothing_over_max_bytes(wide: dict[str, Any]) -> None
         assert (again.value, again.joined) == ("new", False)
     finally:
         g.close()
+
+
+def test_a_joiner_in_another_group_of_the_leaders_process_has_the_error_as_cause(
+    wide: dict[str, Any],
+) -> None:
+    # API.md, Outcomes: "joiner | the work raised E | FlightFailedError ...; in the same
+    # process __cause__ is E". Before, only joiners of the leader's own group had it:
+    # another group of the process got the failure from the scope, without it.
+    a, b = FlightGroup(**wide), FlightGroup(**wide)
+    try:
+        original = KeyError("missing")
+        started, release, joined = threading.Event(), threading.Event(), threading.Event()
+
+        def boom() -> None:
+            started.set()
+            release.wait(20)
+            raise original
+
+        def lead() -> None:
+            with pytest.raises(KeyError):
+                a.run_sync("k", boom)
+
+        got: list[BaseException] = []
+
+        def join() -> None:
+            try:
+                b.run_sync("k", lambda: "never", on_join=joined.set)
+            except FlightFailedError as exc:
+                got.append(exc)
+
+        leader = threading.Thread(target=lead)
+        leader.start()
+        assert started.wait(20)
+        joiner = threading.Thread(target=join)
+        joiner.start()
+        assert joined.wait(20)  # b joined a's flight in the scope
+        release.set()
+        leader.join(20)
+        joiner.join(20)
+        assert len(got) == 1 and got[0].__cause__ is original
+    finally:
+        a.close()
+        b.close()
 
 
 def test_a_kept_failure_in_the_leaders_process_has_the_error_as_cause(

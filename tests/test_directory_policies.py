@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import threading
+import time
+from typing import Any
 
 import pytest
 
@@ -71,11 +74,13 @@ def test_a_kept_failure_is_a_flight_failed_error_elsewhere(directory: str) -> No
         def boom() -> None:
             raise KeyError("missing")
 
-        with pytest.raises(KeyError):
+        with pytest.raises(KeyError) as raised:
             a.run_sync("k", boom)
         with pytest.raises(FlightFailedError) as caught:
             b.run_sync("k", lambda: "never")
-        assert caught.value.error_type == "KeyError" and caught.value.__cause__ is None
+        # b is another group of the leader's process: the cause is the work's error
+        assert caught.value.error_type == "KeyError"
+        assert caught.value.__cause__ is raised.value
     finally:
         _close(a, b)
 
@@ -307,3 +312,52 @@ def test_status_lists_the_flights_in_progress(directory: str) -> None:
         wait_until(lambda: not [f for f in arbiter.status() if f["key"] == "k"], "no flight")
     finally:
         _close(a, b)
+
+
+def test_a_kept_failure_landed_while_the_coordinator_was_stopped_keeps_its_cause(
+    h: Any,
+) -> None:
+    """The leader returns once its landing is sent; the coordinator keeps the failure
+    from when it reads the landing. Stopped past the keep time meanwhile, it then keeps
+    the failure for the whole keep time, and a call of the leader's group is served it:
+    before, the group had stopped remembering the error (its keep time ran from the
+    landing), so that call's FlightFailedError had no ``__cause__`` (found by a soak)."""
+    coordinator = h.spawn_warm("a")
+    g = FlightGroup(
+        directory=h.dir, codec=JSON, retention=Retention(success=None, error=1.0)
+    )
+    try:
+        g.run_sync("warm", lambda: 0)  # connected to a's coordinator
+        original = KeyError("missing")
+        started, release = threading.Event(), threading.Event()
+
+        def boom() -> None:
+            started.set()
+            release.wait(20)
+            raise original
+
+        raised: list[BaseException] = []
+
+        def lead() -> None:
+            try:
+                g.run_sync("k", boom)
+            except KeyError as exc:
+                raised.append(exc)
+
+        leader = threading.Thread(target=lead)
+        leader.start()
+        assert started.wait(20)  # it leads: the coordinator answered
+        os.kill(coordinator.pid, signal.SIGSTOP)
+        try:
+            release.set()
+            leader.join(20)  # landed (sent), not yet read by the coordinator
+            assert raised == [original]
+            time.sleep(1.2)  # the keep time passes before the coordinator reads it
+        finally:
+            os.kill(coordinator.pid, signal.SIGCONT)
+        with pytest.raises(FlightFailedError) as kept:
+            g.run_sync("k", lambda: "never")  # after the landing on one connection
+        assert kept.value.error_type == "KeyError"  # served the kept failure
+        assert kept.value.__cause__ is original
+    finally:
+        g.close()

@@ -44,14 +44,17 @@ def test_kept_causes_drop_an_error_whose_keep_time_ran_out(
     assert causes.cause("k", 1) is None  # as the kept failure it explains
 
 
-def test_a_kept_failure_led_in_another_group_has_no_cause(directory: str) -> None:
-    # API.md: __cause__ only in the leader's process (a group is the unit here, as for
-    # joiners: tests/test_directory_policies.py).
+def test_a_kept_failure_led_in_another_group_of_the_process_has_its_cause(
+    directory: str,
+) -> None:
+    # API.md: a kept failure raises FlightFailedError "with __cause__ in the leader's
+    # process": two groups of one process on one directory are one group (ADR 0023).
     a, b = (group(directory, retention=Retention(success=None, error=60.0)) for _ in "ab")
     try:
+        original = KeyError("missing")
 
         def boom() -> None:
-            raise KeyError("missing")
+            raise original
 
         with pytest.raises(KeyError):
             a.run_sync("k", boom)
@@ -60,8 +63,8 @@ def test_a_kept_failure_led_in_another_group_has_no_cause(directory: str) -> Non
         with pytest.raises(FlightFailedError) as own:
             a.run_sync("k", lambda: "never")
         assert other.value.error_type == own.value.error_type == "KeyError"
-        assert other.value.__cause__ is None
-        assert isinstance(own.value.__cause__, KeyError)
+        assert other.value.__cause__ is original
+        assert own.value.__cause__ is original
     finally:
         close(a, b)
 

@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
     from .policy import Retention
+    from .wide import KeptCauses
 
 __all__ = [
     "Attempt",
@@ -473,6 +474,7 @@ class FlightTable:
         "_evict_log_at",
         "_lead_counts",
         "_next_token",
+        "causes",
         "closed",
         "detached",
         "flights",
@@ -506,6 +508,10 @@ class FlightTable:
         self.lingering: set[Flight] = set()
         # kept outcomes (Retention): settled flights, made on the first one kept
         self.kept: RetentionStore | None = None
+        # (wide scopes) the errors of failures this table's group landed, for the
+        # ``__cause__`` of their FlightFailedError in every group of this process that
+        # gets them from the scope (wide.KeptCauses): made at the first one
+        self.causes: KeptCauses | None = None
         self._clock: Callable[[], float] = time.monotonic
         self.stats = Recorder()
         self.closed = False
@@ -1041,6 +1047,20 @@ class FlightTable:
                 return True
             current = current.parent
         return False
+
+    def has_kin(self) -> bool:
+        """Another group of this process has this table's scope (wide scopes)."""
+        return self.scope is not None and bool(self._kin())
+
+    def cause_of(self, key: str, token: int) -> BaseException | None:
+        """The error of the failure that flight ``token`` of ``key`` landed, if a group
+        of this process with this scope led it and still remembers it."""
+        tables = [self, *self._kin()] if self.scope is not None else [self]
+        for table in tables:
+            causes = table.causes
+            if causes is not None and (error := causes.cause(key, token)) is not None:
+                return error
+        return None
 
     def _kin(self) -> list[FlightTable]:
         """The other tables of this scope in this process (wide scopes)."""

@@ -81,7 +81,7 @@ from .stats import Stats
 if TYPE_CHECKING:
     from .directory.client import DirectoryArbiter
     from .redis.arbiter import RedisArbiter
-    from .wide import Arbiter, Event, KeptCauses
+    from .wide import Arbiter, Event
 
     Call = Any  # a wide scope's call: the arbiter's own object (see wide.Arbiter)
 
@@ -190,7 +190,6 @@ class FlightGroup:
     __slots__ = (
         "__weakref__",
         "_arbiter",
-        "_causes",
         "_closed",
         "_closed_why",
         "_codec",
@@ -320,7 +319,6 @@ class FlightGroup:
         self._table = FlightTable(wide=self._arbiter is not None, scope=scope)
         self._closed = False
         self._closed_why: str | None = None  # why, when not by close(): a forked child
-        self._causes: KeptCauses | None = None  # made at a wide group's first kept failure
 
     # -- calls ------------------------------------------------------------------
 
@@ -1162,11 +1160,10 @@ class FlightGroup:
         from .wide import Event, from_wire
 
         if event is Event.LANDED:
-            token, landed, kept = args
+            token, landed, _kept = args
             outcome, error, data = from_wire(flight.key, landed)
-            causes = self._causes
-            if kept and error is not None and causes is not None:
-                error.__cause__ = causes.cause(flight.key, token)  # one this group landed
+            if error is not None:  # a failure a group of this process may have landed
+                error.__cause__ = self._table.cause_of(flight.key, token)
             self._settle_remote(flight, outcome, error, data, token, joined=True)
         elif event is Event.FAILED:
             self._settle_remote(flight, Outcome.INTERRUPTED, _as_called(args[0], flight))
@@ -1219,15 +1216,23 @@ class FlightGroup:
     def _remember_cause(
         self, flight: Flight, wired: object, error: BaseException | None
     ) -> None:
-        """A failure landed to be kept: keep its error here for as long, for the kept
-        failure's ``__cause__`` when it is served back to this group."""
+        """A failure landed that a group of this process may get back from the scope: a
+        failure to be kept, or any while another group of this process has the scope
+        (its joiners). Its error is kept for as long (and for the landing's way through
+        the scope), for the ``__cause__`` of their FlightFailedError (API.md: "in the
+        same process ``__cause__`` is E"; ADR 0023)."""
         from .directory import wire
-        from .wide import KeptCauses
+        from .wide import CAUSE_SLACK, KeptCauses
 
-        if isinstance(wired, wire.Failure) and wired.keep and error is not None:
-            if self._causes is None:
-                self._causes = KeptCauses()
-            self._causes.remember(flight.key, flight.token, error, wired.keep)
+        if not isinstance(wired, wire.Failure) or error is None:
+            return
+        table = self._table
+        if wired.keep or table.has_kin():
+            if table.causes is None:
+                table.causes = KeptCauses()
+            table.causes.remember(
+                flight.key, flight.token, error, (wired.keep or 0.0) + CAUSE_SLACK
+            )
 
     def _land_fleet(
         self,

@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ._forksafe import renew_after_fork
 from .directory import wire
 from .errors import (
     FlightFailedError,
@@ -31,8 +32,8 @@ if TYPE_CHECKING:
     from .policy import FlightPolicy
 
 __all__ = [
-    "Arbiter", "DetachedNotice", "Event", "Inbox", "KeptCauses", "LeadState", "closed_in_fork",
-    "forked_reason",
+    "CAUSE_SLACK", "Arbiter", "DetachedNotice", "Event", "Inbox", "KeptCauses", "LeadState",
+    "closed_in_fork", "forked_reason",
     "from_wire", "key_as_called", "post", "start_loop", "to_wire",
 ]
 
@@ -261,18 +262,26 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
+# Seconds a landed failure's error is remembered past its keep time (none when it is
+# not kept): the scope keeps, or hands to joiners, an outcome from when it reads the
+# landing, which a busy or stopped coordinator or Redis may do that much later.
+CAUSE_SLACK = 30.0
+
+
 class KeptCauses:
-    """The errors of failures this group landed to be kept, by (table key, token), while
-    they are kept: a kept failure served back here raises FlightFailedError with the
-    very error as ``__cause__`` (API.md: "with ``__cause__`` in the leader's process").
+    """The errors of failures a group landed, by (key, token), while a group of this
+    process may get them back from the scope: kept (Retention), or joined from another
+    group of the same scope. Such a caller raises FlightFailedError with the very error
+    as ``__cause__`` (API.md: "in the same process ``__cause__`` is E"; ADR 0023).
 
-    Bounded: at most ``limit`` errors (the oldest go first), each for its keep time."""
+    Bounded: at most ``limit`` errors (the oldest go first), each for its own time."""
 
-    __slots__ = ("_errors", "_limit", "_lock")
+    __slots__ = ("__weakref__", "_errors", "_limit", "_lock")
 
     def __init__(self, limit: int = 1024) -> None:
         self._limit = limit
         self._lock = threading.Lock()
+        renew_after_fork(self)
         self._errors: collections.OrderedDict[tuple[Hashable, int], tuple[float, BaseException]]
         self._errors = collections.OrderedDict()
 
