@@ -5,6 +5,8 @@ the interleaving the soak found by hand.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import select
 import socket
@@ -269,3 +271,29 @@ def test_a_retrys_token_is_written_to_the_keys_file(h: Harness, mute: MuteCoordi
         assert seen == [first, second]
     finally:
         g.close()
+
+
+def test_frames_to_a_peer_that_died_are_not_written_past_its_transport(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A peer that joined many flights dies while the coordinator is busy (or stopped);
+    then the coordinator pushes the landings to it. The first write finds the socket
+    broken: asyncio closes the transport and runs connection_lost a loop turn later.
+    The writes made meanwhile made asyncio log "socket.send() raised exception." from
+    the fifth on (found by a soak, on the coordinator's stderr)."""
+    from flightgroup.directory.coordinator import _Session
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, ours)
+        session = _Session(transport, os.getpid())
+        theirs.close()  # the peer's process died
+        for _ in range(10):  # one loop turn: connection_lost has not run yet
+            session.send(wire.detached_frame(1))
+        await asyncio.sleep(0)
+        transport.close()
+
+    with caplog.at_level(logging.WARNING, logger="asyncio"):
+        asyncio.run(main())
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []

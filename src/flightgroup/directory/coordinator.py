@@ -240,7 +240,10 @@ class _Session:
         self.notices = False
 
     def send(self, frame: bytes) -> None:
-        if not self.closed:
+        # Not once the transport is closing: a peer that died is known to the transport
+        # a loop turn before connection_lost marks the session closed, and asyncio logs
+        # every write past the fifth made meanwhile ("socket.send() raised exception.").
+        if not self.closed and not self.transport.is_closing():
             self.transport.write(frame)
 
     def tell_detached(self, id: int) -> None:
