@@ -137,6 +137,8 @@ def ensure(server: Server, cache: str) -> str:
         banner = _version(os.path.join(fresh, "redis-server"))
         if not banner.startswith(server.banner):
             raise SystemExit(f"servers: {server.name} printed {banner!r}")
+        if _version(os.path.join(home, "redis-server")).startswith(server.banner):
+            return home  # another run on this machine put a good one there meanwhile
         shutil.rmtree(home, ignore_errors=True)  # a broken earlier attempt
         try:
             os.rename(fresh, home)

@@ -144,7 +144,7 @@ def body():
         result = asyncio.run(g.run("k", child_work))
     else:
         result = g.run_sync("k", lambda: "child")
-    return {"value": result.value, "joined": result.joined}
+    return {"value": result.value, "joined": result.joined, "in_flight": g.stats().in_flight}
 
 pid, r = in_child(body)
 out = heard(pid, r)
@@ -163,7 +163,7 @@ def test_a_child_forked_while_a_thread_leads_a_key_leads_it_anew(how: str) -> No
     waited for ever; now it leads, and the parent's flight is untouched."""
     out = run(LEADING_THREAD, how=how)
     assert out["rc"] == 0, out
-    assert out["said"] == {"value": "child", "joined": False}
+    assert out["said"] == {"value": "child", "joined": False, "in_flight": 0}
     assert out["parent"] == [["parent", False], ["parent", True]]
 
 
@@ -436,3 +436,41 @@ def test_a_fleet_group_forked_while_another_thread_starts_it(
     out = run(FLEET_MID_START, url=redis_server.url, namespace=namespace)
     assert out["made"] > 0, out
     assert out["left"] == [], out
+
+
+FIRST_GROUPS_AT_ONCE = r"""
+import flightgroup.directory.forked as forked
+real = os.path.realpath
+meet = threading.Barrier(2)
+def realpath(path, *args, **kwargs):
+    if sys._getframe(1).f_code.co_name == "watch":
+        meet.wait(10)  # both threads are in watch() at once
+    return real(path, *args, **kwargs)
+os.path.realpath = realpath
+made = []
+threads = [
+    threading.Thread(target=lambda i=i: made.append(
+        FlightGroup(directory=os.path.join(ARGS["root"], f"d{i}"), codec=JSON)))
+    for i in range(2)
+]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(20)
+os.path.realpath = real
+pid, r = in_child(lambda: {"forked": True}, limit=8)
+out = heard(pid, r, limit=8)
+for g in made:
+    g.close()
+print(json.dumps(out))
+"""
+
+
+def test_a_fork_after_two_threads_made_their_first_directory_groups_at_once(
+    tmp_path: Any,
+) -> None:
+    """The fork guard's hooks were registered by the first directory group made: two
+    threads making their first groups at once both registered them, and every fork of
+    the process then took the guard twice and waited on itself (found by review)."""
+    out = run(FIRST_GROUPS_AT_ONCE, root=str(tmp_path))
+    assert out == {"rc": 0, "said": {"forked": True}}

@@ -44,6 +44,81 @@ def test_kept_causes_drop_an_error_whose_keep_time_ran_out(
     assert causes.cause("k", 1) is None  # as the kept failure it explains
 
 
+def test_kept_causes_drop_every_expired_error_not_only_the_oldest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One error kept long (a kept failure's keep time) must not hold the short ones
+    remembered after it: each goes when its own time ends (found by review)."""
+    import gc
+    import weakref
+
+    class Held(Exception):
+        pass  # (a KeyError takes no weak reference)
+
+    now = [1000.0]
+    monkeypatch.setattr("flightgroup.wide.time.monotonic", lambda: now[0])
+    causes = KeptCauses()
+    causes.remember("long", 1, Held("long"), 100.0)
+    short = [Held(f"short{i}") for i in range(3)]
+    refs = [weakref.ref(error) for error in short]
+    for i, error in enumerate(short):
+        causes.remember("short", i + 2, error, 1.0)
+    del short, error
+    now[0] += 2.0
+    assert causes.cause("short", 2) is None  # expired: dropped, with the others
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None, None]
+    assert causes.cause("long", 1) is not None
+
+
+def test_failures_landed_at_once_by_two_leaders_both_keep_their_cause(
+    directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group's memory of errors is made at its first failure; two leaders landing
+    their first failures at once each made one, and one's errors were lost (found by
+    review). Here both reach the making at once when nothing stops them."""
+    import contextlib
+    import threading
+
+    import flightgroup.wide as wide_module
+
+    meet = threading.Barrier(2)
+
+    class Meeting(wide_module.KeptCauses):
+        def __init__(self) -> None:
+            # the code before the fix let both threads in here; with the fix the other
+            # thread waits for this one, and the wait gives up
+            with contextlib.suppress(threading.BrokenBarrierError):
+                meet.wait(1.0)
+            super().__init__()
+
+    monkeypatch.setattr(wide_module, "KeptCauses", Meeting)
+    a, b = (group(directory, retention=Retention(success=None, error=60.0)) for _ in "ab")
+    try:
+        errors = {key: KeyError(key) for key in ("k1", "k2")}
+        both = threading.Barrier(2)
+
+        def lead(key: str) -> None:
+            def boom() -> None:
+                both.wait(10)  # both works end together
+                raise errors[key]
+
+            with pytest.raises(KeyError):
+                a.run_sync(key, boom)
+
+        threads = [threading.Thread(target=lead, args=(key,)) for key in errors]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        for key, error in errors.items():
+            with pytest.raises(FlightFailedError) as kept:
+                b.run_sync(key, lambda: "never")
+            assert kept.value.__cause__ is error, key
+    finally:
+        close(a, b)
+
+
 def test_a_kept_failure_led_in_another_group_of_the_process_has_its_cause(
     directory: str,
 ) -> None:

@@ -289,6 +289,9 @@ class Flight:
     # went on waiting for the end of the key's flight then (``next``): that one may have
     # joined a flight of the scope that began before their calls
     moved = False
+    # copied into a forked child, where it left its table: counted out of ``in_flight``
+    # there, so its settle (a work the child runs on) is not counted again
+    forked = False
 
     def __init__(self, tkey: Hashable, key: str, token: int, state: State) -> None:
         self.tkey = tkey
@@ -528,6 +531,10 @@ class FlightTable:
         self.flights = {}
         self.detached = set()
         self.lingering = set()
+        for flight in copied:
+            if flight.state is not IDLE and flight.state is not DONE:  # in ``in_flight``
+                flight.forked = True
+                self.stats.in_flight -= 1
         if self.wide:
             for flight in copied:
                 if flight.attempt is not None:
@@ -939,13 +946,14 @@ class FlightTable:
             elif self.detached:
                 self.detached.discard(flight)  # a forgotten flight is never kept
             stats = self.stats
-            stats.settled(
-                outcome is Outcome.ERROR or outcome is Outcome.TIMEOUT,
-                outcome is Outcome.INTERRUPTED or outcome is Outcome.LOST,
-                outcome is Outcome.LOST,
-                flight.joiners,
-                (ended - flight.started) // 1000,
-            )
+            if not flight.forked:
+                stats.settled(
+                    outcome is Outcome.ERROR or outcome is Outcome.TIMEOUT,
+                    outcome is Outcome.INTERRUPTED or outcome is Outcome.LOST,
+                    outcome is Outcome.LOST,
+                    flight.joiners,
+                    (ended - flight.started) // 1000,
+                )
             timed = flight.timed
             if timed:
                 # Each joiner's wait is its flight's mean joiner wait: the sum and the

@@ -1229,7 +1229,9 @@ class FlightGroup:
         table = self._table
         if wired.keep or table.has_kin():
             if table.causes is None:
-                table.causes = KeptCauses()
+                with table.lock:  # leaders land on threads of their own
+                    if table.causes is None:
+                        table.causes = KeptCauses()
             table.causes.remember(
                 flight.key, flight.token, error, (wired.keep or 0.0) + CAUSE_SLACK
             )

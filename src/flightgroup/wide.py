@@ -291,16 +291,25 @@ class KeptCauses:
             errors = self._errors
             errors[key, token] = (now + seconds, error)
             errors.move_to_end((key, token))
-            # The oldest first: past the bound, or expired (the rest go with the bound).
-            while len(errors) > self._limit or next(iter(errors.values()))[0] <= now:
+            self._sweep(now)
+            while len(errors) > self._limit:  # the oldest remembered first
                 errors.popitem(last=False)
 
     def cause(self, key: Hashable, token: int) -> BaseException | None:
+        now = time.monotonic()
         with self._lock:
             held = self._errors.get((key, token))
-        if held is None or held[0] <= time.monotonic():
-            return None
-        return held[1]
+            if held is not None and held[0] <= now:
+                self._sweep(now)
+                return None
+        return None if held is None else held[1]
+
+    def _sweep(self, now: float) -> None:
+        """(Under the lock) drop every expired error: times differ (a kept failure's
+        keep time), so one kept long must not hold the short ones behind it."""
+        errors = self._errors
+        for gone in [entry for entry, (until, _) in errors.items() if until <= now]:
+            del errors[gone]
 
 
 def to_wire(

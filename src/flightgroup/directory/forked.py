@@ -48,25 +48,39 @@ def socket_guard() -> threading.Lock:
     return _guard
 
 
+_held = False  # this fork's ``_hold`` took the guard (in the forking thread)
+
+
 def watch(directory: str) -> None:
     """Make a child forked from now on let go of ``directory``'s locks and sockets."""
-    if not _directories:
-        os.register_at_fork(before=_hold, after_in_parent=_release, after_in_child=_child)
     _directories.add(os.path.realpath(directory))  # as /proc names files
 
 
 def _hold() -> None:
-    _guard.acquire()
+    global _held
+    if _directories:  # a process without a directory group makes no such socket
+        _guard.acquire()
+        _held = True
 
 
 def _release() -> None:
-    _guard.release()
+    global _held
+    if _held:  # not a fork whose ``_hold`` came before the first group was made
+        _held = False
+        _guard.release()
 
 
 def _child() -> None:
-    global _guard
-    _guard = threading.Lock()  # the copy is held (by this fork)
+    global _guard, _held
+    _guard = threading.Lock()  # the copy may be held (by this fork)
+    _held = False
     _let_go()
+
+
+# Once, at import (the import lock makes it once): registered by the first group made,
+# two threads making their first groups at once registered it twice, and every fork then
+# took the guard twice and waited on itself.
+os.register_at_fork(before=_hold, after_in_parent=_release, after_in_child=_child)
 
 
 def _let_go() -> None:

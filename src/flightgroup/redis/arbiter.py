@@ -248,8 +248,8 @@ _LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 def _server_of(parts: dict[str, Any]) -> tuple[Hashable, ...]:
-    """The server and database that a parsed Redis URL names, without I/O: its socket's
-    real path, or its host (one name for the loopback ones: ``localhost``, ``127.0.0.1``
+    """The server and database that a parsed Redis URL names, without network I/O: its
+    socket's real path, or its host (one name for the loopback ones: ``localhost``, ``127.0.0.1``
     and ``::1``; others as written, lowercased) and port, and the database. Groups of
     this process whose URLs name one server are one scope to I6 (ADR 0006)."""
     db = int(parts.get("db") or 0)
