@@ -95,6 +95,10 @@ class Result(NamedTuple, Generic[T_co]):
 class State(Enum):
     """The states of a flight; see the module docstring for the edges."""
 
+    # Members are singletons: hashed by identity in C, not by Enum's Python-level hash
+    # of the name (each state change checks its edge in a set of pairs).
+    __hash__ = object.__hash__
+
     IDLE = "idle"
     RUNNING = "running"
     RETRY_PENDING = "retry-pending"

@@ -79,11 +79,16 @@ from .retention import estimate_size
 from .stats import Stats
 
 if TYPE_CHECKING:
+    from . import wide as _wide
     from .directory.client import DirectoryArbiter
     from .redis.arbiter import RedisArbiter
     from .wide import Arbiter, Event
 
     Call = Any  # a wide scope's call: the arbiter's own object (see wide.Arbiter)
+else:
+    # flightgroup.wide, bound when the first wide group is made (``_bind_wide``): the
+    # wide paths read it, where an import in the function cost about 0.4 µs each time.
+    _wide = None
 
 # The wide scopes' modules are imported when a group of that scope is made: the process
 # scope needs none of their OS interfaces (fcntl, Unix sockets), so it imports anywhere.
@@ -280,6 +285,8 @@ class FlightGroup:
         # other's flights (FlightTable.scope). A directory by its real path; a fleet by
         # the server its URL names (RedisArbiter.server) and its namespace.
         scope: Hashable | None = None
+        if redis is not None or directory is not None:
+            _bind_wide()
         if redis is not None:
             assert namespace is not None
             try:
@@ -897,7 +904,7 @@ class FlightGroup:
             if following is None:
                 break
             if call is not None:  # each attempt has its own token from the scope
-                from .wide import Event
+                Event = _wide.Event
 
                 assert self._arbiter is not None
                 self._arbiter.retry(call)
@@ -1001,7 +1008,7 @@ class FlightGroup:
             if following is None:
                 break
             if call is not None:  # each attempt has its own token from the scope
-                from .wide import Event
+                Event = _wide.Event
 
                 assert self._arbiter is not None
                 self._arbiter.retry(call)
@@ -1029,7 +1036,7 @@ class FlightGroup:
 
     async def _drive_wide_async(self, flight: Flight, work: Callable[[], Awaitable[Any]]) -> None:
         """The work task of a wide group's flight: ask the scope, then lead or follow."""
-        from .wide import Event
+        Event = _wide.Event
 
         arbiter = self._arbiter
         assert arbiter is not None
@@ -1067,7 +1074,7 @@ class FlightGroup:
         """The sync twin of _drive_wide_async, in the leading caller's thread (which
         then calls ``on_join`` itself when the flight joins one led elsewhere).
         Returns what on_join raised, for that caller to raise once the flight ended."""
-        from .wide import Event
+        Event = _wide.Event
 
         arbiter = self._arbiter
         assert arbiter is not None
@@ -1118,7 +1125,7 @@ class FlightGroup:
 
     def _follow_remote_sync(self, flight: Flight, call: Call) -> None:
         """Wait for the outcome of the flight ``call`` joined elsewhere, and settle."""
-        from .wide import Event
+        Event = _wide.Event
 
         while True:
             event, args = call.inbox.get_sync()
@@ -1157,7 +1164,7 @@ class FlightGroup:
 
     def _end_remote(self, flight: Flight, event: Event, args: tuple[Any, ...]) -> None:
         """Settle a flight whose outcome came from the scope (or that cannot go on)."""
-        from .wide import Event, from_wire
+        Event, from_wire = _wide.Event, _wide.from_wire
 
         if event is Event.LANDED:
             token, landed, _kept = args
@@ -1206,7 +1213,7 @@ class FlightGroup:
         if _lost(flight, call):
             arbiter.land(call, None, flight.stragglers)
             return Outcome.LOST, _lease_lost(flight.key, error)
-        from .wide import to_wire
+        to_wire = _wide.to_wire
 
         wired = to_wire(flight.key, outcome, data, error, flight.policy, self._max_value_bytes)
         self._remember_cause(flight, wired, error)
@@ -1221,19 +1228,16 @@ class FlightGroup:
         (its joiners). Its error is kept for as long (and for the landing's way through
         the scope), for the ``__cause__`` of their FlightFailedError (API.md: "in the
         same process ``__cause__`` is E"; ADR 0023)."""
-        from .directory import wire
-        from .wide import CAUSE_SLACK, KeptCauses
-
-        if not isinstance(wired, wire.Failure) or error is None:
+        if error is None or not isinstance(wired, _wide.Failure):
             return
         table = self._table
         if wired.keep or table.has_kin():
             if table.causes is None:
                 with table.lock:  # leaders land on threads of their own
                     if table.causes is None:
-                        table.causes = KeptCauses()
+                        table.causes = _wide.KeptCauses()
             table.causes.remember(
-                flight.key, flight.token, error, (wired.keep or 0.0) + CAUSE_SLACK
+                flight.key, flight.token, error, (wired.keep or 0.0) + _wide.CAUSE_SLACK
             )
 
     def _land_fleet(
@@ -1253,7 +1257,7 @@ class FlightGroup:
             fleet.land(call, None)
             self._settle_landed(flight, Outcome.LOST, None, _lease_lost(flight.key, error), None)
             return
-        from .wide import to_wire
+        to_wire = _wide.to_wire
 
         def landed(fenced: bool) -> None:
             if fenced:
@@ -1654,6 +1658,14 @@ def _attempt_sync_with_deadline(
 def _retrieve(task: asyncio.Task[None]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+def _bind_wide() -> None:
+    """Bind the module global ``_wide`` (see its comment)."""
+    global _wide
+    from . import wide
+
+    _wide = wide
 
 
 def _forget_flights(ref: weakref.ref[FlightGroup], why: str) -> None:

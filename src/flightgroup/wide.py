@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ._forksafe import renew_after_fork
 from .directory import wire
+from .directory.wire import Failure
 from .errors import (
     FlightFailedError,
     FlightInterruptedError,
@@ -32,9 +33,9 @@ if TYPE_CHECKING:
     from .policy import FlightPolicy
 
 __all__ = [
-    "CAUSE_SLACK", "Arbiter", "DetachedNotice", "Event", "Inbox", "KeptCauses", "LeadState",
-    "closed_in_fork", "forked_reason",
-    "from_wire", "key_as_called", "post", "start_loop", "to_wire",
+    "CAUSE_SLACK", "Arbiter", "DetachedNotice", "Event", "Failure", "Inbox", "KeptCauses",
+    "LeadState", "closed_in_fork", "forked_reason", "from_wire", "key_as_called", "post",
+    "start_loop", "to_wire",
 ]
 
 
