@@ -48,7 +48,9 @@ def socket_guard() -> threading.Lock:
     return _guard
 
 
-_held = False  # this fork's ``_hold`` took the guard (in the forking thread)
+# Whether this thread's fork took the guard in ``_hold`` (forks of two threads may
+# overlap: each releases only its own hold).
+_forking = threading.local()
 
 
 def watch(directory: str) -> None:
@@ -57,23 +59,21 @@ def watch(directory: str) -> None:
 
 
 def _hold() -> None:
-    global _held
     if _directories:  # a process without a directory group makes no such socket
         _guard.acquire()
-        _held = True
+        _forking.held = True
 
 
 def _release() -> None:
-    global _held
-    if _held:  # not a fork whose ``_hold`` came before the first group was made
-        _held = False
+    if getattr(_forking, "held", False):  # not a fork that began before the first group
+        _forking.held = False
         _guard.release()
 
 
 def _child() -> None:
-    global _guard, _held
+    global _guard
     _guard = threading.Lock()  # the copy may be held (by this fork)
-    _held = False
+    _forking.held = False
     _let_go()
 
 
