@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import threading
 import time
 from typing import Any
@@ -347,14 +346,14 @@ def test_a_kept_failure_landed_while_the_coordinator_was_stopped_keeps_its_cause
         leader = threading.Thread(target=lead)
         leader.start()
         assert started.wait(20)  # it leads: the coordinator answered
-        os.kill(coordinator.pid, signal.SIGSTOP)
+        coordinator.stop()  # returns once it is stopped: it cannot read the landing
         try:
             release.set()
             leader.join(20)  # landed (sent), not yet read by the coordinator
             assert raised == [original]
             time.sleep(1.2)  # the keep time passes before the coordinator reads it
         finally:
-            os.kill(coordinator.pid, signal.SIGCONT)
+            coordinator.cont()
         with pytest.raises(FlightFailedError) as kept:
             g.run_sync("k", lambda: "never")  # after the landing on one connection
         assert kept.value.error_type == "KeyError"  # served the kept failure
