@@ -1062,13 +1062,12 @@ class FlightTable:
 
     def has_kin(self) -> bool:
         """Another group of this process has this table's scope (wide scopes)."""
-        return self.scope is not None and bool(self._kin())
+        return bool(self._kin())
 
     def cause_of(self, key: str, token: int) -> BaseException | None:
         """The error of the failure that flight ``token`` of ``key`` landed, if a group
         of this process with this scope led it and still remembers it."""
-        tables = [self, *self._kin()] if self.scope is not None else [self]
-        for table in tables:
+        for table in (self, *self._kin()):
             causes = table.causes
             if causes is not None and (error := causes.cause(key, token)) is not None:
                 return error

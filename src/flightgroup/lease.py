@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
+import sys
 import threading
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from ._forksafe import renew_after_fork
 from .errors import LeaseLostError
 
 if TYPE_CHECKING:
@@ -26,15 +27,7 @@ __all__ = ["Lease", "current_lease"]
 # Guards every lease's list of lost-waiters. Loss is rare and registration is
 # rare, so one lock for the module costs nothing and keeps Lease small.
 _LOSS_LOCK = threading.Lock()
-
-
-def _after_fork() -> None:
-    # A thread of the parent may have held it at the fork: held here for ever.
-    global _LOSS_LOCK
-    _LOSS_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork)
+renew_after_fork(sys.modules[__name__], "_LOSS_LOCK")
 
 # The attempt whose work runs here (set in the work's own task or thread). Its
 # lease is made only when the work asks for it: most works never do.

@@ -20,7 +20,7 @@ Metrics (with the default prefix ``flightgroup``):
 
 from __future__ import annotations
 
-import os
+import sys
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -133,15 +133,7 @@ _COLLECTORS: weakref.WeakKeyDictionary[CollectorRegistry, FlightGroupCollector] 
     weakref.WeakKeyDictionary()
 )
 _COLLECTORS_LOCK = threading.Lock()
-
-
-def _after_fork() -> None:
-    # A thread of the parent may have held it at the fork: held here for ever.
-    global _COLLECTORS_LOCK
-    _COLLECTORS_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork)
+renew_after_fork(sys.modules[__name__], "_COLLECTORS_LOCK")
 
 
 def register(

@@ -518,17 +518,14 @@ class DirectoryArbiter:
         """Connect and shake hands; the socket is non-blocking, for the Channel."""
         loop = asyncio.get_running_loop()
         path = fs.socket_path(self.directory)
-        with forked.socket_guard():  # no fork before it is connected (forked.py)
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
+        sock: socket.socket | None = None
+        try:
+            with forked.socket_guard():  # no fork before it is connected (forked.py)
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 sock.setblocking(False)
                 # A Unix socket connects at once or not at all: a full backlog
                 # (BlockingIOError) fails this attempt like a refusal.
                 sock.connect(path)
-            except BaseException:
-                sock.close()
-                raise
-        try:
             await loop.sock_sendall(sock, wire.HELLO)
             line = await asyncio.wait_for(_read_line(loop, sock), wire.HANDSHAKE_TIMEOUT)
             kind, detail = wire.parse_answer(line)
@@ -541,7 +538,8 @@ class DirectoryArbiter:
                 log.warning("the coordinator of %s refused us: %s", self.directory, detail)
             raise EOFError("the coordinator closed the handshake")
         except BaseException:
-            sock.close()
+            if sock is not None:
+                sock.close()
             raise
 
     def _connected(self, sock: socket.socket, lost: asyncio.Future[None]) -> Channel:

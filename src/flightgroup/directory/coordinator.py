@@ -313,21 +313,19 @@ class Coordinator:
         path = fs.socket_path(self.directory)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        with forked.socket_guard():  # no fork before it is bound (forked.py)
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.bind(path)
-            except BaseException:
-                sock.close()
-                raise
+        sock: socket.socket | None = None
         try:
+            with forked.socket_guard():  # no fork before it is bound (forked.py)
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.bind(path)
             os.chmod(path, 0o600)  # before listen: nobody can connect to it yet
             sock.listen(512)
             sock.setblocking(False)
             self._loop.add_reader(sock.fileno(), self._accept)
             self._listener = sock
         except BaseException:
-            sock.close()
+            if sock is not None:
+                sock.close()
             raise
         log.info("coordinating %s, epoch %d", self.directory, self.epoch)
 
