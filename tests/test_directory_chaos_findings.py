@@ -239,6 +239,44 @@ def test_a_stall_of_this_process_is_not_an_outage(h: Harness, stall: str) -> Non
         g.close()
 
 
+def test_a_frozen_coordinator_fails_calls_after_about_reconnect_timeout(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A coordinator that holds the election and never answers a handshake (frozen):
+    the calls fail with UnavailableError once reconnect_timeout is spent. Each handshake
+    waits only for what is left of it, so the attempts' waits add up to about
+    reconnect_timeout; before, each waited the handshake's own 3 s, and one more attempt
+    followed, so reconnect_timeout=1 failed the call after 6 s (review, 2026-12-01)."""
+    from flightgroup import UnavailableError
+    from flightgroup.directory import client
+
+    os.makedirs(h.dir, mode=0o700)
+    h.take_election()
+    frozen = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    frozen.bind(h.path("flight.sock"))
+    frozen.listen(16)  # connections queue; nobody accepts or answers them
+    waits: list[float] = []
+    connect = client.DirectoryArbiter._connect
+
+    async def spied(self: client.DirectoryArbiter, wait: float = wire.HANDSHAKE_TIMEOUT) -> Any:
+        waits.append(wait)
+        return await connect(self, wait)
+
+    monkeypatch.setattr(client.DirectoryArbiter, "_connect", spied)
+    g = FlightGroup(directory=h.dir, codec=JSON, reconnect_timeout=1.0)
+    try:
+        with pytest.raises(UnavailableError, match=r"reconnect_timeout=1\)"):
+            g.run_sync("k", lambda: "v")
+    finally:
+        g.close()
+        frozen.close()
+    assert len(waits) >= 2, waits
+    # The attempts before the last fit in the budget (one of them may be a short one
+    # begun as it ran out); the last waits at most _LAST_WAIT.
+    assert sum(waits[:-1]) <= 1.0 + client._LAST_WAIT, waits
+    assert waits[-1] <= client._LAST_WAIT, waits
+
+
 def test_a_retrys_token_is_written_to_the_keys_file(h: Harness, mute: MuteCoordinator) -> None:
     """Each attempt of a flight has its own, newer token. A forgotten flight that retries
     while the key's next flight waits for the lock it holds gets a token newer than that

@@ -72,6 +72,8 @@ _ATTEMPT_MAX = wire.HANDSHAKE_TIMEOUT + 0.5 + 1.0
 # s: a connection that lived this long counts as served, even if nothing came (an idle
 # group hears nothing); a shorter one that heard nothing counts as refused.
 _SETTLED = 0.5
+# s: the handshake wait of an attempt made when reconnect_timeout is (nearly) spent.
+_LAST_WAIT = 0.5
 
 
 class Call(DetachedNotice):
@@ -466,8 +468,12 @@ class DirectoryArbiter:
         over = False  # an attempt began after ``down`` passed reconnect_timeout
         refusals = 0  # handshakes in a row that failed (refused, unanswered)
         while not self._finishing:
+            # A handshake waits no longer than what is left of reconnect_timeout (a
+            # last attempt, at least _LAST_WAIT): a frozen coordinator must not stretch
+            # the wait to the next multiple of the handshake's own limit.
+            wait = min(wire.HANDSHAKE_TIMEOUT, max(self._reconnect_timeout - down, _LAST_WAIT))
             try:
-                sock = await self._connect()
+                sock = await self._connect(wait)
             except ProtocolVersionError as exc:
                 self._refused(exc)
             except OSError:  # nothing listens: whoever refused us is gone
@@ -501,7 +507,7 @@ class DirectoryArbiter:
             last = now
             if down > self._reconnect_timeout:
                 if over:
-                    self._give_up()
+                    self._give_up(down)
                 else:
                     # One more attempt, at once, before giving up: the one that just
                     # failed may have begun before a stall too short to leave out (it
@@ -514,8 +520,9 @@ class DirectoryArbiter:
             if not refusals:
                 backoff = min(backoff * 2, 0.005)  # a failover: connect within ~5 ms of serving
 
-    async def _connect(self) -> socket.socket:
-        """Connect and shake hands; the socket is non-blocking, for the Channel."""
+    async def _connect(self, wait: float = wire.HANDSHAKE_TIMEOUT) -> socket.socket:
+        """Connect and shake hands, waiting up to ``wait`` s for the coordinator's
+        line; the socket is non-blocking, for the Channel."""
         loop = asyncio.get_running_loop()
         path = fs.socket_path(self.directory)
         sock: socket.socket | None = None
@@ -527,7 +534,7 @@ class DirectoryArbiter:
                 # (BlockingIOError) fails this attempt like a refusal.
                 sock.connect(path)
             await loop.sock_sendall(sock, wire.HELLO)
-            line = await asyncio.wait_for(_read_line(loop, sock), wire.HANDSHAKE_TIMEOUT)
+            line = await asyncio.wait_for(_read_line(loop, sock), wait)
             kind, detail = wire.parse_answer(line)
             if kind == "ok":
                 return sock
@@ -628,9 +635,9 @@ class DirectoryArbiter:
         for call in self._take_unled(lambda call: not call.joined):
             _finish(call, Event.FAILED, renewed(exc))
 
-    def _give_up(self) -> None:
-        """No coordinator of our version for ``reconnect_timeout``: every lease of
-        this process is lost, and its joined calls are interrupted."""
+    def _give_up(self, down: float) -> None:
+        """No coordinator of our version for ``down`` s (over ``reconnect_timeout``):
+        every lease of this process is lost, and its joined calls are interrupted."""
         if self._given_up:
             return
         self._given_up = True
@@ -644,8 +651,8 @@ class DirectoryArbiter:
                 _finish(call, Event.INTERRUPTED, "no coordinator could be reached")
             else:
                 error = self._refusal or UnavailableError(
-                    f"no coordinator of {self.directory!r} answered for "
-                    f"{self._reconnect_timeout:g} s"
+                    f"no coordinator of {self.directory!r} answered for {down:.1f} s "
+                    f"(reconnect_timeout={self._reconnect_timeout:g})"
                 )
                 _finish(call, Event.FAILED, renewed(error))
 
