@@ -246,6 +246,66 @@ def test_no_span_records_the_raw_key(spans: Any) -> None:
     assert any(key_digest(key) in str((e.attributes or {})["exception.message"]) for e in events)
 
 
+def test_no_span_records_the_raw_key_a_works_error_names(spans: Any) -> None:
+    # A work's own error may name the key in plain text ("cannot build tenant:..."):
+    # only its repr was replaced, so the raw key reached the leader's and the joiner's
+    # exception events (review, 2026-12-01).
+    provider, exporter = spans
+    key = "tenant:secret-42"
+    group = FlightGroup()
+    instrument(group, provider)
+    started, gate = threading.Event(), threading.Event()
+
+    def fails() -> int:
+        started.set()
+        gate.wait(10)
+        raise RuntimeError(f"cannot build {key} (as {key!r})")
+
+    errors: list[BaseException] = []
+
+    def call(**kw: Any) -> None:
+        try:
+            group.run_sync(key, fails, **kw)
+        except BaseException as exc:
+            errors.append(exc)
+
+    leader = threading.Thread(target=call)
+    leader.start()
+    assert started.wait(10)
+    joiner = threading.Thread(target=call, kwargs={"on_join": gate.set})
+    joiner.start()
+    leader.join(10)
+    joiner.join(10)
+    assert sorted(type(e).__name__ for e in errors) == ["FlightFailedError", "RuntimeError"]
+    finished = exporter.get_finished_spans()
+    assert sorted(s.name for s in finished) == ["flightgroup.flight", "flightgroup.join"]
+    for span in finished:
+        (event,) = [e for e in span.events if e.name == "exception"]
+        attributes = event.attributes or {}
+        message = str(attributes["exception.message"])
+        stack = str(attributes["exception.stacktrace"])
+        assert key not in message and key not in stack, (span.name, message)
+        assert f"cannot build <key {key_digest(key)}> (as <key {key_digest(key)}>)" in message
+
+
+def test_a_short_key_is_hidden_only_where_it_is_quoted(spans: Any) -> None:
+    # A key of fewer than 4 characters would match unrelated text of a stack trace
+    # ("File", line numbers): only its repr is replaced (docs/observability.md).
+    provider, exporter = spans
+    group = FlightGroup()
+    instrument(group, provider)
+
+    def fails() -> int:
+        raise RuntimeError("id 7 and '7'")
+
+    with pytest.raises(RuntimeError):
+        group.run_sync("7", fails)
+    (span,) = exporter.get_finished_spans()
+    (event,) = [e for e in span.events if e.name == "exception"]
+    message = str((event.attributes or {})["exception.message"])
+    assert message == f"id 7 and <key {key_digest('7')}>", message
+
+
 def test_instrument_keeps_a_subclass_of_the_group(spans: Any) -> None:
     # instrument() swapped any group to a subclass of FlightGroup itself: a subclass
     # with a __dict__ raised TypeError (layout differs), a slotted one lost its methods.

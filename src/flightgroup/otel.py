@@ -102,20 +102,27 @@ def _outcome_of(error: BaseException) -> str:
     return "error"
 
 
+# A key shorter than this is replaced only in its repr: its plain text would match
+# unrelated words and numbers of a stack trace ("File", line numbers).
+_PLAIN_MIN = 4
+
+
 def _private(error: BaseException, key: str) -> dict[str, str] | None:
-    """The message and stack trace of an exception event, with the key's repr (which
-    flightgroup's own messages hold: "The flight of 'tenant:42' failed: ...") shown
-    as its digest, since a span never records the raw key. None: nothing to hide."""
-    shown = repr(key)
+    """The message and stack trace of an exception event, with the key (its repr, which
+    flightgroup's own messages hold: "The flight of 'tenant:42' failed: ...", and its
+    plain text, which a work's own message may hold) shown as its digest, since a span
+    never records the raw key. None: nothing to hide."""
+    forms = [repr(key)]
+    if len(key) >= _PLAIN_MIN:
+        forms.append(key)  # after the repr, whose quotes would otherwise be left over
     text = str(error)
     stack = "".join(traceback.format_exception(error))
-    if shown not in text and shown not in stack:
+    if not any(form in text or form in stack for form in forms):
         return None
     digest = f"<key {key_digest(key)}>"
-    return {
-        "exception.message": text.replace(shown, digest),
-        "exception.stacktrace": stack.replace(shown, digest),
-    }
+    for form in forms:
+        text, stack = text.replace(form, digest), stack.replace(form, digest)
+    return {"exception.message": text, "exception.stacktrace": stack}
 
 
 def instrument(group: FlightGroup, tracer_provider: TracerProvider | None = None) -> None:
