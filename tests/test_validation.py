@@ -107,6 +107,39 @@ def test_construction_checks_its_arguments_and_does_no_io(tmp_path: Any) -> None
 
 
 @pytest.mark.parametrize(
+    ("scope", "argument", "error", "match"),
+    [
+        # An argument of another scope is refused, not ignored (review, 2026-12-01).
+        ("process", {"lease": 30.0}, ValueError, "lease belongs to the fleet scope"),
+        ("process", {"cluster": True}, ValueError, "cluster belongs to the fleet scope"),
+        ("directory", {"lease": 30.0}, ValueError, "lease belongs to the fleet scope"),
+        ("directory", {"cluster": True}, ValueError, "cluster belongs to the fleet scope"),
+        ("process", {"reconnect_timeout": 1.0}, ValueError, "belongs to the directory scope"),
+        ("fleet", {"reconnect_timeout": 1.0}, ValueError, "belongs to the directory scope"),
+        ("fleet", {"max_frame_bytes": 4096}, ValueError, "belongs to the directory scope"),
+        # A bad value is refused in every scope, before the scope is looked at.
+        ("directory", {"lease": -5}, ValueError, "lease must not be negative"),
+        ("process", {"lease": 0.0}, ValueError, "lease must be greater than 0"),
+        ("directory", {"cluster": "yes"}, TypeError, "cluster must be a bool"),
+        ("fleet", {"reconnect_timeout": -1}, ValueError, "reconnect_timeout"),
+    ],
+)
+def test_an_argument_of_another_scope_or_a_bad_one_is_refused(
+    tmp_path: Any, scope: str, argument: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    wide: dict[str, Any] = {
+        "process": {},
+        "directory": {"directory": str(tmp_path / "d"), "codec": JSON},
+        "fleet": {"redis": "redis://127.0.0.1:6379/0", "namespace": "app", "codec": JSON},
+    }[scope]
+    with pytest.raises(error, match=match):
+        FlightGroup(**wide, **argument)
+    assert not (tmp_path / "d").exists()
+    # The scope's own arguments, and the defaults given by name, are accepted.
+    FlightGroup(**wide, lease=10.0, cluster=False, reconnect_timeout=5.0).close()
+
+
+@pytest.mark.parametrize(
     ("make", "error", "field"),
     [
         (lambda: Retry(attempts=0), ValueError, "attempts"),

@@ -111,6 +111,7 @@ _SOCKET_PATH_LIMIT = 103  # bytes of UTF-8; macOS allows 104 with the NUL, Linux
 _DIRECTORY_MAX_VALUE = 64 * 1024 * 1024
 # A landing's frame holds the value and a small header: the value leaves it this much room.
 _FRAME_HEADROOM = 64 * 1024
+_MAX_FRAME = _DIRECTORY_MAX_VALUE + _FRAME_HEADROOM  # max_frame_bytes' default
 _FLEET_MAX_VALUE = 1024 * 1024
 
 
@@ -185,7 +186,9 @@ class FlightGroup:
 
     ``FlightGroup()`` is the process scope: every task and thread of this process
     that uses the group. The wider scopes (``directory=``, ``redis=``) take the
-    same calls; see API.md.
+    same calls; see API.md. ``lease`` and ``cluster`` belong to the fleet scope,
+    ``reconnect_timeout`` and ``max_frame_bytes`` to the directory scope: another
+    scope refuses them (ValueError) rather than ignore them.
 
     A group is a context manager (``with`` / ``async with``); closing it makes
     every waiting call raise GroupClosedError and every later call too. Work
@@ -220,7 +223,7 @@ class FlightGroup:
         lease: float = 10.0,
         cluster: bool = False,
         reconnect_timeout: float = 5.0,
-        max_frame_bytes: int = 64 * 1024 * 1024 + 64 * 1024,
+        max_frame_bytes: int = _MAX_FRAME,
     ) -> None:
         if directory is not None and redis is not None:
             raise ValueError("directory and redis exclude each other: choose one scope")
@@ -252,11 +255,11 @@ class FlightGroup:
                 # It would end the hash tag of the flight's Redis keys early, and split
                 # them over a Cluster's slots.
                 raise ValueError("a namespace cannot hold '}'")
-            check_seconds("lease", lease, allow_none=False, allow_zero=False, allow_inf=False)
-            if not isinstance(cluster, bool):
-                raise TypeError("cluster must be a bool")
         elif namespace is not None:
             raise ValueError("namespace belongs to the fleet scope (redis=...)")
+        check_seconds("lease", lease, allow_none=False, allow_zero=False, allow_inf=False)
+        if not isinstance(cluster, bool):
+            raise TypeError("cluster must be a bool")
         check_seconds("reconnect_timeout", reconnect_timeout, allow_none=False)
         self._deadline = check_seconds("deadline", deadline, allow_zero=False, allow_inf=False)
         for name, given, kind in (
@@ -276,6 +279,21 @@ class FlightGroup:
             raise TypeError("max_frame_bytes must be an int")
         if max_frame_bytes < 1024:
             raise ValueError("max_frame_bytes must be at least 1024")
+        # An argument of another scope would be ignored: say so rather than let a
+        # misconfigured group run (a lease meant for Redis on a directory group).
+        other: list[tuple[str, object, object, str]] = []
+        if redis is None:
+            fleet = "fleet scope (redis=...)"
+            other += [("lease", lease, 10.0, fleet), ("cluster", cluster, False, fleet)]
+        if directory is None:
+            local = "directory scope (directory=...)"
+            other += [
+                ("reconnect_timeout", reconnect_timeout, 5.0, local),
+                ("max_frame_bytes", max_frame_bytes, _MAX_FRAME, local),
+            ]
+        for arg, value, default, owner in other:
+            if value != default:
+                raise ValueError(f"{arg} belongs to the {owner}")
         policy = FlightPolicy(self._deadline, retry, retention, limits)
         self._policy = NO_POLICY if policy == NO_POLICY else policy
         self._codec = codec
