@@ -137,6 +137,10 @@ def test_the_default_directory(place: Path) -> None:
     help_text = flightgroup("run", "--help", env={**env, "TMPDIR": str(tmp)}).stdout
     assert "$XDG_RUNTIME_DIR/flightgroup" in help_text
     assert f"{tmp}/flightgroup-{os.getuid()}" in help_text
+    # With XDG_RUNTIME_DIR set, it names the one it uses there.
+    env_runtime = {**env, "TMPDIR": str(tmp), "XDG_RUNTIME_DIR": str(runtime)}
+    help_text = flightgroup("run", "--help", env=env_runtime).stdout
+    assert f"here: {runtime}/flightgroup." in " ".join(help_text.split())
 
 
 def test_status_watch_redraws_until_ctrl_c(place: Path) -> None:

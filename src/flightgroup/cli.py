@@ -25,6 +25,7 @@ from .command import (
     EXIT_TIMEOUT,
     EXIT_USAGE,
     UsageError,
+    default_directory,
     hold_standard_fds,
     parse_timeout,
     run_command,
@@ -38,6 +39,7 @@ __all__ = ["main"]
 
 def _run_epilog() -> str:
     fallback = os.path.join(tempfile.gettempdir(), f"flightgroup-{os.getuid()}")
+    here = default_directory()
     return f"""\
 The first caller of KEY runs CMD (stdin inherited) and passes its output through;
 a caller that comes while it runs joins it: it says so on stderr, writes the
@@ -45,7 +47,7 @@ leader's stdout and stderr as they come (at the end in the fleet scope) and exit
 with the leader's exit code (a CMD killed by signal N gives 128+N).
 
 --dir defaults to $XDG_RUNTIME_DIR/flightgroup, else to the 0700 folder
-{fallback}.
+{fallback}; here: {here}.
 
 exit codes: CMD's own; {EXIT_INTERRUPTED} the leader died; {EXIT_TIMEOUT} --timeout passed
 (a joiner); {EXIT_SIGINT} SIGINT to a joiner (the run goes on; SIGINT to the leader
