@@ -411,7 +411,8 @@ def wake(waiters: Iterable[Waiter], signal: Signal | Flight) -> None:
         if type(waiter) is LockType:
             waiter.release()  # the thread reads its signal from the flight
             continue
-        fut: asyncio.Future[Any] = waiter
+        # (type() is does not narrow on every Python mypy checks for; no cast on this path)
+        fut: asyncio.Future[Any] = waiter  # type: ignore[assignment, unused-ignore]
         loop = fut.get_loop()
         if loop is running:
             if not fut.done():

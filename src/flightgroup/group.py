@@ -823,7 +823,7 @@ class FlightGroup:
             # The wide scope decides first (it always suspends): no eager deadline.
             wide = self._drive_wide_async(flight, work)
             if _EAGER:  # the request goes out now, from this call
-                flight.task = asyncio.Task(wide, loop=loop, eager_start=True)  # type: ignore[call-arg]
+                flight.task = asyncio.Task(wide, loop=loop, eager_start=True)  # type: ignore[call-arg, unused-ignore]
             else:
                 task = flight.task = loop.create_task(wide)
                 # Cancelled before its first step, it never asked the scope: the flight
@@ -835,7 +835,7 @@ class FlightGroup:
         coro = self._drive_async(flight, work)
         if _EAGER:
             began = loop.time()
-            task = flight.task = asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
+            task = flight.task = asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg, unused-ignore]
             deadline = flight.policy.deadline
             attempt = flight.attempt
             # A work that finished eagerly cannot have run late: the first attempt's

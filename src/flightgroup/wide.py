@@ -223,7 +223,7 @@ class Inbox:
         if type(waiter) is LockType:
             waiter.release()
         else:
-            fut: asyncio.Future[None] = waiter
+            fut: asyncio.Future[None] = waiter  # type: ignore[assignment, unused-ignore]
             with contextlib.suppress(RuntimeError):  # its loop closed: nobody waits
                 fut.get_loop().call_soon_threadsafe(_resolve, fut)
 
