@@ -182,3 +182,38 @@ def test_a_sync_leading_callers_on_join_raising_a_base_exception_withdraws_only_
     got = second.wait()  # before: FlightInterruptedError, "its leading caller got ..."
     assert (got.value, got.joined, got.token) == ("a", True, leader.wait().token)
     assert runs == ["a"] and told == [None]  # its on_join ran once b's flight joined a's
+
+
+def test_a_stopped_group_loop_cancels_the_tasks_its_tasks_start_as_they_end() -> None:
+    """A task that starts another as it is cancelled (a connection's cleanup): the
+    loop cancels that one too before it closes. Before, only the tasks there when the
+    loop stopped were, and a later one was destroyed pending (asyncio logged "Task was
+    destroyed but it is pending!", review 2026-12-01)."""
+    import asyncio
+
+    from flightgroup.wide import start_loop
+
+    ended: list[str] = []
+    running = threading.Event()
+
+    async def second() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            ended.append("second")
+
+    async def first() -> None:
+        try:
+            running.set()
+            await asyncio.Event().wait()
+        finally:
+            asyncio.get_running_loop().create_task(second())
+            ended.append("first")
+
+    loop, thread = start_loop("test-loop", lambda loop: None)
+    loop.call_soon_threadsafe(lambda: loop.create_task(first()))
+    assert running.wait(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+    assert not thread.is_alive() and loop.is_closed()
+    assert ended == ["first", "second"]

@@ -83,6 +83,9 @@ class Arbiter(Protocol):
     def close(self) -> None: ...
 
 
+_SHUTDOWN_ROUNDS = 10  # rounds of cancelling a stopped loop's tasks before it closes
+
+
 def start_loop(
     name: str, setup: Callable[[asyncio.AbstractEventLoop], None]
 ) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
@@ -105,10 +108,14 @@ def start_loop(
             loop.call_soon(ready.set)
         try:
             loop.run_forever()
-            tasks = asyncio.all_tasks(loop)
-            for task in tasks:
-                task.cancel()
-            if tasks:
+            # A task may start another as it is cancelled (a connection's cleanup):
+            # cancel until none is left, or one left pending is destroyed with the loop.
+            for _ in range(_SHUTDOWN_ROUNDS):
+                tasks = asyncio.all_tasks(loop)
+                if not tasks:
+                    break
+                for task in tasks:
+                    task.cancel()
                 loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
         finally:
             loop.close()
