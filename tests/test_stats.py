@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from flightgroup import FlightGroup, Stats
 from flightgroup.stats import Histogram
 
-from .support import run, until
+from .support import run, until, wait_until
 
 
 def test_fresh_group_stats_are_zero() -> None:
@@ -51,6 +51,68 @@ def test_counters_follow_calls_flights_joins_failures_and_interruptions() -> Non
     assert stats.coalescing_ratio == pytest.approx(2 / 5)
     assert stats.joiners_max == 3 and stats.joiners_p99 == 3.0
     assert stats.flight_seconds_p99 >= stats.flight_seconds_p50 >= 0.0
+
+
+@pytest.mark.parametrize("ends", ["returns", "raises"])
+@pytest.mark.parametrize("scope", ["process", "directory", "fleet"])
+def test_a_flight_whose_group_closed_counts_as_interrupted_in_every_scope(
+    request: pytest.FixtureRequest, scope: str, ends: str
+) -> None:
+    """Its callers got GroupClosedError and its lease was lost, whatever its work did
+    after: one interrupted flight (and one lost lease), no failure. Before, the process
+    scope counted nothing (or a failure), the fleet an interruption, and the directory
+    either, by which came first: the work's end or the scope's answer (review,
+    2026-12-01)."""
+    import threading
+
+    from prometheus_client import CollectorRegistry
+
+    from flightgroup import JSON, GroupClosedError, current_lease
+    from flightgroup.prometheus import register
+
+    if scope == "process":
+        g = FlightGroup()
+    elif scope == "directory":
+        g = FlightGroup(directory=request.getfixturevalue("directory"), codec=JSON)
+    else:
+        server = request.getfixturevalue("redis_server")
+        g = FlightGroup(redis=server.url, namespace=request.getfixturevalue("namespace"),
+                        codec=JSON)
+    registry = CollectorRegistry()
+    register(g, registry=registry)
+    started, gate = threading.Event(), threading.Event()
+    lost: list[bool] = []
+
+    def work() -> int:
+        started.set()
+        assert gate.wait(20)
+        lost.append(current_lease().lost)
+        if ends == "raises":
+            raise ValueError("after the close")
+        return 1
+
+    errors: list[BaseException] = []
+
+    def lead() -> None:
+        try:
+            g.run_sync("k", work)
+        except BaseException as exc:
+            errors.append(exc)
+
+    leader = threading.Thread(target=lead)
+    leader.start()
+    try:
+        assert started.wait(20)
+        g.close()
+    finally:
+        gate.set()
+        leader.join(20)
+    assert [type(e) for e in errors] == [GroupClosedError] and lost == [True]
+    wait_until(lambda: g.stats().in_flight == 0, "the flight's end counted")
+    stats = g.stats()
+    assert (stats.flights, stats.interrupted, stats.failures) == (1, 1, 0), stats
+    losses = registry.get_sample_value("flightgroup_lease_losses_total", {"group": "default"})
+    assert losses == 1.0
 
 
 @given(st.lists(st.integers(min_value=0, max_value=10**12), min_size=1, max_size=300))

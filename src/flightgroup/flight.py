@@ -952,13 +952,20 @@ class FlightTable:
                 self.detached.discard(flight)  # a forgotten flight is never kept
             stats = self.stats
             if not flight.forked:
-                stats.settled(
-                    outcome is Outcome.ERROR or outcome is Outcome.TIMEOUT,
-                    outcome is Outcome.INTERRUPTED or outcome is Outcome.LOST,
-                    outcome is Outcome.LOST,
-                    flight.joiners,
-                    (ended - flight.started) // 1000,
-                )
+                if flight.closed:
+                    # Its group closed while it ran: its callers got GroupClosedError and
+                    # its lease was lost, whatever the work did after, and whichever came
+                    # first (the work's end, or the scope's loss of its lease).
+                    stats.settled(False, True, True, flight.joiners,
+                                  (ended - flight.started) // 1000)
+                else:
+                    stats.settled(
+                        outcome is Outcome.ERROR or outcome is Outcome.TIMEOUT,
+                        outcome is Outcome.INTERRUPTED or outcome is Outcome.LOST,
+                        outcome is Outcome.LOST,
+                        flight.joiners,
+                        (ended - flight.started) // 1000,
+                    )
             timed = flight.timed
             if timed:
                 # Each joiner's wait is its flight's mean joiner wait: the sum and the
