@@ -386,8 +386,10 @@ def test_max_waiters_counts_fresh_callers_waiting_for_the_flight_s_end() -> None
         with pytest.raises(TooManyWaitersError) as info:  # a third fresh caller
             g.run_sync("k", fresh_work, fresh=True)
         assert (info.value.key, info.value.limit) == ("k", 2)
-        with pytest.raises(TooManyWaitersError):  # and a third joiner
+        with pytest.raises(TooManyWaitersError) as info:  # and a third joiner
             g.run_sync("k", lambda: "never")
+        # The message counts both kinds (it said "2 joiners" with one joiner waiting).
+        assert "2 callers waiting (joiners and fresh callers)" in str(info.value)
         release.set()
         assert leader.result(5).value == "old" and joiner.result(5).value == "old"
         assert fresh.result(5).value == "new"

@@ -127,12 +127,16 @@ class LeaseLostError(FlightError):
 
 
 class TooManyWaitersError(FlightError):
-    """The flight already has ``limit`` joiners waiting in this process."""
+    """The flight already has ``limit`` callers waiting on it in this process (its
+    joiners, and fresh callers waiting for its end to share the next flight)."""
 
     def __init__(self, key: str, limit: int):
         self.key = key
         self.limit = limit
-        super().__init__(f"The flight of {key!r} already has {limit} joiners waiting.")
+        super().__init__(
+            f"The flight of {key!r} already has {limit} callers waiting "
+            "(joiners and fresh callers)."
+        )
 
     def _init_args(self) -> tuple[Any, ...]:
         return (self.key, self.limit)
