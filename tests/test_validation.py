@@ -122,6 +122,10 @@ def test_construction_checks_its_arguments_and_does_no_io(tmp_path: Any) -> None
         ("process", {"lease": 0.0}, ValueError, "lease must be greater than 0"),
         ("directory", {"cluster": "yes"}, TypeError, "cluster must be a bool"),
         ("fleet", {"reconnect_timeout": -1}, ValueError, "reconnect_timeout"),
+        ("directory", {"max_value_bytes": "1"}, TypeError, "max_value_bytes must be an int"),
+        ("fleet", {"max_value_bytes": 0}, ValueError, "max_value_bytes must be a positive"),
+        # It bounds an encoded outcome: the process scope encodes only with a codec.
+        ("process", {"max_value_bytes": 5}, ValueError, "max_value_bytes needs a codec"),
     ],
 )
 def test_an_argument_of_another_scope_or_a_bad_one_is_refused(

@@ -269,12 +269,14 @@ class FlightGroup:
         ):
             if given is not None and not isinstance(given, kind):
                 raise TypeError(f"{name} must be a {kind.__name__}, not {type(given).__name__}")
-        if max_value_bytes is not None and (
-            isinstance(max_value_bytes, bool)
-            or not isinstance(max_value_bytes, int)
-            or max_value_bytes < 1
-        ):
-            raise ValueError("max_value_bytes must be a positive int")
+        if max_value_bytes is not None:
+            if isinstance(max_value_bytes, bool) or not isinstance(max_value_bytes, int):
+                raise TypeError("max_value_bytes must be an int")
+            if max_value_bytes < 1:
+                raise ValueError("max_value_bytes must be a positive int")
+            if codec is None:  # (a wide scope without one was refused above)
+                # It bounds an encoded outcome: without a codec nothing is encoded.
+                raise ValueError("max_value_bytes needs a codec in the process scope")
         if isinstance(max_frame_bytes, bool) or not isinstance(max_frame_bytes, int):
             raise TypeError("max_frame_bytes must be an int")
         if max_frame_bytes < 1024:
