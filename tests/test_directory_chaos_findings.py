@@ -265,8 +265,13 @@ def test_a_frozen_coordinator_fails_calls_after_about_reconnect_timeout(
     monkeypatch.setattr(client.DirectoryArbiter, "_connect", spied)
     g = FlightGroup(directory=h.dir, codec=JSON, reconnect_timeout=1.0)
     try:
-        with pytest.raises(UnavailableError, match=r"reconnect_timeout=1\)"):
+        with pytest.raises(UnavailableError, match=r"reconnect_timeout=1\)") as info:
             g.run_sync("k", lambda: "v")
+        assert info.value.key == "k"
+        # Not served: no flight, no join, no interruption (docs/observability.md).
+        stats = g.stats()
+        assert (stats.calls, stats.flights, stats.joins, stats.interrupted) == (1, 0, 0, 0)
+        assert stats.in_flight == 0 and stats.flight_seconds_p99 == 0.0, stats
     finally:
         g.close()
         frozen.close()

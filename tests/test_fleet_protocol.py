@@ -807,11 +807,19 @@ def test_unreachable_redis_raises_unavailable_error() -> None:
             return 1
 
         with pytest.raises(UnavailableError) as caught_async:
-            asyncio.run(group.run("k", work))
+            asyncio.run(group.run("user:7", work))
         assert isinstance(caught_async.value.__cause__, redis.RedisError)
+        # Each call's error carries its key (API.md: every error that concerns a key).
+        assert (caught.value.key, caught_async.value.key) == ("k", "user:7")
         with pytest.raises(UnavailableError) as caught_forget:
             group.forget("k")
         assert isinstance(caught_forget.value.__cause__, redis.RedisError)
+        # A call the scope could not serve is no flight, no join and no interruption
+        # (docs/observability.md); it was counted as interrupted and timed as a flight.
+        stats = group.stats()
+        assert (stats.calls, stats.flights, stats.joins) == (2, 0, 0), stats
+        assert (stats.interrupted, stats.failures, stats.in_flight) == (0, 0, 0), stats
+        assert stats.flight_seconds_p99 == 0.0 and stats.joiners_max == 0, stats
     assert ran == []
 
 

@@ -208,8 +208,16 @@ class GroupClosedError(FlightError):
 
 
 class UnavailableError(FlightError):
-    """The group's shared store (Redis) cannot be reached; ``__cause__`` is the
-    client's own error."""
+    """The group's scope cannot be reached (Redis, or a directory's coordinator);
+    ``__cause__`` is the client's own error where there is one. ``key``: the key of
+    the call that raised it (None where no call of a key did)."""
+
+    def __init__(self, message: str, key: str | None = None):
+        self.key = key
+        super().__init__(message)
+
+    def _init_args(self) -> tuple[Any, ...]:
+        return (*self.args, self.key)
 
 
 def renewed(error: BaseException) -> BaseException:

@@ -246,6 +246,10 @@ class Flight:
     # elsewhere. Until then a joiner's on_join waits (``defer_on_join``): the answer may
     # be a kept outcome, and a call served from one never calls on_join.
     decided = False
+    led_here = False  # (wide scopes) the scope let its work run here (ran_here)
+    # (wide scopes) the scope could not serve it (unreachable, another version): it
+    # counts as no flight, no join and no interruption (docs/observability.md)
+    unserved = False
     deferred: list[Waiter] | None = None  # joiners whose on_join waits for the answer
     claims = 0  # pending claims on an IDLE flight (I4)
     joiners = 0
@@ -782,6 +786,7 @@ class FlightTable:
                 raise GroupClosedError()
             self.stats.flights += 1
             flight.scoped = True
+            flight.led_here = True
             deferred = self._decided(flight)
             fresh = flight.fresh
             if not fresh or flight.state is not RUNNING:
@@ -832,15 +837,18 @@ class FlightTable:
             if flight.state is RUNNING:
                 flight._move(RUNNING, SETTLING)
 
-    def ran_elsewhere(self, flight: Flight, joined: bool) -> None:
+    def ran_elsewhere(self, flight: Flight, joined: bool, unserved: bool = False) -> None:
         """(Wide scopes) ``flight`` ended without its work running here: its leading
         caller counts as a join if it had a flight's outcome from elsewhere (``joined``),
         unless it was counted when the flight joined; a call the scope could not serve
-        (unreachable, closed) is no join."""
+        (``unserved``: unreachable, closed) is no join, and counts nothing at its end
+        unless the scope had answered it first."""
         with self.lock:
             flight.scoped = False  # it ended elsewhere, maybe before it ended here
             if joined and not flight.joined_remote:
                 self.stats.joins += 1
+            elif unserved and not flight.decided:
+                flight.unserved = True
 
     def joined_remote(self, flight: Flight) -> list[Waiter] | None:
         """(Wide scopes) ``flight`` joined a flight led elsewhere: mark it, and detach
@@ -951,8 +959,12 @@ class FlightTable:
             elif self.detached:
                 self.detached.discard(flight)  # a forgotten flight is never kept
             stats = self.stats
-            if not flight.forked:
-                if flight.closed:
+            if flight.forked:
+                pass  # counted out of in_flight at the fork (FlightTable._forked)
+            elif flight.unserved:
+                stats.in_flight -= 1  # no flight, no join: nothing else to count
+            else:
+                if flight.closed and (flight.led_here or not self.wide):
                     # Its group closed while it ran: its callers got GroupClosedError and
                     # its lease was lost, whatever the work did after, and whichever came
                     # first (the work's end, or the scope's loss of its lease).

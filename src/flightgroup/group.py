@@ -49,6 +49,7 @@ from .errors import (
     FlightTimeoutError,
     GroupClosedError,
     LeaseLostError,
+    UnavailableError,
     ValueTooLargeError,
     renewed,
 )
@@ -1193,7 +1194,9 @@ class FlightGroup:
                 error.__cause__ = self._table.cause_of(flight.key, token)
             self._settle_remote(flight, outcome, error, data, token, joined=True)
         elif event is Event.FAILED:
-            self._settle_remote(flight, Outcome.INTERRUPTED, _as_called(args[0], flight))
+            self._settle_remote(
+                flight, Outcome.INTERRUPTED, _as_called(args[0], flight), unserved=True
+            )
         else:  # INTERRUPTED (or LOST before leading: cannot happen, same answer)
             reason = str(args[0]) if args else "its leader stopped"
             self._settle_remote(
@@ -1209,14 +1212,15 @@ class FlightGroup:
         token: int | None = None,
         *,
         joined: bool = False,
+        unserved: bool = False,
     ) -> None:
         """Settle ``flight`` with an outcome that every caller here gets as a joiner:
         the value (decoded by each), or a copy of ``error``. ``joined``: the outcome is
-        a flight's that ran elsewhere (not the scope's failure to serve the call)."""
+        a flight's that ran elsewhere; ``unserved``: the scope could not serve the call."""
         flight.remote = True
         if token is not None:
             flight.token = token
-        self._table.ran_elsewhere(flight, joined)
+        self._table.ran_elsewhere(flight, joined, unserved)
         self._settle(flight, outcome, None, error, data)
 
     def _land_wide(
@@ -1582,6 +1586,10 @@ def _lease_lost(key: str, error: BaseException | None) -> BaseException:
 def _as_called(error: BaseException, flight: Flight) -> BaseException:
     """``error`` as the scope made it, keyed by the key it sent (a decorated function's
     carries its namespace): made again with the key as the caller gave it."""
+    if isinstance(error, UnavailableError) and error.key is None:
+        made = renewed(error)  # one scope's failure, shared by the calls it failed
+        cast("UnavailableError", made).key = flight.key
+        return made
     if isinstance(error, FlightError) and getattr(error, "key", flight.key) != flight.key:
         args = error._init_args()
         if args and args[0] == getattr(error, "key", None):
