@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import uuid
 from typing import Any
 
 import pytest
@@ -199,3 +200,31 @@ def test_closed_group_rejects_before_anything_else_runs() -> None:
     with pytest.raises(GroupClosedError):
         g.run_sync("k", lambda: ran.append(1))
     assert ran == []
+
+
+@pytest.mark.parametrize("scope", ["process", "directory", "fleet"])
+def test_a_closed_group_refuses_forget(request: pytest.FixtureRequest, scope: str) -> None:
+    """forget() of a closed group raised nothing and, in a wide scope, told nobody
+    (review, 2026-12-01): it is refused like a call, a decorated function's too."""
+    from flightgroup import GroupClosedError
+
+    if scope == "process":
+        g = FlightGroup()
+    elif scope == "directory":
+        g = FlightGroup(directory=request.getfixturevalue("directory"), codec=JSON)
+    else:
+        g = FlightGroup(redis="redis://127.0.0.1:6379/0", namespace=f"fg-test-{uuid.uuid4().hex}",
+                        codec=JSON)
+
+    @g.coalesce(key=str)
+    def f(n: int) -> int:
+        return n
+
+    assert g.run_sync("k", lambda: 1).value == 1 and f(2) == 2
+    g.close()
+    with pytest.raises(GroupClosedError):
+        g.forget("k")
+    with pytest.raises(GroupClosedError):
+        f.forget(2)
+    with pytest.raises(ValueError):  # a bad key is still a bad key
+        g.forget("")

@@ -1465,8 +1465,12 @@ class FlightGroup:
 
         A flight in progress is detached, not stopped: its callers still get its
         outcome, and its late settling never touches the newer flight.
+
+        Raises GroupClosedError if the group is closed (a wide scope would not hear it).
         """
         _check_key(key)
+        if self._closed:
+            raise self._closed_error()
         arbiter = self._arbiter
         if arbiter is None:
             self._table.forget(key)
@@ -1485,6 +1489,8 @@ class FlightGroup:
         self._table.forget(tkey)
 
     def _forget_op(self, tkey: Hashable) -> None:
+        if self._closed:
+            raise self._closed_error()
         arbiter = self._arbiter
         if arbiter is None:
             self._table.forget(tkey)
