@@ -271,10 +271,10 @@ lost = []
 def say(text):
     sys.stderr.write(f"probe: {text}\n")
     sys.stderr.flush()
-async def _connect(self):
+async def _connect(self, *args):
     if lost and os.path.exists(hold):
         raise OSError("the test holds the reconnection")
-    return await connect(self)
+    return await connect(self, *args)
 def _disconnected(self, channel):
     lost.append(channel)
     say("disconnected")

@@ -66,9 +66,9 @@ def test_a_rejected_reassert_of_a_pending_lead_is_not_dropped(directory, monkeyp
         connect_go = threading.Event()
         real_connect = barb._connect
 
-        async def gated_connect():
+        async def gated_connect(*args):
             await asyncio.to_thread(connect_go.wait, 30)
-            return await real_connect()
+            return await real_connect(*args)
 
         # b hears every answer; the test sees the rejection
         answers: list[object] = []
