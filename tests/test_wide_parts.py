@@ -217,3 +217,41 @@ def test_a_stopped_group_loop_cancels_the_tasks_its_tasks_start_as_they_end() ->
     thread.join(10)
     assert not thread.is_alive() and loop.is_closed()
     assert ended == ["first", "second"]
+
+
+def test_a_closing_directory_group_leaves_no_task_pending_on_its_loop(
+    directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection's keeper waited on a channel that closing shut without a word,
+    and nothing referenced it: a collection before the loop stopped destroyed it
+    pending (asyncio logged "Task was destroyed but it is pending!", review B). The
+    test looks at the loop's tasks at the moment close() stops it."""
+    import asyncio
+    import concurrent.futures
+    import gc
+
+    from flightgroup import JSON
+    from flightgroup.directory.client import DirectoryArbiter
+
+    post = DirectoryArbiter._post
+    seen: list[list[str]] = []
+
+    def probing(self: DirectoryArbiter, fn: Any, *args: Any) -> bool:
+        if getattr(fn, "__name__", "") == "stop":
+            done: concurrent.futures.Future[list[str]] = concurrent.futures.Future()
+
+            def probe() -> None:
+                tasks = asyncio.all_tasks(self._loop)
+                done.set_result([t.get_coro().__qualname__ for t in tasks])
+                del tasks
+                gc.collect()
+
+            post(self, probe)
+            seen.append(done.result(10))
+        return post(self, fn, *args)
+
+    monkeypatch.setattr(DirectoryArbiter, "_post", probing)
+    g = FlightGroup(directory=directory, codec=JSON)
+    assert g.run_sync("k", lambda: 1).value == 1
+    g.close()
+    assert seen == [[]]

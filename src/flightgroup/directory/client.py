@@ -348,6 +348,9 @@ class DirectoryArbiter:
         self._send_lock = threading.Lock()
         self._connected_now = threading.Event()  # set while a channel is up
         self._kick: asyncio.Event | None = None
+        # The connection's keeper, held so that closing ends it (its wait on a channel
+        # that flush_and_close() shut is never answered) rather than leave it pending.
+        self._maintainer: asyncio.Task[None] | None = None
         self._coordinator: Coordinator | None = None
         self._closing = False
         self._given_up = False
@@ -390,7 +393,7 @@ class DirectoryArbiter:
 
     def _setup(self, loop: asyncio.AbstractEventLoop) -> None:
         self._kick = asyncio.Event()
-        loop.create_task(self._maintain())
+        self._maintainer = loop.create_task(self._maintain())
 
     def _post(self, fn: Callable[..., object], *args: Any) -> bool:
         return post(self._loop, fn, *args)
@@ -1335,6 +1338,8 @@ class DirectoryArbiter:
             self._kick.set()
 
         async def finish() -> None:
+            if self._maintainer is not None:
+                self._maintainer.cancel()
             if self._coordinator is not None:
                 await self._coordinator.close()
             self._closed_future.set_result(None)
