@@ -63,7 +63,10 @@ class FlightFailedError(FlightError):
         """(error_type, error_module, message, text): what every joiner's error says.
         Made once per flight, however many joiners it has."""
         kind = type(error)
-        message = str(error)
+        try:
+            message = str(error)
+        except Exception:  # a __str__ that raises must not stop the flight's landing
+            message = "<exception str() failed>"  # as the traceback module says it
         return (
             kind.__qualname__,
             kind.__module__,

@@ -1017,7 +1017,8 @@ class FlightTable:
         ttl = retention.success if ok else retention.error
         # A timeout or an interruption teaches nothing worth keeping; either way the
         # key's older kept outcome (a fresh call led past it) is no longer its latest.
-        if not ttl or (not ok and flight.outcome is not Outcome.ERROR):
+        # size < 0: its size could not be measured (UNMEASURED): it is not kept.
+        if not ttl or (not ok and flight.outcome is not Outcome.ERROR) or size < 0:
             if self.kept is not None:
                 self.kept.discard(flight.tkey)
             return

@@ -58,6 +58,7 @@ from .flight import (
     DONE,
     EXPIRED,
     JOINED,
+    RETRY_PENDING,
     RUNNING,
     SETTLED,
     Attempt,
@@ -993,60 +994,73 @@ class FlightGroup:
         its own: the leader withdraws, the flight goes on for the others)."""
         policy = flight.policy
         error: BaseException | None
-        while True:
-            if paused is None:
-                if policy.deadline is None:
-                    outcome, value, error = _attempt_sync(attempt, work)
+        handed = False  # a cut pause went on on a thread of its own
+        try:
+            while True:
+                if paused is None:
+                    if policy.deadline is None:
+                        outcome, value, error = _attempt_sync(attempt, work)
+                    else:
+                        try:
+                            outcome, value, error = _attempt_sync_with_deadline(
+                                attempt, work, policy.deadline, self._table.unlinger
+                            )
+                        except BaseException as exc:  # KeyboardInterrupt waiting, no thread
+                            outcome, value, error = Outcome.INTERRUPTED, None, exc
+                    if error is None or not self._will_retry(flight, number, outcome, error):
+                        break
+                    pause = policy.backoff(number, random.uniform)
                 else:
+                    pause, (outcome, value, error) = paused
+                    paused = None
+                resume = time.monotonic() + pause
+                try:
+                    time.sleep(pause)
+                except BaseException as exc:  # KeyboardInterrupt during the pause
+                    rest = (max(0.0, resume - time.monotonic()), (outcome, value, error))
                     try:
-                        outcome, value, error = _attempt_sync_with_deadline(
-                            attempt, work, policy.deadline, self._table.unlinger
-                        )
-                    except BaseException as exc:  # KeyboardInterrupt while waiting, no thread
+                        threading.Thread(
+                            target=copy_context().run,
+                            args=(
+                                self._drive_sync_from, flight, work, call, attempt, number, rest
+                            ),
+                            name=f"flightgroup-retry-{flight.token}", daemon=True,
+                        ).start()
+                    except RuntimeError:  # no thread to go on with: the flight ends here
                         outcome, value, error = Outcome.INTERRUPTED, None, exc
-                if error is None or not self._will_retry(flight, number, outcome, error):
+                        break
+                    handed = True
+                    raise
+                following = self._table.next_attempt(flight)
+                if following is None:
                     break
-                pause = policy.backoff(number, random.uniform)
-            else:
-                pause, (outcome, value, error) = paused
-                paused = None
-            resume = time.monotonic() + pause
-            try:
-                time.sleep(pause)
-            except BaseException as exc:  # KeyboardInterrupt during the pause
-                rest = (max(0.0, resume - time.monotonic()), (outcome, value, error))
-                try:
-                    threading.Thread(
-                        target=copy_context().run,
-                        args=(self._drive_sync_from, flight, work, call, attempt, number, rest),
-                        name=f"flightgroup-retry-{flight.token}", daemon=True,
-                    ).start()
-                except RuntimeError:  # no thread to go on with: the flight ends here
-                    outcome, value, error = Outcome.INTERRUPTED, None, exc
-                    break
-                raise
-            following = self._table.next_attempt(flight)
-            if following is None:
-                break
-            if call is not None:  # each attempt has its own token from the scope
-                Event = _wide.Event
+                if call is not None:  # each attempt has its own token from the scope
+                    Event = _wide.Event
 
-                assert self._arbiter is not None
-                self._arbiter.retry(call)
-                try:
-                    event, args = call.inbox.get_sync()
-                except BaseException as exc:  # KeyboardInterrupt: as in _drive_async
-                    following.lose()
-                    outcome, value, error = Outcome.INTERRUPTED, None, exc
-                    break
-                if event is not Event.LEAD:  # the lease was lost meanwhile
-                    following.revoked = True
-                    following.lose()
-                    break
-                following.token = flight.token = args[0]
-                self._arbiter.bind(call, following)
-            attempt, number = following, number + 1
-        self._land(flight, outcome, value, error)
+                    assert self._arbiter is not None
+                    self._arbiter.retry(call)
+                    try:
+                        event, args = call.inbox.get_sync()
+                    except BaseException as exc:  # KeyboardInterrupt: as in _drive_async
+                        following.lose()
+                        outcome, value, error = Outcome.INTERRUPTED, None, exc
+                        break
+                    if event is not Event.LEAD:  # the lease was lost meanwhile
+                        following.revoked = True
+                        following.lose()
+                        break
+                    following.token = flight.token = args[0]
+                    self._arbiter.bind(call, following)
+                attempt, number = following, number + 1
+            self._land(flight, outcome, value, error)
+        except BaseException as exc:
+            # Stopped outside the work (a signal between two steps, or in user code the
+            # landing calls): the flight must still end, or its joiners wait for ever
+            # and every later call joins it. It ends interrupted, as an interrupt in
+            # the work does (ADR 0008), unless it settled or is settling already.
+            if not handed and (flight.state is RUNNING or flight.state is RETRY_PENDING):
+                self._land(flight, Outcome.INTERRUPTED, None, exc)
+            raise
 
     # -- the wide scopes ----------------------------------------------------------
     #
@@ -1354,10 +1368,17 @@ class FlightGroup:
         if retention is not None and retention.max_bytes is not None:
             # Measured here, outside the lock: __sizeof__ is user code (I5). Only when
             # the outcome may be kept and a byte bound needs its size.
-            if outcome is Outcome.VALUE and retention.success:
-                size = len(data) if data is not None else estimate_size(value)
-            elif outcome is Outcome.ERROR and retention.error:
-                size = estimate_size(error)
+            try:
+                if outcome is Outcome.VALUE and retention.success:
+                    size = len(data) if data is not None else estimate_size(value)
+                elif outcome is Outcome.ERROR and retention.error:
+                    size = estimate_size(error)
+            except BaseException:
+                # Interrupted while measuring (a signal in user code): every caller
+                # still gets the outcome, which is not kept; the leader gets the
+                # interrupt.
+                self._settle(flight, outcome, value, error, data, -1)
+                raise
         self._settle(flight, outcome, value, error, data, size)
 
     def _settle(

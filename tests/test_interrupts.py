@@ -1,0 +1,170 @@
+"""Regressions from a review of cancellation and interrupts (2026-12-01): a leader
+stopped by a KeyboardInterrupt outside its work, and a work whose error cannot be
+printed. Each left a flight that never settled: its joiners waited for ever and every
+later call of the key joined it. Each test forces its interleaving (events, a patched
+private step that raises where a signal handler would), never a lucky sleep.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from flightgroup import FlightFailedError, FlightGroup, FlightInterruptedError
+
+from .ingroup import scope_groups
+from .support import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(params=["process", "directory", "fleet"])
+def g(request: pytest.FixtureRequest) -> Iterator[FlightGroup]:
+    [made] = scope_groups(request, request.param, 1, lease=5.0)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise ValueError("no text for this error")
+
+
+def test_a_work_error_that_cannot_be_printed_still_lands(g: FlightGroup) -> None:
+    """Its joiners' FlightFailedError is made from the error's str(), which raised: in
+    the wide scopes the landing stopped half way (the flight settling, the key held in
+    the scope), in the process scope each joiner raised the __str__'s ValueError."""
+    release, joined = threading.Event(), threading.Event()
+
+    def work() -> str:
+        assert release.wait(20)
+        raise Unprintable()
+
+    got: list[BaseException] = []
+
+    def join() -> None:
+        try:
+            g.run_sync("k", lambda: "never", on_join=joined.set)
+        except BaseException as exc:
+            got.append(exc)
+
+    leader_errors: list[BaseException] = []
+
+    def lead() -> None:
+        try:
+            g.run_sync("k", work)
+        except BaseException as exc:
+            leader_errors.append(exc)
+
+    leader = threading.Thread(target=lead)
+    leader.start()
+    wait_until(lambda: "k" in g._table.flights, "the leader's flight")
+    joiner = threading.Thread(target=join)
+    joiner.start()
+    assert joined.wait(20)
+    release.set()
+    leader.join(20)
+    joiner.join(20)
+    assert [type(e) for e in leader_errors] == [Unprintable]
+    assert [type(e) for e in got] == [FlightFailedError], got
+    failed = got[0]
+    assert isinstance(failed, FlightFailedError)
+    assert failed.error_type.endswith("Unprintable")
+    assert failed.message == "<exception str() failed>"
+    # The key is free again: the next call leads.
+    result = g.run_sync("k", lambda: "next", timeout=20)
+    assert (result.value, result.joined) == ("next", False)
+
+
+def _interrupt(
+    monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, after: threading.Event | None = None
+) -> None:
+    """Make ``owner.name`` raise KeyboardInterrupt once (once ``after`` is set), as a
+    signal handler would at that point of the leader's thread."""
+    real = getattr(owner, name)
+    fired: list[bool] = []
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        if not fired:
+            fired.append(True)
+            if after is not None:
+                assert after.wait(20)
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, step)
+
+
+@pytest.mark.parametrize("where", ["before the work", "measuring the outcome"])
+def test_a_keyboard_interrupt_outside_the_work_interrupts_the_flight(
+    monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A KeyboardInterrupt in the leader's thread between its arrival and its settle,
+    but outside the work (as its attempt starts; while the outcome's size is measured
+    for Retention, which calls the value's __sizeof__): the flight was left running
+    with no work, its joiners waited for ever and every later call joined it. Now it
+    ends: interrupted before the work, as an interrupt in the work does (ADR 0008);
+    with the value after it, for every caller but the leader (not kept)."""
+    import flightgroup.group as group_module
+    from flightgroup import Retention
+
+    joined = threading.Event()
+    release = threading.Event()
+    if where == "before the work":
+        g = FlightGroup()
+        # The step that starts the work's attempt raises (once a joiner waits), not
+        # the work.
+        _interrupt(monkeypatch, group_module, "_attempt_sync", after=joined)
+    else:
+        g = FlightGroup(retention=Retention(success=60.0, max_bytes=1 << 20))
+        _interrupt(monkeypatch, group_module, "estimate_size")
+    got: list[Any] = []
+
+    def join() -> None:
+        try:
+            got.append(g.run_sync("k", lambda: "never", on_join=joined.set))
+        except BaseException as exc:
+            got.append(exc)
+
+    if where == "measuring the outcome":
+        # The joiner must be waiting before the leader lands: the work waits for it.
+        def work() -> str:
+            assert release.wait(20)
+            return "v"
+    else:
+        def work() -> str:
+            return "v"
+
+    joiner = threading.Thread(target=join)
+    leader_errors: list[BaseException] = []
+
+    def lead() -> None:
+        try:
+            g.run_sync("k", work)
+        except BaseException as exc:
+            leader_errors.append(exc)
+
+    leader = threading.Thread(target=lead)
+    leader.start()
+    wait_until(lambda: "k" in g._table.flights, "the leader's flight")
+    joiner.start()
+    assert joined.wait(20)
+    release.set()
+    leader.join(20)
+    joiner.join(20)
+    if where == "measuring the outcome":
+        # The work's value was made: the joiner gets it; it is not kept (unmeasured).
+        assert [r.value for r in got] == ["v"], got
+        assert g.stats().kept == 0
+    else:
+        assert [type(e) for e in got] == [FlightInterruptedError], got
+    assert [type(e) for e in leader_errors] == [KeyboardInterrupt]
+    assert "k" not in g._table.flights and g.stats().in_flight == 0
+    result = g.run_sync("k", lambda: "next", timeout=20)
+    assert (result.value, result.joined) == ("next", False)
+    g.close()
