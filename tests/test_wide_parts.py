@@ -255,3 +255,41 @@ def test_a_closing_directory_group_leaves_no_task_pending_on_its_loop(
     assert g.run_sync("k", lambda: 1).value == 1
     g.close()
     assert seen == [[]]
+
+
+@pytest.mark.parametrize("scope", ["directory", "fleet"])
+def test_a_wide_group_dropped_without_close_lets_go_of_its_threads_and_connections(
+    request: pytest.FixtureRequest, scope: str
+) -> None:
+    """Collected without close(), a wide group kept its background threads, its
+    sockets and (fleet) its Redis connections for the life of the process (review B).
+    Now its collection warns (ResourceWarning, as an unclosed socket does) and closes
+    its scope's machinery."""
+    import gc
+    import warnings
+
+    from .ingroup import scope_groups
+
+    [g] = scope_groups(request, scope, 1, lease=5.0)
+    assert g.run_sync("k", lambda: 1).value == 1
+    arbiter = g._arbiter
+    thread = arbiter._thread  # type: ignore[union-attr]
+    assert thread is not None and thread.is_alive()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del g
+        gc.collect()
+    assert [w.category for w in caught] == [ResourceWarning], caught
+    assert "unclosed FlightGroup(" in str(caught[0].message)
+    thread.join(20)
+    assert not thread.is_alive()
+    if scope == "directory":
+        assert arbiter._channel is None  # type: ignore[union-attr]
+    # A closed group's collection says nothing.
+    [closed] = scope_groups(request, scope, 1, lease=5.0)
+    closed.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del closed
+        gc.collect()
+    assert not [w for w in caught if w.category is ResourceWarning], caught

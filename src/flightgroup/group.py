@@ -16,6 +16,7 @@ thread of its own so the leader can stop waiting.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import math
@@ -25,6 +26,7 @@ import sys
 import threading
 import time
 import types
+import warnings
 import weakref
 from asyncio import events
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
@@ -204,6 +206,7 @@ class FlightGroup:
         "_closed_why",
         "_codec",
         "_deadline",
+        "_finalizer",
         "_fleet",
         "_max_value_bytes",
         "_policy",
@@ -342,8 +345,17 @@ class FlightGroup:
                 )
             forked.watch(path)  # a forked child lets go of this directory's locks
             scope = ("directory", os.path.realpath(path))
+        self._finalizer: weakref.finalize[Any, Any] | None = None
         if self._arbiter is not None:
             self._arbiter.on_fork = functools.partial(_forget_flights, weakref.ref(self))
+            # A group dropped without close() lets go of its threads, sockets, locks and
+            # connections when collected (not at exit: the process's end does that).
+            named = (
+                f"FlightGroup(redis=..., namespace={namespace!r})" if redis is not None
+                else f"FlightGroup(directory={path!r})"
+            )
+            self._finalizer = weakref.finalize(self, _close_dropped, self._arbiter, named)
+            self._finalizer.atexit = False
         self._max_value_bytes = max_value_bytes
         self._table = FlightTable(wide=self._arbiter is not None, scope=scope)
         self._closed = False
@@ -1557,6 +1569,8 @@ class FlightGroup:
                 wake(waiters, CLOSED)
             flight.lose()
         if self._arbiter is not None:
+            if self._finalizer is not None:
+                self._finalizer.detach()
             self._arbiter.close()
 
     async def aclose(self) -> None:
@@ -1569,6 +1583,8 @@ class FlightGroup:
             if waiters:
                 wake(waiters, CLOSED)
             flight.lose()
+        if self._finalizer is not None:
+            self._finalizer.detach()
         await asyncio.to_thread(self._arbiter.close)
 
     def __enter__(self) -> Self:
@@ -1721,6 +1737,16 @@ def _bind_wide() -> None:
     from . import wide
 
     _wide = wide
+
+
+def _close_dropped(arbiter: Arbiter, name: str) -> None:
+    """A wide group collected without close(): warn, as an unclosed socket does, and
+    close its scope's machinery on a thread of its own (a collection may run on any
+    thread, the group's own among them, and closing waits for landings)."""
+    warnings.warn(f"unclosed {name}: close() it (or use it in a with block)",
+                  ResourceWarning, stacklevel=2)
+    with contextlib.suppress(RuntimeError):  # no new thread (the interpreter ends)
+        threading.Thread(target=arbiter.close, name="flightgroup-close", daemon=True).start()
 
 
 def _forget_flights(ref: weakref.ref[FlightGroup], why: str) -> None:
