@@ -7,13 +7,19 @@ private step that raises where a signal handler would), never a lucky sleep.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from flightgroup import FlightFailedError, FlightGroup, FlightInterruptedError
+from flightgroup import (
+    FlightFailedError,
+    FlightGroup,
+    FlightInterruptedError,
+    GroupClosedError,
+)
 
 from .ingroup import scope_groups
 from .support import wait_until
@@ -168,3 +174,45 @@ def test_a_keyboard_interrupt_outside_the_work_interrupts_the_flight(
     result = g.run_sync("k", lambda: "next", timeout=20)
     assert (result.value, result.joined) == ("next", False)
     g.close()
+
+
+@pytest.mark.parametrize("how", ["forget", "close"])
+def test_run_sync_on_the_loop_of_a_left_flights_work_raises(directory: str, how: str) -> None:
+    """run_sync on the thread of the loop that runs a directory flight's async work
+    raises RuntimeError (ADR 0006): it would wait for the key lock that very work
+    holds. A flight that left its table while its work runs (forget() detached it, or
+    its group closed and a new one took the directory) was not seen: the call led in
+    the scope and blocked the loop for ever (review A)."""
+    from flightgroup import JSON
+
+    groups = [FlightGroup(directory=directory, codec=JSON)]
+
+    async def main() -> str:
+        go, started = asyncio.Event(), asyncio.Event()
+
+        async def work() -> str:
+            started.set()
+            await go.wait()
+            return "old"
+
+        task = asyncio.create_task(groups[0].run("k", work))
+        await started.wait()
+        if how == "close":
+            groups[0].close()  # its work runs on, holding the key lock
+            groups.append(FlightGroup(directory=directory, codec=JSON))
+        else:
+            groups[0].forget("k")  # detached: its work runs on, holding the key lock
+        with pytest.raises(RuntimeError, match="block"):
+            groups[-1].run_sync("k", lambda: "new")
+        go.set()
+        if how == "close":
+            with pytest.raises(GroupClosedError):
+                await task
+            return "closed"
+        return (await task).value
+
+    assert asyncio.run(main()) == ("closed" if how == "close" else "old")
+    # Once the old work ended, the key leads again.
+    assert groups[-1].run_sync("k", lambda: "new", timeout=20).value == "new"
+    for g in groups:
+        g.close()

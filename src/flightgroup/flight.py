@@ -596,12 +596,14 @@ class FlightTable:
                 # holds (directory scope) or run the key again inside its own work
                 # (fleet); a join would wait for itself.
                 raise _calls_itself(key)
-            if blocking_loop is not None and self.scope is not None and self._kin_blocks(
+            if blocking_loop is not None and self.scope is not None and self._scope_blocks(
                 tkey, blocking_loop
             ):
-                # run_sync on the thread of the loop that runs the work of another
-                # group's flight of the key, in this scope: the scope would make it join
-                # that flight (or wait for its end) and block the work it waits for.
+                # run_sync on the thread of the loop that runs the work of another flight
+                # of the key in this scope (another group's, or one that left its table
+                # while its work runs: forgotten, lingering, its group closed): the scope
+                # would make it join that flight, or wait for the key lock its work holds,
+                # and block the work it waits for.
                 raise _blocks_its_loop(key)
             if flight is None:
                 if self.kept is not None and not fresh:
@@ -1118,13 +1120,20 @@ class FlightTable:
             current = current.parent
         return False
 
-    def _kin_blocks(self, tkey: Hashable, loop: asyncio.AbstractEventLoop) -> bool:
-        """True if another table of this scope in this process has a flight of ``tkey``
-        whose async work runs on ``loop`` here (not known to be led elsewhere)."""
-        for table in self._kin():
-            flight = table.flights.get(tkey)
-            if flight is not None and flight.loop is loop and not flight.joined_remote:
-                return True
+    def _scope_blocks(self, tkey: Hashable, loop: asyncio.AbstractEventLoop) -> bool:
+        """(Under the lock) True if a flight of ``tkey`` whose async work runs on
+        ``loop`` here (not known to be led elsewhere) is another table's of this scope
+        in this process, or left its table while its work runs (this table's check of
+        its own flight comes later). Read from the other tables without their locks:
+        each test is one atomic read."""
+        for table in (self, *self._kin()):
+            if table is not self:
+                flight = table.flights.get(tkey)
+                if flight is not None and flight.loop is loop and not flight.joined_remote:
+                    return True
+            for left in (*table.detached, *table.lingering):
+                if left.tkey == tkey and left.loop is loop and not left.joined_remote:
+                    return True
         return False
 
     def holds(self, flight: Flight) -> bool:
@@ -1176,8 +1185,13 @@ class FlightTable:
                     flight._move(IDLE, DONE)
                     flight.outcome = Outcome.ABANDONED
                 result.append((flight, waiters))
+            # (Wide scopes) a flight whose work runs on here still holds its key in the
+            # scope until it settles: it stays detached, for I6 and run_sync's check
+            # (its settle lets go of it).
+            running = [f for f, _ in result if f.state is not DONE] if self.wide else []
             self.flights.clear()
             self.detached.clear()
+            self.detached.update(running)
             if self.kept is not None:
                 self.kept.clear()
             return result
