@@ -293,3 +293,35 @@ def test_a_wide_group_dropped_without_close_lets_go_of_its_threads_and_connectio
         del closed
         gc.collect()
     assert not [w for w in caught if w.category is ResourceWarning], caught
+
+
+def test_a_closed_group_lets_go_of_the_errors_it_remembered_for_cause(
+    request: pytest.FixtureRequest,
+) -> None:
+    """Errors remembered for __cause__ (another group of the scope is open) hold their
+    works' frames: a closed group that is still referenced kept them (review B)."""
+    import gc
+    import weakref
+
+    from .ingroup import scope_groups
+
+    a, b = scope_groups(request, "directory", 2, lease=5.0)
+
+    class Big:
+        pass
+
+    seen: list[weakref.ref[Big]] = []
+
+    def fails() -> None:
+        local = Big()  # a local of the failed work's frame
+        seen.append(weakref.ref(local))
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError):
+        a.run_sync("k", fails)
+    gc.collect()
+    assert seen[0]() is not None  # remembered (b is kin): its frame is held
+    a.close()
+    gc.collect()
+    assert seen[0]() is None
+    b.close()

@@ -1194,6 +1194,9 @@ class FlightTable:
             self.detached.update(running)
             if self.kept is not None:
                 self.kept.clear()
+            # The errors remembered for __cause__ hold their works' frames: a closed
+            # group that is still referenced must not keep them for its life.
+            self.causes = None
             return result
 
     def snapshot(self) -> Any:
