@@ -216,3 +216,80 @@ def test_run_sync_on_the_loop_of_a_left_flights_work_raises(directory: str, how:
     assert groups[-1].run_sync("k", lambda: "new", timeout=20).value == "new"
     for g in groups:
         g.close()
+
+
+@pytest.mark.parametrize("when", ["before the scope answers", "joined elsewhere"])
+@pytest.mark.parametrize("scope", ["directory", "fleet"])
+def test_an_interrupted_wide_leading_caller_withdraws_only_itself(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, scope: str, when: str
+) -> None:
+    """A wide group's run_sync caller (no timeout, no deadline) waits for the scope in
+    its own thread: a KeyboardInterrupt there (here raised where the signal handler
+    would, in its wait) interrupted every local joiner of the flight, though the flight
+    went on (review A). Now the caller withdraws alone: the flight goes on, on a thread
+    of its own, from where it was: it leads here and runs the work, or follows the
+    flight led elsewhere."""
+    from flightgroup.wide import Inbox
+
+    here, elsewhere = scope_groups(request, scope, 2, lease=5.0)
+    release, running = threading.Event(), threading.Event()
+    runs: list[str] = []
+
+    def work() -> str:
+        runs.append("work")
+        running.set()
+        assert release.wait(20)
+        return "the value"
+
+    others: list[Any] = []
+    if when == "joined elsewhere":
+        other = threading.Thread(target=lambda: others.append(elsewhere.run_sync("k", work)))
+        other.start()
+        assert running.wait(20)
+    joiner_in = threading.Event()
+    caller: list[threading.Thread] = []
+    real_get = Inbox.get_sync
+    interrupted: list[bool] = []
+    answers: list[Any] = []
+
+    def get_sync(self: Inbox) -> Any:
+        if caller and threading.current_thread() is caller[0] and not interrupted:
+            if when == "joined elsewhere" and not answers:
+                answers.append(real_get(self))  # JOINED: acted on; the next wait is cut
+                return answers[0]
+            assert joiner_in.wait(20)
+            interrupted.append(True)
+            raise KeyboardInterrupt
+        return real_get(self)
+
+    monkeypatch.setattr(Inbox, "get_sync", get_sync)
+    outcomes: dict[str, Any] = {}
+
+    def call(name: str, **kw: Any) -> None:
+        try:
+            outcomes[name] = here.run_sync("k", work, **kw)
+        except BaseException as exc:
+            outcomes[name] = exc
+
+    caller.append(threading.Thread(target=call, args=("caller",)))
+    caller[0].start()
+    wait_until(lambda: "k" in here._table.flights, "the local flight")
+    joiner = threading.Thread(target=call, args=("joiner",))
+    joiner.start()
+    wait_until(lambda: here._table.flights["k"].joiners == 1, "the local joiner")
+    joiner_in.set()
+    caller[0].join(20)
+    assert isinstance(outcomes["caller"], KeyboardInterrupt), outcomes
+    if when == "before the scope answers":
+        assert running.wait(20)  # it led here, on a thread of its own
+    release.set()
+    joiner.join(20)
+    result = outcomes["joiner"]
+    assert not isinstance(result, BaseException), outcomes
+    assert (result.value, result.joined) == ("the value", True)
+    assert runs == ["work"]
+    if when == "joined elsewhere":
+        other.join(20)
+        assert others[0].value == "the value"
+    for g in (here, elsewhere):
+        g.close()

@@ -1132,12 +1132,15 @@ class FlightGroup:
         except Exception as exc:
             self._settle_remote(flight, Outcome.INTERRUPTED, exc)
             return None
+        pending: tuple[Any, tuple[Any, ...]] | None = None  # read, not yet acted on
         try:
             while True:
-                event, args = call.inbox.get_sync()
+                pending = call.inbox.get_sync()
+                event, args = pending
                 if event is not Event.JOINED:
                     break
                 self._joined_remote(flight, args[0])
+                pending = None
                 if on_join is not None:
                     call_on_join, on_join = on_join, None
                     try:
@@ -1156,6 +1159,18 @@ class FlightGroup:
                             raise
                         return exc
         except BaseException as exc:  # KeyboardInterrupt while waiting
+            # This caller withdraws; the flight goes on for its other callers here, on
+            # a thread of its own, from where it was (DESIGN.md: a caller that cancels
+            # withdraws only itself). Without a thread it ends interrupted for all.
+            try:
+                failed = _start_thread(
+                    "flightgroup-follow", self._go_on_wide_sync, flight, call, work, parent,
+                    pending,
+                )
+            except BaseException:  # (got going: it goes on)
+                raise exc from None
+            if failed is None:
+                raise
             arbiter.withdraw(call)
             self._settle_remote(
                 flight,
@@ -1163,12 +1178,44 @@ class FlightGroup:
                 FlightInterruptedError(flight.key, f"its leading caller got {type(exc).__name__}"),
             )
             raise
-        if event is Event.LEAD:
+        self._act_wide_sync(flight, call, work, parent, event, args)
+        return None
+
+    def _act_wide_sync(
+        self,
+        flight: Flight,
+        call: Call,
+        work: Callable[[], Any],
+        parent: Flight | None,
+        event: Event,
+        args: tuple[Any, ...],
+    ) -> None:
+        """The scope's answer (other than JOINED): lead here, or settle."""
+        if event is _wide.Event.LEAD:
             if self._lead_wide(flight, call, args[0]):
                 self._drive_sync(flight, work, parent, call)
         else:
             self._end_remote(flight, event, args)
-        return None
+
+    def _go_on_wide_sync(
+        self,
+        flight: Flight,
+        call: Call,
+        work: Callable[[], Any],
+        parent: Flight | None,
+        pending: tuple[Event, tuple[Any, ...]] | None,
+    ) -> None:
+        """The rest of _drive_wide_sync, on a thread of its own, once its caller
+        withdrew: ``pending`` is the answer it had read and not acted on."""
+        Event = _wide.Event
+
+        while True:
+            event, args = pending if pending is not None else call.inbox.get_sync()
+            pending = None
+            if event is not Event.JOINED:
+                break
+            self._joined_remote(flight, args[0])
+        self._act_wide_sync(flight, call, work, parent, event, args)
 
     def _follow_remote_sync(self, flight: Flight, call: Call) -> None:
         """Wait for the outcome of the flight ``call`` joined elsewhere, and settle."""
