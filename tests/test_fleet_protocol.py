@@ -1214,6 +1214,11 @@ def test_a_flight_longer_than_its_lease_is_renewed_for_its_joiner(
         landed = leader.index("complete")
         assert leader[landed + 1:] in ([], ["renew"]), leader
         renews = counter.replies(a, "renew")[:leader[:landed].count("renew")]
+        # The replies are logged as they come, over two connections: a renewal that
+        # Redis ran just after the landing (0: its flight is no longer running) may be
+        # heard just before the landing's reply (seen once in CI, on a loaded machine).
+        if renews and renews[-1] == [0]:
+            renews = renews[:-1]
         assert len(renews) >= 5 and all(r == [1] for r in renews), renews  # every 0.2 s
         joiner = counter.of(b)
         assert joiner[0] == "acquire" and joiner[-1] == "xread"
