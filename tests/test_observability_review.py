@@ -306,6 +306,29 @@ def test_a_short_key_is_hidden_only_where_it_is_quoted(spans: Any) -> None:
     assert message == f"id 7 and <key {key_digest('7')}>", message
 
 
+def test_a_key_in_a_frames_file_or_source_line_is_left_as_it_is(spans: Any) -> None:
+    # The plain key is hidden in the exceptions' own lines; a frame's file name or
+    # source line that merely contains it stays readable (review of 2026-12-01).
+    provider, exporter = spans
+    key = "tests"  # this file's path holds it
+    group = FlightGroup()
+    instrument(group, provider)
+
+    def fails() -> int:
+        raise RuntimeError("the tests failed")
+
+    with pytest.raises(RuntimeError):
+        group.run_sync(key, fails)
+    (span,) = exporter.get_finished_spans()
+    (event,) = [e for e in span.events if e.name == "exception"]
+    attributes = event.attributes or {}
+    digest = f"<key {key_digest(key)}>"
+    assert attributes["exception.message"] == f"the {digest} failed"
+    stack = str(attributes["exception.stacktrace"])
+    assert "/tests/test_observability_review.py" in stack  # the frame's file, as it is
+    assert stack.endswith(f"RuntimeError: the {digest} failed\n"), stack
+
+
 def test_instrument_keeps_a_subclass_of_the_group(spans: Any) -> None:
     # instrument() swapped any group to a subclass of FlightGroup itself: a subclass
     # with a __dict__ raised TypeError (layout differs), a slotted one lost its methods.

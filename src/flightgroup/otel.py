@@ -111,18 +111,27 @@ def _private(error: BaseException, key: str) -> dict[str, str] | None:
     """The message and stack trace of an exception event, with the key (its repr, which
     flightgroup's own messages hold: "The flight of 'tenant:42' failed: ...", and its
     plain text, which a work's own message may hold) shown as its digest, since a span
-    never records the raw key. None: nothing to hide."""
-    forms = [repr(key)]
-    if len(key) >= _PLAIN_MIN:
-        forms.append(key)  # after the repr, whose quotes would otherwise be left over
-    text = str(error)
-    stack = "".join(traceback.format_exception(error))
-    if not any(form in text or form in stack for form in forms):
+    never records the raw key. The plain text is replaced only in the exceptions' own
+    lines, not in a frame's file name or source line. None: nothing to hide."""
+    shown = repr(key)
+    plain = key if len(key) >= _PLAIN_MIN else None
+    try:
+        text = str(error)
+    except Exception:  # the SDK records such an error's message as it can
+        return None
+    chunks = list(traceback.TracebackException.from_exception(error).format())
+    stack = "".join(chunks)
+    if shown not in stack and (plain is None or plain not in stack):
         return None
     digest = f"<key {key_digest(key)}>"
-    for form in forms:
-        text, stack = text.replace(form, digest), stack.replace(form, digest)
-    return {"exception.message": text, "exception.stacktrace": stack}
+
+    def hide(part: str, frame: bool) -> str:
+        part = part.replace(shown, digest)
+        return part if plain is None or frame else part.replace(plain, digest)
+
+    # A frame's chunk is its '  File "...", line N, in f' line and its source lines.
+    stack = "".join(hide(chunk, chunk.startswith('  File "')) for chunk in chunks)
+    return {"exception.message": hide(text, False), "exception.stacktrace": stack}
 
 
 def instrument(group: FlightGroup, tracer_provider: TracerProvider | None = None) -> None:
