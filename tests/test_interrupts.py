@@ -8,6 +8,7 @@ private step that raises where a signal handler would), never a lucky sleep.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +20,7 @@ from flightgroup import (
     FlightGroup,
     FlightInterruptedError,
     GroupClosedError,
+    LeaseLostError,
 )
 
 from .ingroup import scope_groups
@@ -293,3 +295,184 @@ def test_an_interrupted_wide_leading_caller_withdraws_only_itself(
         assert others[0].value == "the value"
     for g in (here, elsewhere):
         g.close()
+
+
+class _InterruptedText(Exception):
+    def __str__(self) -> str:
+        raise KeyboardInterrupt  # a signal arriving while str() runs
+
+
+def test_a_failure_whose_str_is_interrupted_still_lands(
+    request: pytest.FixtureRequest, g: FlightGroup
+) -> None:
+    """Landing a failure in a wide scope describes it (str(), user code). Interrupted
+    there, the flight stopped half way: settling, never handed to the scope, its key
+    held for this process and the others (review of this change). It lands
+    interrupted instead; the process scope never calls str() to land."""
+    errors: list[BaseException] = []
+
+    def work() -> str:
+        raise _InterruptedText()
+
+    def lead() -> None:
+        try:
+            g.run_sync("k", work)
+        except BaseException as exc:
+            errors.append(exc)
+
+    leader = threading.Thread(target=lead)
+    leader.start()
+    leader.join(20)
+    assert len(errors) == 1 and isinstance(errors[0], KeyboardInterrupt | _InterruptedText)
+    assert g.stats().in_flight == 0 and "k" not in g._table.flights
+    result = g.run_sync("k", lambda: "next", timeout=20)
+    assert (result.value, result.joined) == ("next", False)
+    if g._arbiter is not None:  # and a stranger of the scope (as another process is)
+        [other] = scope_groups(request, request.node.callspec.params["g"], 1, lease=5.0)
+        try:
+            assert other.run_sync("k", lambda: "other", timeout=20).value == "other"
+        finally:
+            other.close()
+
+
+def test_an_interrupt_in_the_retry_threads_start_hands_the_retry_over_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An interrupt in the retry pause hands the retry to a thread; a second one that
+    comes inside Thread.start(), once the thread got going, must not also end the
+    flight (the retry thread then failed on a settled flight and the joiner got
+    FlightInterruptedError). Both interrupts are raised where a handler would."""
+    import time
+
+    from flightgroup import Retry
+
+    real_start = threading.Thread.start
+    paused = threading.Event()
+
+    def start(self: threading.Thread) -> None:
+        real_start(self)
+        if self.name.startswith("flightgroup-retry-"):
+            raise KeyboardInterrupt  # the second interrupt, in start()'s wait
+
+    real_sleep = time.sleep
+
+    def sleep(seconds: float) -> None:
+        if threading.current_thread() is threading.main_thread() and not paused.is_set():
+            paused.set()
+            raise KeyboardInterrupt  # the first, in the retry pause
+        real_sleep(seconds)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    g = FlightGroup(retry=Retry(attempts=2, backoff=0.05, jitter=False))
+    runs: list[int] = []
+    joined = threading.Event()
+
+    def work() -> str:
+        runs.append(1)
+        if len(runs) == 1:
+            assert joined.wait(20)
+            raise ValueError("the first attempt fails")
+        return "the second attempt"
+
+    got: list[Any] = []
+
+    def join() -> None:
+        wait_until(lambda: "k" in g._table.flights, "the leader's flight")
+        got.append(g.run_sync("k", work, on_join=joined.set, timeout=20))
+
+    joiner = threading.Thread(target=join)
+    real_start(joiner)
+    monkeypatch.setattr(time, "sleep", sleep)
+    with pytest.raises(KeyboardInterrupt):
+        g.run_sync("k", work)
+    joiner.join(20)
+    assert [r.value for r in got] == ["the second attempt"], got
+    assert len(runs) == 2
+    g.close()
+
+
+@pytest.mark.parametrize("how", ["forget", "close"])
+def test_in_the_fleet_run_sync_on_the_loop_of_a_left_flights_work_leads(
+    redis_server: Any, namespace: str, how: str
+) -> None:
+    """In the fleet a flight that left its table holds nothing in Redis (its lease is
+    lost, or it was parked): a run_sync of its key on its work's loop thread leads beside
+    it, as before; only the directory's key lock makes that call wait for the work."""
+    from flightgroup import JSON
+
+    groups = [FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON)]
+
+    async def main() -> Any:
+        go, started = asyncio.Event(), asyncio.Event()
+
+        async def work() -> str:
+            started.set()
+            await go.wait()
+            return "old"
+
+        task = asyncio.create_task(groups[0].run("k", work))
+        await started.wait()
+        if how == "close":
+            groups[0].close()
+            groups.append(FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON))
+        else:
+            groups[0].forget("k")
+        result = groups[-1].run_sync("k", lambda: "new", timeout=20)
+        go.set()
+        with contextlib.suppress(GroupClosedError, LeaseLostError):
+            await task
+        return result
+
+    result = asyncio.run(main())
+    assert (result.value, result.joined) == ("new", False)
+    for g in groups:
+        g.close()
+
+
+def test_a_call_refused_before_the_scope_is_asked_counts_as_no_flight(
+    directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory on a network file system refuses every call before any request
+    (NetworkDirectoryError); such a call counts in calls only, as a call the scope
+    could not serve does (ADR 0031): it counted as an interrupted flight, timed."""
+    from flightgroup import JSON
+    from flightgroup.directory import fs
+    from flightgroup.errors import NetworkDirectoryError
+
+    def network(path: str, mountinfo: str | None = None) -> str:
+        return "nfs4"
+
+    monkeypatch.setattr(fs, "file_system_of", network)
+    monkeypatch.setattr(fs, "_local_cache", {})
+    g = FlightGroup(directory=directory, codec=JSON)
+    for _ in range(2):
+        with pytest.raises(NetworkDirectoryError):
+            g.run_sync("k", lambda: 1)
+    with pytest.raises(NetworkDirectoryError):
+        asyncio.run(g.run("k", lambda: asyncio.sleep(0, 1)))
+    stats = g.stats()
+    assert (stats.calls, stats.flights, stats.joins, stats.interrupted) == (3, 0, 0, 0), stats
+    assert stats.in_flight == 0 and stats.flight_seconds_p99 == 0.0, stats
+    g.close()
+
+
+def test_forgets_unavailable_error_carries_the_key() -> None:
+    """API.md: every error that concerns a key has `.key`; forget()'s too, a decorated
+    function's with the key its function gave."""
+    from flightgroup import JSON, UnavailableError
+
+    from .redisproc import free_port
+
+    g = FlightGroup(redis=f"redis://127.0.0.1:{free_port()}/0", namespace="n", codec=JSON)
+
+    @g.coalesce(key=lambda n: f"user:{n}")
+    def user(n: int) -> int:
+        return n
+
+    with pytest.raises(UnavailableError) as caught:
+        g.forget("k1")
+    assert caught.value.key == "k1"
+    with pytest.raises(UnavailableError) as caught:
+        user.forget(7)
+    assert caught.value.key == "user:7"
+    g.close()

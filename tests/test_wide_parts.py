@@ -285,12 +285,15 @@ def test_a_wide_group_dropped_without_close_lets_go_of_its_threads_and_connectio
     assert not thread.is_alive()
     if scope == "directory":
         assert arbiter._channel is None  # type: ignore[union-attr]
-    # A closed group's collection says nothing.
-    [closed] = scope_groups(request, scope, 1, lease=5.0)
+    # A closed group's collection says nothing; nor does an unused one's (construction
+    # does no I/O: nothing to let go of), nor a group the fork hook closed in a child.
+    closed, unused, forked = scope_groups(request, scope, 3, lease=5.0)
     closed.close()
+    assert forked.run_sync("k", lambda: 1).value == 1
+    forked._arbiter.on_fork("this is a forked child")  # type: ignore[union-attr]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        del closed
+        del closed, unused, forked
         gc.collect()
     assert not [w for w in caught if w.category is ResourceWarning], caught
 

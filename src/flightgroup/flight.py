@@ -1123,17 +1123,22 @@ class FlightTable:
     def _scope_blocks(self, tkey: Hashable, loop: asyncio.AbstractEventLoop) -> bool:
         """(Under the lock) True if a flight of ``tkey`` whose async work runs on
         ``loop`` here (not known to be led elsewhere) is another table's of this scope
-        in this process, or left its table while its work runs (this table's check of
-        its own flight comes later). Read from the other tables without their locks:
-        each test is one atomic read."""
+        in this process, or (directory scope) left its table while its work runs (this
+        table's check of its own flight comes later). Read from the other tables
+        without their locks: each test is one atomic read."""
+        # A flight that left its table holds the key only in the directory scope (its
+        # key lock); in the fleet a new call leads beside it (its lease is lost).
+        scope = self.scope
+        left_holds = isinstance(scope, tuple) and scope[0] == "directory"
         for table in (self, *self._kin()):
             if table is not self:
                 flight = table.flights.get(tkey)
                 if flight is not None and flight.loop is loop and not flight.joined_remote:
                     return True
-            for left in (*table.detached, *table.lingering):
-                if left.tkey == tkey and left.loop is loop and not left.joined_remote:
-                    return True
+            if left_holds:
+                for left in (*table.detached, *table.lingering):
+                    if left.tkey == tkey and left.loop is loop and not left.joined_remote:
+                        return True
         return False
 
     def holds(self, flight: Flight) -> bool:

@@ -1031,14 +1031,14 @@ class FlightGroup:
                 except BaseException as exc:  # KeyboardInterrupt during the pause
                     rest = (max(0.0, resume - time.monotonic()), (outcome, value, error))
                     try:
-                        threading.Thread(
-                            target=copy_context().run,
-                            args=(
-                                self._drive_sync_from, flight, work, call, attempt, number, rest
-                            ),
-                            name=f"flightgroup-retry-{flight.token}", daemon=True,
-                        ).start()
-                    except RuntimeError:  # no thread to go on with: the flight ends here
+                        failed = _start_thread(
+                            f"flightgroup-retry-{flight.token}",
+                            self._drive_sync_from, flight, work, call, attempt, number, rest,
+                        )
+                    except BaseException:  # interrupted in start(), the thread got going
+                        handed = True
+                        raise
+                    if failed is not None:  # no thread to go on with: the flight ends here
                         outcome, value, error = Outcome.INTERRUPTED, None, exc
                         break
                     handed = True
@@ -1091,7 +1091,9 @@ class FlightGroup:
             detach = functools.partial(self._table.detach, flight)
             call = arbiter.submit(_wire_key(flight), flight.fresh_lead, flight.after, detach)
         except Exception as exc:  # a network directory, a refused version, closed
-            self._settle_remote(flight, Outcome.INTERRUPTED, exc)
+            self._settle_remote(
+                flight, Outcome.INTERRUPTED, _as_called(exc, flight), unserved=True
+            )
             return
         try:
             while True:
@@ -1129,8 +1131,10 @@ class FlightGroup:
         try:
             detach = functools.partial(self._table.detach, flight)
             call = arbiter.submit(_wire_key(flight), flight.fresh_lead, flight.after, detach)
-        except Exception as exc:
-            self._settle_remote(flight, Outcome.INTERRUPTED, exc)
+        except Exception as exc:  # as in _drive_wide_async
+            self._settle_remote(
+                flight, Outcome.INTERRUPTED, _as_called(exc, flight), unserved=True
+            )
             return None
         pending: tuple[Any, tuple[Any, ...]] | None = None  # read, not yet acted on
         try:
@@ -1310,12 +1314,25 @@ class FlightGroup:
         if _lost(flight, call):
             arbiter.land(call, None, flight.stragglers)
             return Outcome.LOST, _lease_lost(flight.key, error)
-        to_wire = _wide.to_wire
-
-        wired = to_wire(flight.key, outcome, data, error, flight.policy, self._max_value_bytes)
+        wired, outcome, error = self._wired(flight, outcome, data, error)
         self._remember_cause(flight, wired, error)
         arbiter.land(call, wired, flight.stragglers)
         return outcome, error
+
+    def _wired(
+        self, flight: Flight, outcome: Outcome, data: bytes | None, error: BaseException | None
+    ) -> tuple[Any, Outcome, BaseException | None]:
+        """The outcome as the wire carries it. Describing a failure calls its str(),
+        user code: interrupted there (a signal), the flight lands interrupted instead
+        of stopping half way with the key held in the scope."""
+        try:
+            wired = _wide.to_wire(
+                flight.key, outcome, data, error, flight.policy, self._max_value_bytes
+            )
+        except BaseException as exc:
+            outcome, error = Outcome.INTERRUPTED, exc
+            wired = _wide.to_wire(flight.key, outcome, None, exc, flight.policy, None)
+        return wired, outcome, error
 
     def _remember_cause(
         self, flight: Flight, wired: object, error: BaseException | None
@@ -1344,7 +1361,7 @@ class FlightGroup:
         outcome: Outcome,
         data: bytes | None,
         error: BaseException | None,
-    ) -> None:
+    ) -> tuple[Outcome, BaseException | None]:
         """Hand the outcome to Redis; the flight settles here when Redis took it, or
         as lost (LeaseLostError for the leader) when the flight is no longer ours.
         (Stragglers are not waited for: Redis has no key lock to keep.)"""
@@ -1352,9 +1369,12 @@ class FlightGroup:
         assert fleet is not None
         if _lost(flight, call):
             fleet.land(call, None)
-            self._settle_landed(flight, Outcome.LOST, None, _lease_lost(flight.key, error), None)
-            return
-        to_wire = _wide.to_wire
+            lost = _lease_lost(flight.key, error)
+            self._settle_landed(flight, Outcome.LOST, None, lost, None)
+            return Outcome.LOST, lost
+        wired, outcome, error = self._wired(flight, outcome, data, error)
+        if outcome is Outcome.INTERRUPTED:
+            data = None
 
         def landed(fenced: bool) -> None:
             if fenced:
@@ -1363,9 +1383,9 @@ class FlightGroup:
             else:
                 self._settle_landed(flight, outcome, None, error, data)
 
-        wired = to_wire(flight.key, outcome, data, error, flight.policy, self._max_value_bytes)
         self._remember_cause(flight, wired, error)
         fleet.land(call, wired, landed)
+        return outcome, error
 
     def _will_retry(
         self, flight: Flight, number: int, outcome: Outcome, error: BaseException | None
@@ -1401,10 +1421,10 @@ class FlightGroup:
         if flight.wide is not None:
             self._table.handing(flight)
             if self._fleet is not None:  # settled once Redis took the landing
-                self._land_fleet(flight, flight.wide, outcome, data, error)
+                outcome, error = self._land_fleet(flight, flight.wide, outcome, data, error)
                 return error if outcome is Outcome.INTERRUPTED else None
             outcome, error = self._land_wide(flight, flight.wide, outcome, data, error)
-            if outcome is Outcome.LOST:
+            if outcome is Outcome.LOST or outcome is Outcome.INTERRUPTED:
                 data = None
         retention = flight.policy.retention
         if retention is None or retention.max_bytes is None:  # no size to measure
@@ -1557,11 +1577,18 @@ class FlightGroup:
             return
         wire_key = _plain_wire_key(key)
         arbiter.check_key(wire_key)  # a key the scope cannot carry changes nothing
-        self._forget_wide(arbiter, key, wire_key)
+        self._forget_wide(arbiter, key, wire_key, key)
 
-    def _forget_wide(self, arbiter: Arbiter, tkey: Hashable, wire_key: str) -> None:
+    def _forget_wide(
+        self, arbiter: Arbiter, tkey: Hashable, wire_key: str, key: str
+    ) -> None:
         self._table.forget(tkey)
-        arbiter.forget(wire_key)
+        try:
+            arbiter.forget(wire_key)
+        except UnavailableError as exc:
+            if exc.key is None:  # the scope's own error: it concerns this key
+                exc.key = key
+            raise
         # Again once the scope confirmed: a call of this group made in between may have
         # reached the scope first and joined the old flight, and the scope's notice of
         # the forget reaches its local flight later (fleet: at its next read). A call
@@ -1578,7 +1605,7 @@ class FlightGroup:
         namespace, op = cast("tuple[str, str]", tkey)
         wire_key = f"\x00{namespace}\x00{op}"
         arbiter.check_key(wire_key)
-        self._forget_wide(arbiter, tkey, wire_key)
+        self._forget_wide(arbiter, tkey, wire_key, op)
 
     def stats(self) -> Stats:
         """A snapshot of this group's counters in this process."""
@@ -1790,8 +1817,12 @@ def _close_dropped(arbiter: Arbiter, name: str) -> None:
     """A wide group collected without close(): warn, as an unclosed socket does, and
     close its scope's machinery on a thread of its own (a collection may run on any
     thread, the group's own among them, and closing waits for landings)."""
-    warnings.warn(f"unclosed {name}: close() it (or use it in a with block)",
-                  ResourceWarning, stacklevel=2)
+    if getattr(arbiter, "_thread", None) is None:
+        return  # never started (construction does no I/O): nothing to let go of
+    # (stacklevel 1: a collection has no caller of the group's to point at)
+    warnings.warn(
+        f"unclosed {name}: close() it (or use it in a with block)", ResourceWarning, stacklevel=1
+    )
     with contextlib.suppress(RuntimeError):  # no new thread (the interpreter ends)
         threading.Thread(target=arbiter.close, name="flightgroup-close", daemon=True).start()
 
@@ -1805,6 +1836,8 @@ def _forget_flights(ref: weakref.ref[FlightGroup], why: str) -> None:
         group._table = FlightTable(wide=True)
         group._closed = True
         group._closed_why = why
+        if group._finalizer is not None:  # closed here: nothing to warn of or let go
+            group._finalizer.detach()
 
 
 def _start_thread(name: str, run: Callable[..., object], *args: Any) -> BaseException | None:
