@@ -476,3 +476,61 @@ def test_forgets_unavailable_error_carries_the_key() -> None:
         user.forget(7)
     assert caught.value.key == "user:7"
     g.close()
+
+
+@pytest.mark.parametrize("scope", ["directory", "fleet"])
+def test_an_interrupt_waiting_for_a_retrys_token_withdraws_only_the_caller(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, scope: str
+) -> None:
+    """Between two attempts a wide leader asks the scope for the retry's token, in its
+    caller's thread (no timeout, no deadline). Interrupted there (not in the work), the
+    flight ended interrupted for its local joiners; now the caller withdraws and the
+    retry goes on, on a thread of its own, as after an interrupt in the retry's pause."""
+    from flightgroup import JSON, Retry
+    from flightgroup.wide import Inbox
+
+    retry = Retry(attempts=2, backoff=0.0, jitter=False)
+    if scope == "directory":
+        g = FlightGroup(directory=request.getfixturevalue("directory"), codec=JSON, retry=retry)
+    else:
+        server, ns = request.getfixturevalue("redis_server"), request.getfixturevalue("namespace")
+        g = FlightGroup(redis=server.url, namespace=ns, codec=JSON, retry=retry)
+    caller = threading.current_thread()
+    real_get = Inbox.get_sync
+    reads: list[int] = []
+
+    def get_sync(self: Inbox) -> Any:
+        if threading.current_thread() is caller:
+            reads.append(1)
+            if len(reads) == 2:  # the first is the lead; the second, the retry's token
+                raise KeyboardInterrupt
+        return real_get(self)
+
+    monkeypatch.setattr(Inbox, "get_sync", get_sync)
+    joined = threading.Event()
+    runs: list[int] = []
+
+    def work() -> str:
+        runs.append(1)
+        if len(runs) == 1:
+            assert joined.wait(20)
+            raise ValueError("the first attempt fails")
+        return "the second attempt"
+
+    got: list[Any] = []
+
+    def join() -> None:
+        wait_until(lambda: "k" in g._table.flights, "the leader's flight")
+        try:
+            got.append(g.run_sync("k", work, on_join=joined.set, timeout=20))
+        except BaseException as exc:
+            got.append(exc)
+
+    joiner = threading.Thread(target=join)
+    joiner.start()
+    with pytest.raises(KeyboardInterrupt):
+        g.run_sync("k", work)
+    joiner.join(20)
+    assert [getattr(r, "value", r) for r in got] == ["the second attempt"], got
+    assert len(runs) == 2
+    g.close()

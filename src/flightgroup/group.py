@@ -938,8 +938,6 @@ class FlightGroup:
             if following is None:
                 break
             if call is not None:  # each attempt has its own token from the scope
-                Event = _wide.Event
-
                 assert self._arbiter is not None
                 self._arbiter.retry(call)
                 try:
@@ -953,12 +951,8 @@ class FlightGroup:
                     following.lose()
                     outcome, value, error = Outcome.INTERRUPTED, None, exc
                     break
-                if event is not Event.LEAD:  # the lease was lost meanwhile
-                    following.revoked = True
-                    following.lose()
+                if not self._bind_retry(flight, call, following, event, args):
                     break
-                following.token = flight.token = args[0]
-                self._arbiter.bind(call, following)
             attempt, number = following, number + 1
             _CURRENT.set(attempt)
         stop = self._land(flight, outcome, value, error)
@@ -1047,22 +1041,30 @@ class FlightGroup:
                 if following is None:
                     break
                 if call is not None:  # each attempt has its own token from the scope
-                    Event = _wide.Event
-
                     assert self._arbiter is not None
                     self._arbiter.retry(call)
                     try:
                         event, args = call.inbox.get_sync()
-                    except BaseException as exc:  # KeyboardInterrupt: as in _drive_async
-                        following.lose()
+                    except BaseException as exc:
+                        # Interrupted waiting for the token (not in the work): this
+                        # caller withdraws, the retry goes on on a thread of its own.
+                        try:
+                            failed = _start_thread(
+                                f"flightgroup-retry-{flight.token}", self._retry_when_bound,
+                                flight, work, call, following, number + 1,
+                                (outcome, value, error),
+                            )
+                        except BaseException:  # interrupted in start(), the thread got going
+                            handed = True
+                            raise
+                        if failed is None:
+                            handed = True
+                            raise
+                        following.lose()  # no thread: the flight ends here
                         outcome, value, error = Outcome.INTERRUPTED, None, exc
                         break
-                    if event is not Event.LEAD:  # the lease was lost meanwhile
-                        following.revoked = True
-                        following.lose()
+                    if not self._bind_retry(flight, call, following, event, args):
                         break
-                    following.token = flight.token = args[0]
-                    self._arbiter.bind(call, following)
                 attempt, number = following, number + 1
             self._land(flight, outcome, value, error)
         except BaseException as exc:
@@ -1073,6 +1075,38 @@ class FlightGroup:
             if not handed and (flight.state is RUNNING or flight.state is RETRY_PENDING):
                 self._land(flight, Outcome.INTERRUPTED, None, exc)
             raise
+
+    def _bind_retry(
+        self, flight: Flight, call: Call, following: Attempt, event: Event, args: tuple[Any, ...]
+    ) -> bool:
+        """The scope's answer to a retry's request for a token: the attempt runs under
+        it; False if the lease was lost meanwhile (the attempt is revoked)."""
+        if event is not _wide.Event.LEAD:
+            following.revoked = True
+            following.lose()
+            return False
+        following.token = flight.token = args[0]
+        assert self._arbiter is not None
+        self._arbiter.bind(call, following)
+        return True
+
+    def _retry_when_bound(
+        self,
+        flight: Flight,
+        work: Callable[[], Any],
+        call: Call,
+        following: Attempt,
+        number: int,
+        ending: Ending,
+    ) -> None:
+        """(On a thread of its own) the retry whose token its leader's caller stopped
+        waiting for: wait for it, then go on with the attempts (or land ``ending``, the
+        last attempt's, if the lease was lost meanwhile)."""
+        event, args = call.inbox.get_sync()
+        if self._bind_retry(flight, call, following, event, args):
+            self._drive_sync_from(flight, work, call, following, number, None)
+        else:
+            self._land(flight, *ending)
 
     # -- the wide scopes ----------------------------------------------------------
     #
