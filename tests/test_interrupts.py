@@ -534,3 +534,37 @@ def test_an_interrupt_waiting_for_a_retrys_token_withdraws_only_the_caller(
     assert [getattr(r, "value", r) for r in got] == ["the second attempt"], got
     assert len(runs) == 2
     g.close()
+
+
+def test_an_interrupt_that_stops_a_work_whose_lease_was_lost_still_stops_the_loop(
+    g: FlightGroup,
+) -> None:
+    """An async work whose lease was lost, then stopped by KeyboardInterrupt: the
+    interrupt reaches the loop's runner (the driver re-raises what stopped the work), in
+    every scope. In the wide scopes it was swallowed once the landing came back lost:
+    the caller got a LeaseLostError it could catch, and the program ran on."""
+    import flightgroup.group as group_module
+
+    async def work() -> str:
+        attempt = group_module._CURRENT.get()
+        assert attempt is not None
+        attempt.revoked = True  # the scope took the lease (as a failed renewal does)
+        attempt.lose()
+        raise KeyboardInterrupt  # ... and a signal lands in the work
+
+    caught: list[BaseException] = []
+
+    async def main() -> None:
+        try:
+            await g.run("k", work)
+        except Exception as exc:  # what a program catches; an interrupt goes on up
+            caught.append(exc)
+
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert not caught, caught  # no caller took it for a catchable error
+    wait_until(lambda: g.stats().in_flight == 0, "the flight's end")

@@ -1452,11 +1452,14 @@ class FlightGroup:
                 outcome, value, error, data = Outcome.INTERRUPTED, None, exc, None
             else:
                 value = None
+        # What stopped the work (an interrupt) stops the driver too, even when the lease
+        # turns out lost and the callers get LeaseLostError instead.
+        stop = error if outcome is Outcome.INTERRUPTED else None
         if flight.wide is not None:
             self._table.handing(flight)
             if self._fleet is not None:  # settled once Redis took the landing
                 outcome, error = self._land_fleet(flight, flight.wide, outcome, data, error)
-                return error if outcome is Outcome.INTERRUPTED else None
+                return error if outcome is Outcome.INTERRUPTED else stop
             outcome, error = self._land_wide(flight, flight.wide, outcome, data, error)
             if outcome is Outcome.LOST or outcome is Outcome.INTERRUPTED:
                 data = None
@@ -1465,7 +1468,7 @@ class FlightGroup:
             self._settle(flight, outcome, value, error, data)
         else:
             self._settle_landed(flight, outcome, value, error, data)
-        return error if outcome is Outcome.INTERRUPTED else None
+        return error if outcome is Outcome.INTERRUPTED else stop
 
     def _settle_landed(
         self,
