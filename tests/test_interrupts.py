@@ -250,21 +250,21 @@ def test_an_interrupted_wide_leading_caller_withdraws_only_itself(
         assert running.wait(20)
     joiner_in = threading.Event()
     caller: list[threading.Thread] = []
-    real_get = Inbox.get_sync
+    real_wait = Inbox.wait_sync
     interrupted: list[bool] = []
     answers: list[Any] = []
 
-    def get_sync(self: Inbox) -> Any:
+    def wait_sync(self: Inbox) -> Any:
         if caller and threading.current_thread() is caller[0] and not interrupted:
             if when == "joined elsewhere" and not answers:
-                answers.append(real_get(self))  # JOINED: acted on; the next wait is cut
+                answers.append(real_wait(self))  # JOINED: acted on; the next wait is cut
                 return answers[0]
             assert joiner_in.wait(20)
             interrupted.append(True)
             raise KeyboardInterrupt
-        return real_get(self)
+        return real_wait(self)
 
-    monkeypatch.setattr(Inbox, "get_sync", get_sync)
+    monkeypatch.setattr(Inbox, "wait_sync", wait_sync)
     outcomes: dict[str, Any] = {}
 
     def call(name: str, **kw: Any) -> None:
@@ -478,9 +478,10 @@ def test_forgets_unavailable_error_carries_the_key() -> None:
     g.close()
 
 
+@pytest.mark.parametrize("when", ["waiting", "read, not taken", "taken"])
 @pytest.mark.parametrize("scope", ["directory", "fleet"])
 def test_an_interrupt_waiting_for_a_retrys_token_withdraws_only_the_caller(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, scope: str
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, scope: str, when: str
 ) -> None:
     """Between two attempts a wide leader asks the scope for the retry's token, in its
     caller's thread (no timeout, no deadline). Interrupted there (not in the work), the
@@ -496,17 +497,28 @@ def test_an_interrupt_waiting_for_a_retrys_token_withdraws_only_the_caller(
         server, ns = request.getfixturevalue("redis_server"), request.getfixturevalue("namespace")
         g = FlightGroup(redis=server.url, namespace=ns, codec=JSON, retry=retry)
     caller = threading.current_thread()
-    real_get = Inbox.get_sync
+    real_wait, real_take = Inbox.wait_sync, Inbox.take
     reads: list[int] = []
 
-    def get_sync(self: Inbox) -> Any:
+    def wait_sync(self: Inbox) -> Any:
         if threading.current_thread() is caller:
             reads.append(1)
-            if len(reads) == 2:  # the first is the lead; the second, the retry's token
+            # The first read is the lead; the second, the retry's token.
+            if len(reads) == 2 and when == "waiting":
                 raise KeyboardInterrupt
-        return real_get(self)
+        return real_wait(self)
 
-    monkeypatch.setattr(Inbox, "get_sync", get_sync)
+    def take(self: Inbox, item: Any) -> None:
+        # The interrupt comes once the token was read: before it is taken, or after.
+        if threading.current_thread() is caller and len(reads) == 2 and when != "waiting":
+            reads.append(1)
+            if when == "taken":
+                real_take(self, item)
+            raise KeyboardInterrupt
+        real_take(self, item)
+
+    monkeypatch.setattr(Inbox, "wait_sync", wait_sync)
+    monkeypatch.setattr(Inbox, "take", take)
     joined = threading.Event()
     runs: list[int] = []
 

@@ -1043,16 +1043,20 @@ class FlightGroup:
                 if call is not None:  # each attempt has its own token from the scope
                     assert self._arbiter is not None
                     self._arbiter.retry(call)
+                    got: tuple[Any, tuple[Any, ...]] | None = None  # read, maybe not taken
                     try:
-                        event, args = call.inbox.get_sync()
+                        got = call.inbox.wait_sync()
+                        call.inbox.take(got)
+                        event, args = got
                     except BaseException as exc:
                         # Interrupted waiting for the token (not in the work): this
-                        # caller withdraws, the retry goes on on a thread of its own.
+                        # caller withdraws, the retry goes on on a thread of its own
+                        # (with the answer, if it was read: see Inbox.wait_sync).
                         try:
                             failed = _start_thread(
                                 f"flightgroup-retry-{flight.token}", self._retry_when_bound,
                                 flight, work, call, following, number + 1,
-                                (outcome, value, error),
+                                (outcome, value, error), got,
                             )
                         except BaseException:  # interrupted in start(), the thread got going
                             handed = True
@@ -1098,11 +1102,16 @@ class FlightGroup:
         following: Attempt,
         number: int,
         ending: Ending,
+        got: tuple[Any, tuple[Any, ...]] | None,
     ) -> None:
         """(On a thread of its own) the retry whose token its leader's caller stopped
-        waiting for: wait for it, then go on with the attempts (or land ``ending``, the
-        last attempt's, if the lease was lost meanwhile)."""
-        event, args = call.inbox.get_sync()
+        waiting for (``got``: the answer, if it had read it): wait for it, then go on
+        with the attempts (or land ``ending``, the last attempt's, if the lease was lost
+        meanwhile)."""
+        if got is None:
+            got = call.inbox.wait_sync()
+        call.inbox.take(got)
+        event, args = got
         if self._bind_retry(flight, call, following, event, args):
             self._drive_sync_from(flight, work, call, following, number, None)
         else:
@@ -1173,7 +1182,8 @@ class FlightGroup:
         pending: tuple[Any, tuple[Any, ...]] | None = None  # read, not yet acted on
         try:
             while True:
-                pending = call.inbox.get_sync()
+                pending = call.inbox.wait_sync()  # taken below: see _go_on_wide_sync
+                call.inbox.take(pending)
                 event, args = pending
                 if event is not Event.JOINED:
                     break
@@ -1248,7 +1258,10 @@ class FlightGroup:
         Event = _wide.Event
 
         while True:
-            event, args = pending if pending is not None else call.inbox.get_sync()
+            if pending is None:  # (an answer read but not taken is still in the inbox)
+                pending = call.inbox.wait_sync()
+            call.inbox.take(pending)
+            event, args = pending
             pending = None
             if event is not Event.JOINED:
                 break

@@ -250,10 +250,17 @@ class Inbox:
                         self._waiter = None
 
     def get_sync(self) -> tuple[Event, tuple[Any, ...]]:
+        item = self.wait_sync()
+        self.take(item)
+        return item
+
+    def wait_sync(self) -> tuple[Event, tuple[Any, ...]]:
+        """The first event, left in the inbox until ``take``: a reader interrupted (a
+        signal) before it took it loses nothing, whoever reads next gets it."""
         while True:
             with self._lock:
                 if self._items:
-                    return self._items.popleft()
+                    return self._items[0]
                 lock = allocate_lock()
                 lock.acquire()
                 self._waiter = lock
@@ -263,6 +270,13 @@ class Inbox:
                 with self._lock:
                     if self._waiter is lock:
                         self._waiter = None
+
+    def take(self, item: tuple[Event, tuple[Any, ...]]) -> None:
+        """Remove ``item`` (from ``wait_sync``) if it is still first (each event is a
+        tuple of its own: taking it twice takes nothing more)."""
+        with self._lock:
+            if self._items and self._items[0] is item:
+                self._items.popleft()
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
