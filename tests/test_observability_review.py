@@ -329,6 +329,26 @@ def test_a_key_in_a_frames_file_or_source_line_is_left_as_it_is(spans: Any) -> N
     assert stack.endswith(f"RuntimeError: the {digest} failed\n"), stack
 
 
+def test_a_key_in_a_syntax_errors_own_file_line_is_hidden(spans: Any) -> None:
+    # A SyntaxError's own '  File "<name>", line N' line is its text, not a frame: the
+    # key there is hidden (a frame's chunk is told by the frames, not by its prefix).
+    provider, exporter = spans
+    key = "tenant:42"
+    group = FlightGroup()
+    instrument(group, provider)
+
+    def work() -> Any:  # a template compiled under the name of the key it renders
+        return compile("x = = 1", f"<template {key}>", "exec")
+
+    with pytest.raises(SyntaxError):
+        group.run_sync(key, work)
+    (span,) = exporter.get_finished_spans()
+    (event,) = [e for e in span.events if e.name == "exception"]
+    stack = str((event.attributes or {})["exception.stacktrace"])
+    assert key not in stack, stack
+    assert f'File "<template <key {key_digest(key)}>>", line 1' in stack, stack
+
+
 def test_instrument_keeps_a_subclass_of_the_group(spans: Any) -> None:
     # instrument() swapped any group to a subclass of FlightGroup itself: a subclass
     # with a __dict__ raised TypeError (layout differs), a slotted one lost its methods.

@@ -117,21 +117,39 @@ def _private(error: BaseException, key: str) -> dict[str, str] | None:
     plain = key if len(key) >= _PLAIN_MIN else None
     try:
         text = str(error)
-    except Exception:  # the SDK records such an error's message as it can
+    except Exception:  # (record_exception calls str() too, and fails the same way)
         return None
-    chunks = list(traceback.TracebackException.from_exception(error).format())
+    formatted = traceback.TracebackException.from_exception(error)
+    chunks = list(formatted.format())
     stack = "".join(chunks)
     if shown not in stack and (plain is None or plain not in stack):
         return None
     digest = f"<key {key_digest(key)}>"
+    frames = _frame_chunks(formatted)
 
     def hide(part: str, frame: bool) -> str:
         part = part.replace(shown, digest)
         return part if plain is None or frame else part.replace(plain, digest)
 
-    # A frame's chunk is its '  File "...", line N, in f' line and its source lines.
-    stack = "".join(hide(chunk, chunk.startswith('  File "')) for chunk in chunks)
+    stack = "".join(hide(chunk, chunk in frames) for chunk in chunks)
     return {"exception.message": hide(text, False), "exception.stacktrace": stack}
+
+
+def _frame_chunks(formatted: traceback.TracebackException) -> set[str]:
+    """The formatted frames (file, line, source) of an exception and of every one it
+    chains to: the chunks of a stack trace that are code, not the exceptions' text."""
+    frames: set[str] = set()
+    seen: set[int] = set()
+    todo = [formatted]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        frames.update(current.stack.format())
+        todo += [e for e in (current.__cause__, current.__context__) if e is not None]
+        todo += getattr(current, "exceptions", None) or []
+    return frames
 
 
 def instrument(group: FlightGroup, tracer_provider: TracerProvider | None = None) -> None:
