@@ -24,7 +24,7 @@ from flightgroup import (
 )
 
 from .ingroup import scope_groups
-from .support import wait_until
+from .support import in_thread, outcome, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -53,40 +53,30 @@ def test_a_work_error_that_cannot_be_printed_still_lands(g: FlightGroup) -> None
         assert release.wait(20)
         raise Unprintable()
 
-    got: list[BaseException] = []
+    led, got = _lead_then_join(g, work, joined, release)
+    assert type(led) is Unprintable
+    assert type(got) is FlightFailedError, got
+    assert got.error_type.endswith("Unprintable")
+    assert got.message == "<exception str() failed>"
+    # The key is free again: the next call leads.
+    result = g.run_sync("k", lambda: "next", timeout=20)
+    assert (result.value, result.joined) == ("next", False)
 
-    def join() -> None:
-        try:
-            g.run_sync("k", lambda: "never", on_join=joined.set)
-        except BaseException as exc:
-            got.append(exc)
 
-    leader_errors: list[BaseException] = []
-
-    def lead() -> None:
-        try:
-            g.run_sync("k", work)
-        except BaseException as exc:
-            leader_errors.append(exc)
-
-    leader = threading.Thread(target=lead)
-    leader.start()
+def _lead_then_join(
+    g: FlightGroup, work: Any, joined: threading.Event, release: threading.Event
+) -> tuple[Any, Any]:
+    """A leader's call of "k" on a thread; once its flight is in the table, a joiner's
+    (its on_join sets ``joined``); then ``release`` lets the work go on. Returns what
+    each ended with: its Result, or its error."""
+    leader, led = in_thread(g.run_sync, "k", work)
     wait_until(lambda: "k" in g._table.flights, "the leader's flight")
-    joiner = threading.Thread(target=join)
-    joiner.start()
+    joiner, got = in_thread(g.run_sync, "k", lambda: "never", on_join=joined.set)
     assert joined.wait(20)
     release.set()
     leader.join(20)
     joiner.join(20)
-    assert [type(e) for e in leader_errors] == [Unprintable]
-    assert [type(e) for e in got] == [FlightFailedError], got
-    failed = got[0]
-    assert isinstance(failed, FlightFailedError)
-    assert failed.error_type.endswith("Unprintable")
-    assert failed.message == "<exception str() failed>"
-    # The key is free again: the next call leads.
-    result = g.run_sync("k", lambda: "next", timeout=20)
-    assert (result.value, result.joined) == ("next", False)
+    return outcome(led), outcome(got)
 
 
 def _interrupt(
@@ -131,14 +121,6 @@ def test_a_keyboard_interrupt_outside_the_work_interrupts_the_flight(
     else:
         g = FlightGroup(retention=Retention(success=60.0, max_bytes=1 << 20))
         _interrupt(monkeypatch, group_module, "estimate_size")
-    got: list[Any] = []
-
-    def join() -> None:
-        try:
-            got.append(g.run_sync("k", lambda: "never", on_join=joined.set))
-        except BaseException as exc:
-            got.append(exc)
-
     if where == "measuring the outcome":
         # The joiner must be waiting before the leader lands: the work waits for it.
         def work() -> str:
@@ -148,30 +130,14 @@ def test_a_keyboard_interrupt_outside_the_work_interrupts_the_flight(
         def work() -> str:
             return "v"
 
-    joiner = threading.Thread(target=join)
-    leader_errors: list[BaseException] = []
-
-    def lead() -> None:
-        try:
-            g.run_sync("k", work)
-        except BaseException as exc:
-            leader_errors.append(exc)
-
-    leader = threading.Thread(target=lead)
-    leader.start()
-    wait_until(lambda: "k" in g._table.flights, "the leader's flight")
-    joiner.start()
-    assert joined.wait(20)
-    release.set()
-    leader.join(20)
-    joiner.join(20)
+    led, got = _lead_then_join(g, work, joined, release)
     if where == "measuring the outcome":
         # The work's value was made: the joiner gets it; it is not kept (unmeasured).
-        assert [r.value for r in got] == ["v"], got
+        assert got.value == "v", got
         assert g.stats().kept == 0
     else:
-        assert [type(e) for e in got] == [FlightInterruptedError], got
-    assert [type(e) for e in leader_errors] == [KeyboardInterrupt]
+        assert type(got) is FlightInterruptedError, got
+    assert type(led) is KeyboardInterrupt
     assert "k" not in g._table.flights and g.stats().in_flight == 0
     result = g.run_sync("k", lambda: "next", timeout=20)
     assert (result.value, result.joined) == ("next", False)
@@ -309,21 +275,12 @@ def test_a_failure_whose_str_is_interrupted_still_lands(
     there, the flight stopped half way: settling, never handed to the scope, its key
     held for this process and the others (review of this change). It lands
     interrupted instead; the process scope never calls str() to land."""
-    errors: list[BaseException] = []
-
     def work() -> str:
         raise _InterruptedText()
 
-    def lead() -> None:
-        try:
-            g.run_sync("k", work)
-        except BaseException as exc:
-            errors.append(exc)
-
-    leader = threading.Thread(target=lead)
-    leader.start()
+    leader, box = in_thread(g.run_sync, "k", work)
     leader.join(20)
-    assert len(errors) == 1 and isinstance(errors[0], KeyboardInterrupt | _InterruptedText)
+    assert isinstance(outcome(box), KeyboardInterrupt | _InterruptedText), box
     assert g.stats().in_flight == 0 and "k" not in g._table.flights
     result = g.run_sync("k", lambda: "next", timeout=20)
     assert (result.value, result.joined) == ("next", False)

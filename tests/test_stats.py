@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from flightgroup import FlightGroup, Stats
 from flightgroup.stats import Histogram
 
-from .support import run, until, wait_until
+from .support import in_thread, outcome, run, until, wait_until
 
 
 def test_fresh_group_stats_are_zero() -> None:
@@ -91,23 +91,14 @@ def test_a_flight_whose_group_closed_counts_as_interrupted_in_every_scope(
             raise ValueError("after the close")
         return 1
 
-    errors: list[BaseException] = []
-
-    def lead() -> None:
-        try:
-            g.run_sync("k", work)
-        except BaseException as exc:
-            errors.append(exc)
-
-    leader = threading.Thread(target=lead)
-    leader.start()
+    leader, box = in_thread(g.run_sync, "k", work)
     try:
         assert started.wait(20)
         g.close()
     finally:
         gate.set()
         leader.join(20)
-    assert [type(e) for e in errors] == [GroupClosedError] and lost == [True]
+    assert type(outcome(box)) is GroupClosedError and lost == [True]
     wait_until(lambda: g.stats().in_flight == 0, "the flight's end counted")
     stats = g.stats()
     assert (stats.flights, stats.interrupted, stats.failures) == (1, 1, 0), stats
