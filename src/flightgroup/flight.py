@@ -439,6 +439,9 @@ def wake(waiters: Iterable[Waiter], signal: Signal | Flight) -> None:
 # (wide scopes) the tables of this process by scope: groups of one scope are one group,
 # and a sync call must see the flights of the others (FlightTable._kin_blocks)
 _KIN_LOCK = threading.Lock()
+# The size of an outcome that could not be measured for Retention: it is not kept.
+UNMEASURED: Final = -1
+
 _KIN: dict[Hashable, weakref.WeakSet[FlightTable]] = {}
 _KIN_PRUNE_AT = 64  # scopes registered before the next sweep of those left empty
 
@@ -970,16 +973,14 @@ class FlightTable:
                     # Its group closed while it ran: its callers got GroupClosedError and
                     # its lease was lost, whatever the work did after, and whichever came
                     # first (the work's end, or the scope's loss of its lease).
-                    stats.settled(False, True, True, flight.joiners,
-                                  (ended - flight.started) // 1000)
+                    failed, interrupted, lost = False, True, True
                 else:
-                    stats.settled(
-                        outcome is Outcome.ERROR or outcome is Outcome.TIMEOUT,
-                        outcome is Outcome.INTERRUPTED or outcome is Outcome.LOST,
-                        outcome is Outcome.LOST,
-                        flight.joiners,
-                        (ended - flight.started) // 1000,
-                    )
+                    failed = outcome is Outcome.ERROR or outcome is Outcome.TIMEOUT
+                    lost = outcome is Outcome.LOST
+                    interrupted = lost or outcome is Outcome.INTERRUPTED
+                stats.settled(
+                    failed, interrupted, lost, flight.joiners, (ended - flight.started) // 1000
+                )
             timed = flight.timed
             if timed:
                 # Each joiner's wait is its flight's mean joiner wait: the sum and the
@@ -1019,8 +1020,7 @@ class FlightTable:
         ttl = retention.success if ok else retention.error
         # A timeout or an interruption teaches nothing worth keeping; either way the
         # key's older kept outcome (a fresh call led past it) is no longer its latest.
-        # size < 0: its size could not be measured (UNMEASURED): it is not kept.
-        if not ttl or (not ok and flight.outcome is not Outcome.ERROR) or size < 0:
+        if not ttl or (not ok and flight.outcome is not Outcome.ERROR) or size == UNMEASURED:
             if self.kept is not None:
                 self.kept.discard(flight.tkey)
             return

@@ -63,6 +63,7 @@ from .flight import (
     RETRY_PENDING,
     RUNNING,
     SETTLED,
+    UNMEASURED,
     Attempt,
     Flight,
     FlightTable,
@@ -1024,18 +1025,16 @@ class FlightGroup:
                     time.sleep(pause)
                 except BaseException as exc:  # KeyboardInterrupt during the pause
                     rest = (max(0.0, resume - time.monotonic()), (outcome, value, error))
-                    try:
-                        failed = _start_thread(
-                            f"flightgroup-retry-{flight.token}",
-                            self._drive_sync_from, flight, work, call, attempt, number, rest,
-                        )
-                    except BaseException:  # interrupted in start(), the thread got going
-                        handed = True
-                        raise
-                    if failed is not None:  # no thread to go on with: the flight ends here
+                    # (An interrupt inside start() once the thread got going leaves it
+                    # handed, and is raised from here.)
+                    handed = True
+                    if _start_thread(
+                        f"flightgroup-retry-{flight.token}",
+                        self._drive_sync_from, flight, work, call, attempt, number, rest,
+                    ) is not None:  # no thread to go on with: the flight ends here
+                        handed = False
                         outcome, value, error = Outcome.INTERRUPTED, None, exc
                         break
-                    handed = True
                     raise
                 following = self._table.next_attempt(flight)
                 if following is None:
@@ -1052,18 +1051,14 @@ class FlightGroup:
                         # Interrupted waiting for the token (not in the work): this
                         # caller withdraws, the retry goes on on a thread of its own
                         # (with the answer, if it was read: see Inbox.wait_sync).
-                        try:
-                            failed = _start_thread(
-                                f"flightgroup-retry-{flight.token}", self._retry_when_bound,
-                                flight, work, call, following, number + 1,
-                                (outcome, value, error), got,
-                            )
-                        except BaseException:  # interrupted in start(), the thread got going
-                            handed = True
+                        handed = True  # (as for a cut pause, above)
+                        if _start_thread(
+                            f"flightgroup-retry-{flight.token}", self._retry_when_bound,
+                            flight, work, call, following, number + 1,
+                            (outcome, value, error), got,
+                        ) is None:
                             raise
-                        if failed is None:
-                            handed = True
-                            raise
+                        handed = False
                         following.lose()  # no thread: the flight ends here
                         outcome, value, error = Outcome.INTERRUPTED, None, exc
                         break
@@ -1506,7 +1501,7 @@ class FlightGroup:
                 # Interrupted while measuring (a signal in user code): every caller
                 # still gets the outcome, which is not kept; the leader gets the
                 # interrupt.
-                self._settle(flight, outcome, value, error, data, -1)
+                self._settle(flight, outcome, value, error, data, UNMEASURED)
                 raise
         self._settle(flight, outcome, value, error, data, size)
 
