@@ -386,6 +386,63 @@ def test_in_the_fleet_run_sync_on_the_loop_of_a_left_flights_work_leads(
         g.close()
 
 
+def test_in_the_fleet_run_sync_on_the_loop_of_a_flight_being_forgotten_raises(
+    redis_server: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Until Redis confirms a forget() made on another thread, the scope still knows
+    the old flight: a run_sync of its key on the loop thread that runs its work would
+    join it and block that work. It is refused, as on the directory's key lock; once
+    the forget is confirmed, the same call leads beside the old flight."""
+    from flightgroup import JSON
+
+    from .infleet import fleet_of
+
+    g = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON)
+    scope = fleet_of(g)
+    real_forget = scope.forget
+    asking, confirm = threading.Event(), threading.Event()
+
+    def forget(wire_key: str) -> None:
+        asking.set()
+        assert confirm.wait(20)
+        real_forget(wire_key)
+
+    monkeypatch.setattr(scope, "forget", forget)
+
+    async def main() -> tuple[Any, Any]:
+        go, started = asyncio.Event(), asyncio.Event()
+
+        async def work() -> str:
+            started.set()
+            await go.wait()
+            return "old"
+
+        task = asyncio.create_task(g.run("k", work))
+        await started.wait()
+        forgetting, box = in_thread(g.forget, "k")
+        await asyncio.to_thread(asking.wait, 20)
+        try:
+            g.run_sync("k", lambda: "new", timeout=5)
+        except RuntimeError as exc:
+            refused: Any = exc
+        else:
+            refused = None
+        confirm.set()
+        await asyncio.to_thread(forgetting.join, 20)
+        assert box == {"result": None}
+        after = g.run_sync("k", lambda: "new", timeout=20)
+        go.set()
+        with contextlib.suppress(LeaseLostError):
+            await task
+        return refused, after
+
+    refused, after = asyncio.run(main())
+    assert isinstance(refused, RuntimeError), refused
+    assert "would block that work" in str(refused)
+    assert (after.value, after.joined) == ("new", False)
+    g.close()
+
+
 def test_a_call_refused_before_the_scope_is_asked_counts_as_no_flight(
     directory: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

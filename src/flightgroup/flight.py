@@ -493,6 +493,7 @@ class FlightTable:
         "closed",
         "detached",
         "flights",
+        "forgetting",
         "kept",
         "lingering",
         "lock",
@@ -521,6 +522,9 @@ class FlightTable:
         # (wide scopes) settled flights whose sync work runs on past its deadline (and
         # holds the key lock, in the directory scope), until it returns
         self.lingering: set[Flight] = set()
+        # (wide scopes) keys whose forget() the scope has not confirmed yet, with how many
+        # such forget() calls run: the scope may still make a call join their left flight
+        self.forgetting: dict[Hashable, int] = {}
         # kept outcomes (Retention): settled flights, made on the first one kept
         self.kept: RetentionStore | None = None
         # (wide scopes) the errors of failures this table's group landed, for the
@@ -543,6 +547,7 @@ class FlightTable:
         self.flights = {}
         self.detached = set()
         self.lingering = set()
+        self.forgetting = {}
         for flight in copied:
             if flight.state is not IDLE and flight.state is not DONE:  # in ``in_flight``
                 flight.forked = True
@@ -1059,10 +1064,13 @@ class FlightTable:
 
     # -- the group ------------------------------------------------------------
 
-    def forget(self, tkey: Hashable) -> None:
+    def forget(self, tkey: Hashable, asking: bool = False) -> None:
         """Detach the flight of ``tkey`` (it runs on for its callers); the next
-        call leads a new flight."""
+        call leads a new flight. ``asking``: the scope is asked to forget it too, and
+        ``forget_answered`` follows."""
         with self.lock:
+            if asking:
+                self.forgetting[tkey] = self.forgetting.get(tkey, 0) + 1
             if self.kept is not None:
                 self.kept.discard(tkey)
             flight = self.flights.get(tkey)
@@ -1072,6 +1080,15 @@ class FlightTable:
                 # another group's table reads both without this lock (``holds``).
                 self.detached.add(flight)
                 del self.flights[tkey]
+
+    def forget_answered(self, tkey: Hashable) -> None:
+        """The scope answered (or failed) one ``forget(tkey, asking=True)``."""
+        with self.lock:
+            left = self.forgetting.get(tkey, 0) - 1
+            if left > 0:
+                self.forgetting[tkey] = left
+            else:
+                self.forgetting.pop(tkey, None)
 
     def _left_in(self, tkey: Hashable, current: Flight | None) -> bool:
         """(Under the lock) True if ``current``, or a flight whose work started it, is
@@ -1126,8 +1143,9 @@ class FlightTable:
         in this process, or (directory scope) left its table while its work runs (this
         table's check of its own flight comes later). Read from the other tables
         without their locks: each test is one atomic read."""
-        # A flight that left its table holds the key only in the directory scope (its
-        # key lock); in the fleet a new call leads beside it (its lease is lost).
+        # A flight that left its table holds the key in the directory scope (its key
+        # lock); in the fleet only until the scope confirms its forget(): after that a
+        # new call leads beside it (its lease is lost).
         scope = self.scope
         left_holds = isinstance(scope, tuple) and scope[0] == "directory"
         for table in (self, *self._kin()):
@@ -1135,7 +1153,7 @@ class FlightTable:
                 flight = table.flights.get(tkey)
                 if flight is not None and flight.loop is loop and not flight.joined_remote:
                     return True
-            if left_holds:
+            if left_holds or tkey in table.forgetting:
                 for left in (*table.detached, *table.lingering):
                     if left.tkey == tkey and left.loop is loop and not left.joined_remote:
                         return True

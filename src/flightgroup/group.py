@@ -1627,13 +1627,17 @@ class FlightGroup:
     def _forget_wide(
         self, arbiter: Arbiter, tkey: Hashable, wire_key: str, key: str
     ) -> None:
-        self._table.forget(tkey)
+        # Asking: until the scope confirms, it may still make a call join the old flight
+        # (a run_sync on the loop of its work is refused meanwhile: _scope_blocks).
+        self._table.forget(tkey, asking=True)
         try:
             arbiter.forget(wire_key)
         except UnavailableError as exc:
             if exc.key is None:  # the scope's own error: it concerns this key
                 exc.key = key
             raise
+        finally:
+            self._table.forget_answered(tkey)
         # Again once the scope confirmed: a call of this group made in between may have
         # reached the scope first and joined the old flight, and the scope's notice of
         # the forget reaches its local flight later (fleet: at its next read). A call
