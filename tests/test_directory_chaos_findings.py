@@ -157,6 +157,45 @@ def test_a_lead_overtaken_by_a_newer_flight_of_the_key_runs_with_its_lease_lost(
         g.close()
 
 
+def test_a_new_call_beside_a_lead_whose_lease_is_lost_asks_the_coordinator(
+    h: Harness, mute: MuteCoordinator
+) -> None:
+    """A lead whose lease is lost (here: a newer flight of the key held its key lock
+    first) runs its work on for its callers, but it is no longer the key's flight in the
+    scope: a new call of the key in its process asks the coordinator instead of joining
+    it (the old code joined it, and got FlightInterruptedError when the work ended)."""
+    ours, newer = (1 << 32) | 5, (2 << 32) | 1
+    holder = hold_key_lock(h.dir, "k")
+    os.pwrite(holder, b"%-20d\n" % newer, 0)  # as the newer flight's leader wrote it
+    os.close(holder)
+    started, release = threading.Event(), threading.Event()
+
+    def work() -> str:
+        assert current_lease().lost
+        started.set()
+        assert release.wait(30)
+        return "stale"
+
+    g = FlightGroup(directory=h.dir, codec=JSON)
+    try:
+        call = Background(lambda: g.run_sync("k", work))
+        conn = mute.accept()
+        run = _frames_until(conn, "run", "k")
+        conn.send(wire.lead_frame(run["id"], ours))
+        assert started.wait(20)
+        later = Background(lambda: g.run_sync("k", lambda: "new"))
+        again = _frames_until(conn, "run", "k")
+        assert again["id"] != run["id"]
+        release.set()
+        with pytest.raises(LeaseLostError):
+            call.wait()
+    finally:
+        release.set()
+        g.close()
+    with pytest.raises(GroupClosedError):
+        later.wait()
+
+
 def test_a_reassert_of_a_flight_a_newer_one_of_its_key_overtook_is_refused(
     directory: str,
 ) -> None:

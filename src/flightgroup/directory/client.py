@@ -977,6 +977,11 @@ class DirectoryArbiter:
         log.warning("lost the lease of a flight of %s (token %d): %s",
                     DigestOf(lead.call.key), lead.token, reason)
         lead.lose()
+        # No longer the key's flight in the scope: it leaves the local table as a
+        # forget() would take it, so a new call of the key here asks the coordinator
+        # (and waits for the key lock this work holds) instead of joining a flight that
+        # can only end interrupted. Its callers stay with it.
+        lead.call.detached()
         if lead.retrying:
             lead.retrying = False
             lead.call.inbox.put(Event.LOST, reason)

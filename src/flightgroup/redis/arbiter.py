@@ -796,6 +796,11 @@ class RedisArbiter:
         if lead.lose():
             log.info("lost the lease of a flight of %s (token %d): %s",
                      key_digest(lead.call.key), lead.token, reason)
+            # Redis no longer counts it as the key's flight: it leaves the local table
+            # as a forget() would take it, so a new call of the key here asks Redis
+            # instead of joining a flight that can only end interrupted. Its callers
+            # stay with it.
+            lead.call.detached()
 
     async def _renew(self) -> None:
         """Renew every lease of this process each lease/3, in one call (per slot)."""

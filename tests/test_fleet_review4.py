@@ -1,0 +1,108 @@
+"""A fourth review of the fleet scope (Redis), under faults: what a process does with a
+flight whose lease it lost, and what a leader's joiners hear when Redis refuses every
+write (maxmemory under noeviction).
+
+- ``test_a_call_after_its_process_lost_the_lease_leads_instead_of_joining_the_dead_flight``:
+  a flight whose lease was lost (Redis restarted empty, evicted it, or its process was
+  frozen past the lease) stayed its key's flight in its process's table while its work
+  ran on. Every new call of the key there joined it, waited for the stale work, and
+  got FlightInterruptedError, though Redis had no flight of the key (or another
+  process had led and kept a newer one).
+- ``test_a_landing_refused_by_a_full_server_ends_the_flight_in_redis_too``: at maxmemory
+  under noeviction the landing is refused for a lease, and so is the ABANDON's XADD that
+  tells the joiners: Redis refuses a script's first write that can grow memory, and
+  ABANDON's XADD came first. The script ended with nothing done; RENEW kept the record
+  alive, so the joiners heard only a lease after the leader gave up, and later calls
+  joined a flight nobody would land. ABANDON now deletes the record first (a DEL is no
+  such write), and a script that has written may write on: the XADD is taken too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from typing import Any
+
+from flightgroup import FlightInterruptedError, LeaseLostError, current_lease
+
+from .infleet import fleet_group, never
+from .redisproc import RedisServer
+from .support import in_thread, outcome, wait_until
+
+
+def _record(namespace: str, key: str) -> str:
+    return f"fg:{{{namespace}:{hashlib.sha256(key.encode()).hexdigest()}}}"
+
+
+def test_a_call_after_its_process_lost_the_lease_leads_instead_of_joining_the_dead_flight(
+    redis_server: Any, namespace: str
+) -> None:
+    g = fleet_group(redis_server.url, namespace, lease=1.0)
+    started, release = threading.Event(), threading.Event()
+    leases: list[Any] = []
+
+    def stale() -> str:
+        leases.append(current_lease())
+        started.set()
+        assert release.wait(30)  # a work that runs on past its lease
+        return "stale"
+
+    leader, led = in_thread(g.run_sync, "k", stale)
+    assert started.wait(10)
+    joined = threading.Event()
+    joiner, got = in_thread(g.run_sync, "k", never, on_join=joined.set)
+    assert joined.wait(10)
+    # Redis loses the flight (an eviction, a restart without persistence): the next
+    # renewal answers 0 and the lease is lost.
+    assert redis_server.client().delete(_record(namespace, "k")) == 1
+    wait_until(lambda: leases[0].lost, "the lease is lost")
+    try:
+        # Redis has no flight of the key: this call leads one, though the stale work
+        # still runs here (the old code joined it: TimeoutError after 5 s).
+        after = g.run_sync("k", lambda: "new", timeout=5)
+    finally:
+        release.set()
+        leader.join(20)
+        joiner.join(20)
+    assert (after.value, after.joined) == ("new", False)
+    # Who was there before the loss stays with the lost flight.
+    assert isinstance(outcome(led), LeaseLostError), led
+    assert isinstance(outcome(got), FlightInterruptedError), got
+    g.close()
+
+
+def test_a_landing_refused_by_a_full_server_ends_the_flight_in_redis_too(namespace: str) -> None:
+    server = RedisServer()
+    try:
+        a = fleet_group(server.url, namespace, lease=1.0)
+        b = fleet_group(server.url, namespace, lease=1.0)
+        started, joined = threading.Event(), threading.Event()
+
+        def work() -> str:
+            started.set()
+            assert joined.wait(10)
+            admin = server.client()
+            admin.config_set("maxmemory-policy", "noeviction")
+            admin.config_set("maxmemory", "1")  # every write is refused from now on
+            return "v"
+
+        leader, led = in_thread(a.run_sync, "k", work)
+        assert started.wait(10)
+        joiner, got = in_thread(b.run_sync, "k", never, on_join=joined.set)
+        leader.join(30)
+        assert isinstance(outcome(led), LeaseLostError), led
+        # The leader gave up its landing: the flight is gone from Redis at once, not a
+        # lease after its last renewal (the old ABANDON failed before its DEL).
+        assert server.client().exists(_record(namespace, "k")) == 0
+        # and the joiners are told at once: a script that has written may write again
+        # under OOM, so the XADD after the DEL is taken.
+        mailboxes = server.client().keys(_record(namespace, "k") + ":m:*")
+        assert [server.client().xrange(m)[0][1][b"c"] for m in mailboxes] == [b"int"]
+        joiner.join(30)
+        assert isinstance(outcome(got), FlightInterruptedError), got
+        server.client().config_set("maxmemory", "0")
+        assert a.run_sync("k", lambda: "next").value == "next"
+        a.close()
+        b.close()
+    finally:
+        server.close()
