@@ -11,7 +11,7 @@ import pytest
 
 from flightgroup import FlightGroup
 
-from .support import mypy_strict, run, until, wait_until
+from .support import in_thread, mypy_strict, outcome, run, until, wait_until
 
 
 def test_async_function_calls_with_equal_keys_share_one_run_and_return_the_value() -> None:
@@ -255,6 +255,75 @@ def test_mypy_binds_a_decorated_method_like_any_method(tmp_path: Path) -> None:
     # The one error is the bad argument: every correct call type-checks.
     assert out.count("error:") == 1, out
     assert 'Argument 1 to "__call__" of "BoundCoalesced" has incompatible type "str"' in out, out
+
+
+def test_mypy_binds_a_coalesced_classmethod_and_staticmethod(tmp_path: Path) -> None:
+    """Above @classmethod or @staticmethod, coalesce gives the same kind back (it
+    refused them: "coalesce() decorates a function"). mypy reads a classmethod's other
+    decorators as applied to the plain function, so it types a classmethod read from an
+    instance and a staticmethod read from the class; read the other way, it keeps or
+    drops the first parameter wrongly (docs/process-scope.md says so)."""
+    proc = mypy_strict(
+        tmp_path,
+        """
+            import flightgroup
+
+            g = flightgroup.FlightGroup()
+
+            class Svc:
+                @g.coalesce(key=lambda cls, k: f"c:{k}")
+                @classmethod
+                async def load(cls, k: str) -> int:
+                    return 1
+
+                @g.coalesce(key=lambda k: f"s:{k}")
+                @staticmethod
+                def parse(k: str) -> bytes:
+                    return b""
+
+            async def main() -> None:
+                reveal_type(await Svc().load("x"))
+                reveal_type(Svc.parse("x"))
+                await Svc().load(1)
+        """,
+    )
+    out = proc.stdout
+    assert out.count('type is "int"') + out.count('type is "builtins.int"') == 1, out
+    assert out.count('type is "bytes"') + out.count('type is "builtins.bytes"') == 1, out
+    assert out.count("error:") == 1, out
+    assert 'has incompatible type "int"; expected "str"' in out, out
+
+
+def test_coalesce_above_a_classmethod_or_staticmethod_shares_flights() -> None:
+    g = FlightGroup()
+    runs: list[str] = []
+    gate = threading.Event()
+
+    class Svc:
+        @g.coalesce(key=lambda cls, k: k)
+        @classmethod
+        def load(cls, k: str) -> str:
+            runs.append(f"{cls.__name__}:{k}")
+            assert gate.wait(10)
+            return k.upper()
+
+        @g.coalesce(key=lambda k: k)
+        @staticmethod
+        def parse(k: str) -> str:
+            return k * 2
+
+    assert isinstance(Svc.__dict__["load"], classmethod)
+    assert isinstance(Svc.__dict__["parse"], staticmethod)
+    first, box = in_thread(Svc.load, "a")
+    wait_until(lambda: bool(runs), "the first call leads")
+    joined, other = in_thread(Svc().load, "a")
+    wait_until(lambda: g.stats().joins == 1, "the second call joins")
+    gate.set()
+    first.join(10)
+    joined.join(10)
+    assert (outcome(box), outcome(other), runs) == ("A", "A", ["Svc:a"])
+    assert Svc.parse("b") == Svc().parse("b") == "bb"
+    Svc.__dict__["load"].__func__.forget(Svc, "a")
 
 
 def test_a_decorated_method_runs_once_per_key_across_instances() -> None:

@@ -121,8 +121,13 @@ _FLEET_MAX_VALUE = 1024 * 1024
 
 
 def _check_key(key: object) -> str:
-    if type(key) is not str and not isinstance(key, str):
-        raise TypeError(f"key must be a str, not {type(key).__name__}")
+    """``key`` as a plain ``str``. A subclass's (a StrEnum member's) is copied to one:
+    the engine tells a plain key from a decorated function's by ``type(tkey) is str``,
+    and a wide scope sends the characters, not what the subclass's ``__str__`` says."""
+    if type(key) is not str:
+        if not isinstance(key, str):
+            raise TypeError(f"key must be a str, not {type(key).__name__}")
+        key = str.__str__(key)
     if not key:
         raise ValueError("key must not be empty")
     return key
@@ -175,7 +180,18 @@ class BoundCoalesced(Protocol[P, R_co]):
 
 
 class _Coalesce(Protocol):
-    """The decorator returned by ``FlightGroup.coalesce``."""
+    """The decorator returned by ``FlightGroup.coalesce``. Above ``@classmethod`` or
+    ``@staticmethod`` it decorates their function and gives the same kind back (so
+    type checkers bind ``cls`` as for any classmethod; its ``forget`` is reached as
+    ``Cls.__dict__[name].__func__.forget``)."""
+
+    @overload
+    def __call__(self, fn: classmethod[S, P, T], /) -> classmethod[S, P, T]: ...
+
+    @overload  # first: a staticmethod is callable too
+    def __call__(  # type: ignore[overload-overlap]
+        self, fn: staticmethod[P, T], /
+    ) -> staticmethod[P, T]: ...
 
     @overload
     def __call__(
@@ -210,6 +226,7 @@ class FlightGroup:
         "_finalizer",
         "_fleet",
         "_max_value_bytes",
+        "_namespaces",
         "_policy",
         "_table",
     )
@@ -361,6 +378,10 @@ class FlightGroup:
         self._table = FlightTable(wide=self._arbiter is not None, scope=scope)
         self._closed = False
         self._closed_why: str | None = None  # why, when not by close(): a forked child
+        # The decorated functions by the namespace taken from their qualified name, so
+        # that two live functions with one name (made by one factory, two lambdas) are
+        # refused instead of sharing flights: (the lock, namespace -> function).
+        self._namespaces: tuple[threading.Lock, dict[str, weakref.ref[Any]]] | None = None
 
     # -- calls ------------------------------------------------------------------
 
@@ -408,7 +429,7 @@ class FlightGroup:
             or fresh is not False
             or self._closed
         ):
-            self._admit(key, work, on_join, timeout, fresh)
+            key = self._admit(key, work, on_join, timeout, fresh)
         elif not callable(work):
             _check_call(work, None, None, False)
         loop = events.get_running_loop()
@@ -484,15 +505,16 @@ class FlightGroup:
 
     def _admit(
         self, key: object, work: object, on_join: object, timeout: object, fresh: object
-    ) -> None:
+    ) -> str:
         """The slow path of a call's checks, in order: arguments, closed, timeout=0.
-        Raises, or returns when the call may go on."""
-        _check_key(key)
+        Raises, or returns the key (a plain str) when the call may go on."""
+        key = _check_key(key)
         _check_call(work, on_join, timeout, fresh)
         if self._closed:
             raise self._closed_error()
         if timeout is not None and timeout <= 0:  # type: ignore[operator]
             raise TimeoutError(f"timeout of 0 s for {key!r}: the call neither led nor joined")
+        return key
 
     async def _follow(
         self,
@@ -619,7 +641,7 @@ class FlightGroup:
             or fresh is not False
             or self._closed
         ):
-            self._admit(key, work, on_join, timeout, fresh)
+            key = self._admit(key, work, on_join, timeout, fresh)
         elif not callable(work):
             _check_call(work, None, None, False)
         table = self._table
@@ -1613,7 +1635,7 @@ class FlightGroup:
 
         Raises GroupClosedError if the group is closed (a wide scope would not hear it).
         """
-        _check_key(key)
+        key = _check_key(key)
         if self._closed:
             raise self._closed_error()
         arbiter = self._arbiter
@@ -1928,13 +1950,52 @@ def _is_awaitable(value: object) -> bool:
     )
 
 
+def _namespace_of(group: FlightGroup, fn: Callable[..., Any]) -> str:
+    """``fn``'s namespace from its module and qualified name. Two different live
+    functions of one group with one such name are refused: they would share flights
+    (API.md: two decorated functions never do), and only ``name=`` can tell them apart
+    in another process."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        raise TypeError(
+            f"coalesce() needs name= for a {type(fn).__name__} (it has no module and "
+            "qualified name to make its keys' namespace from)"
+        )
+    namespace = f"{module}.{qualname}"
+    try:
+        ref = weakref.ref(fn)
+    except TypeError:  # not weakly referable: not a function, whose name is its own
+        return namespace
+    if group._namespaces is None:
+        with _NAMESPACES_LOCK:
+            if group._namespaces is None:
+                group._namespaces = (threading.Lock(), {})
+    lock, taken = group._namespaces
+    with lock:
+        held = taken.get(namespace)
+        other = None if held is None else held()
+        if other is not None and other is not fn:
+            raise ValueError(
+                f"another function of this group is decorated as {namespace!r} (functions "
+                "made by one factory, or lambdas, share a qualified name): give each its "
+                "own name=, or they would share flights"
+            )
+        taken[namespace] = ref
+    return namespace
+
+
+_NAMESPACES_LOCK = threading.Lock()
+
+
 def _make_coalesce(
     group: FlightGroup, key: Callable[..., str] | None, name: str | None, policy: FlightPolicy
 ) -> Any:
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def decorate(fn: Any) -> Any:
+        if isinstance(fn, (classmethod, staticmethod)):  # above it: the same kind back
+            return type(fn)(decorate(fn.__func__))
         if not callable(fn):
             raise TypeError("coalesce() decorates a function")
-        namespace = name or f"{fn.__module__}.{fn.__qualname__}"
+        namespace = name or _namespace_of(group, fn)
         if key is None:
             signature = inspect.signature(fn)
 
@@ -1974,6 +2035,6 @@ def _make_coalesce(
 
         wrapper.forget = forget
         wrapper.flight_namespace = namespace
-        return wrapper  # type: ignore[no-any-return]
+        return wrapper
 
     return decorate
