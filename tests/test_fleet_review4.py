@@ -23,10 +23,10 @@ import hashlib
 import threading
 from typing import Any
 
-from flightgroup import FlightInterruptedError, LeaseLostError, current_lease
+from flightgroup import FlightInterruptedError, LeaseLostError, UnavailableError, current_lease
 
 from .infleet import fleet_group, never
-from .redisproc import RedisServer
+from .redisproc import HoldingCutProxy, RedisServer
 from .support import in_thread, outcome, wait_until
 
 
@@ -106,3 +106,37 @@ def test_a_landing_refused_by_a_full_server_ends_the_flight_in_redis_too(namespa
         b.close()
     finally:
         server.close()
+
+
+def test_a_landing_redis_took_but_never_confirmed_is_unavailable_not_a_lost_lease(
+    redis_server: RedisServer, holding_proxy: HoldingCutProxy, namespace: str
+) -> None:
+    a = fleet_group(holding_proxy.url, namespace, lease=1.0)
+    b = fleet_group(redis_server.url, namespace, lease=1.0)
+    started, joined = threading.Event(), threading.Event()
+    marker = "a value whose landing is cut"
+
+    def work() -> str:
+        started.set()
+        assert joined.wait(10)
+        # COMPLETE carries the value: Redis runs it, its reply is cut, and redis-py's
+        # re-send waits at the proxy until the leader has given up.
+        holding_proxy.arm(marker.encode())
+        return marker
+
+    try:
+        a.run_sync("warm-up", lambda: 0)
+        leader, led = in_thread(a.run_sync, "k", work)
+        assert started.wait(10)
+        joiner, got = in_thread(b.run_sync, "k", never, on_join=joined.set)
+        leader.join(30)
+        joiner.join(30)
+    finally:
+        holding_proxy.release()
+        a.close()
+        b.close()
+    assert outcome(got).value == marker  # Redis took the landing
+    error = outcome(led)
+    assert isinstance(error, UnavailableError), error
+    assert "did not confirm" in str(error)
+    assert error.key == "k"

@@ -1440,9 +1440,12 @@ class FlightGroup:
         if outcome is Outcome.INTERRUPTED:
             data = None
 
-        def landed(fenced: bool) -> None:
+        def landed(fenced: bool, unconfirmed: UnavailableError | None) -> None:
             if fenced:
-                lost = _lease_lost(flight.key, error)
+                lost = (
+                    _lease_lost(flight.key, error) if unconfirmed is None
+                    else _as_called(unconfirmed, flight)
+                )
                 self._settle_landed(flight, Outcome.LOST, None, lost, None)
             else:
                 self._settle_landed(flight, outcome, None, error, data)

@@ -448,11 +448,13 @@ class RedisArbiter:
         self,
         call: FleetCall,
         outcome: wire.Outcome | None,
-        done: Callable[[bool], None] | None = None,
+        done: Callable[[bool, UnavailableError | None], None] | None = None,
     ) -> None:
         """The flight ended: hand ``outcome`` over (None: nothing to land, the lease
-        was lost). ``done(fenced)`` is called once Redis took the landing (False)
-        or refused it because the flight is no longer this leader's (True)."""
+        was lost). ``done(fenced, unconfirmed)`` is called once Redis took the landing
+        (False, None) or refused it because the flight is no longer this leader's
+        (True, None), or when Redis could not be heard for a lease: (True, the error),
+        since it may have taken it."""
         lead = call.lead
         assert lead is not None
         # In order with close(): a landing made before it is posted before its _close,
@@ -466,7 +468,7 @@ class RedisArbiter:
                     lead.work_done = True
                 posted = self._post_task(self._land(lead, outcome, done))
         if not posted and done is not None:
-            done(True)  # the group closed: nothing can land any more
+            done(True, None)  # the group closed: nothing can land any more
 
     def withdraw(self, call: FleetCall) -> None:
         """The flight's driver stopped before the call ended: give it back."""
@@ -920,14 +922,17 @@ class RedisArbiter:
         call.inbox.put(Event.LEAD, lead.token)
 
     async def _land(
-        self, lead: FleetLead, outcome: wire.Outcome | None, done: Callable[[bool], None] | None
+        self,
+        lead: FleetLead,
+        outcome: wire.Outcome | None,
+        done: Callable[[bool, UnavailableError | None], None] | None,
     ) -> None:
         call = lead.call
         self._calls.discard(call)
         if outcome is None:  # lost before it landed: its joiners hear it now
             await self._abandon(lead, "its leader lost its lease")
             if done is not None:
-                done(True)
+                done(True, None)
             return
         lead.landing = asyncio.current_task()
         names = _Names(self.namespace, call.key, self._cluster)
@@ -935,6 +940,7 @@ class RedisArbiter:
         code, payload, keep = encode_outcome(outcome)
         size, max_items, max_bytes = kept_bounds(outcome)
         fenced = True  # until Redis said it landed: whatever ends this, done() is told
+        unconfirmed: UnavailableError | None = None
         refusals = 0  # passing server errors heard (the first one is logged)
         began = time.monotonic()
         try:
@@ -966,6 +972,15 @@ class RedisArbiter:
                         self._lose(lead, f"Redis did not take its landing for a lease ({exc})")
                         if isinstance(exc, ResponseError):  # it answers: tell the joiners
                             await self._abandon(lead, "Redis refused its leader's landing")
+                        else:
+                            # Unheard, not refused: Redis may have run a COMPLETE whose
+                            # reply was lost, and its joiners have the outcome. The
+                            # leader cannot tell, so it does not say the lease was lost.
+                            unconfirmed = UnavailableError(
+                                f"Redis at {self._where()} did not confirm the landing "
+                                f"for a lease, so its joiners may have its outcome: {exc}"
+                            )
+                            unconfirmed.__cause__ = exc
                         break
                     if isinstance(exc, ResponseError) and not refusals:
                         log.info("Redis refused a landing of %s for now, trying again: %s",
@@ -982,7 +997,7 @@ class RedisArbiter:
             if fenced:
                 self._lose(lead, "its landing was fenced or could not be made")
             if done is not None:
-                done(fenced)
+                done(fenced, unconfirmed)
 
     async def _status(self, limit: int) -> list[dict[str, Any]]:
         client = self._client
