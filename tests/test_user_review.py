@@ -116,3 +116,21 @@ def test_a_callable_without_a_qualified_name_needs_name() -> None:
     with pytest.raises(TypeError, match="needs name= for a partial"):
         g.coalesce(key=str)(functools.partial(_plain))
     assert g.coalesce(key=str, name="plain")(functools.partial(_plain))("x") == "x"
+
+
+def test_a_sync_call_whose_work_returns_an_awaitable_names_the_work() -> None:
+    """A decorated plain def that returns a coroutine was told "the work given to
+    run_sync()", which its caller never called."""
+    g = FlightGroup()
+
+    async def fetch(item: int) -> int:
+        return item
+
+    @g.coalesce(key=str)
+    def get(item: int) -> Any:
+        return fetch(item)
+
+    with pytest.raises(TypeError, match=r"the work .*get returned coroutine, an awaitable"):
+        get(1)
+    with pytest.raises(TypeError, match=r"the work .*fetch returned coroutine"):
+        g.run_sync("k", functools.partial(fetch, 1))

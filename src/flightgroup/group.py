@@ -1825,9 +1825,11 @@ def _attempt_sync(attempt: Attempt, work: Callable[[], Any]) -> Ending:
         if _is_awaitable(value):
             if inspect.iscoroutine(value):
                 value.close()  # never awaited: close it quietly
+            named = getattr(work, "func", work)  # a decorated plain def: its partial
             raise TypeError(
-                f"the work given to run_sync() returned {type(value).__name__}, an "
-                "awaitable; use await run() for an async function"
+                f"the work {getattr(named, '__qualname__', type(named).__name__)} returned "
+                f"{type(value).__name__}, an awaitable, to a sync call (run_sync(), or a "
+                "decorated plain def); use await run(), or decorate an async def"
             )
     except Exception as exc:
         return Outcome.ERROR, None, exc
