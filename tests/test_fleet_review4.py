@@ -19,13 +19,23 @@ write (maxmemory under noeviction).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import threading
 from typing import Any
 
-from flightgroup import FlightInterruptedError, LeaseLostError, UnavailableError, current_lease
+import pytest
 
-from .infleet import fleet_group, never
+from flightgroup import (
+    FlightFailedError,
+    FlightInterruptedError,
+    LeaseLostError,
+    UnavailableError,
+    current_lease,
+)
+
+from .infleet import fleet_group, fleet_of, never
 from .redisproc import HoldingCutProxy, RedisServer
 from .support import in_thread, outcome, wait_until
 
@@ -108,8 +118,13 @@ def test_a_landing_refused_by_a_full_server_ends_the_flight_in_redis_too(namespa
         server.close()
 
 
+class Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("ending", ["value", "failure"])
 def test_a_landing_redis_took_but_never_confirmed_is_unavailable_not_a_lost_lease(
-    redis_server: RedisServer, holding_proxy: HoldingCutProxy, namespace: str
+    redis_server: RedisServer, holding_proxy: HoldingCutProxy, namespace: str, ending: str
 ) -> None:
     a = fleet_group(holding_proxy.url, namespace, lease=1.0)
     b = fleet_group(redis_server.url, namespace, lease=1.0)
@@ -122,6 +137,8 @@ def test_a_landing_redis_took_but_never_confirmed_is_unavailable_not_a_lost_leas
         # COMPLETE carries the value: Redis runs it, its reply is cut, and redis-py's
         # re-send waits at the proxy until the leader has given up.
         holding_proxy.arm(marker.encode())
+        if ending == "failure":
+            raise Boom(marker)
         return marker
 
     try:
@@ -135,8 +152,58 @@ def test_a_landing_redis_took_but_never_confirmed_is_unavailable_not_a_lost_leas
         holding_proxy.release()
         a.close()
         b.close()
-    assert outcome(got).value == marker  # Redis took the landing
     error = outcome(led)
     assert isinstance(error, UnavailableError), error
     assert "did not confirm" in str(error)
     assert error.key == "k"
+    if ending == "value":
+        assert outcome(got).value == marker  # Redis took the landing
+    else:
+        # the joiners got the failure; the leader's own error stays its cause
+        assert isinstance(outcome(got), FlightFailedError), outcome(got)
+        assert isinstance(error.__cause__, Boom), error.__cause__
+
+
+def test_run_sync_on_the_loop_of_a_flight_lost_only_here_still_raises(
+    redis_server: Any, namespace: str
+) -> None:
+    """A lease lost because Redis was not heard for a lease (its RENEWs may have run
+    there, their replies late) leaves the flight in the local table: Redis may still
+    hold it, so a run_sync on its work's loop thread would join it and block that loop.
+    It is refused at once, as for any flight of this table whose work runs there."""
+    g = fleet_group(redis_server.url, namespace, lease=5.0)
+    scope = fleet_of(g)
+
+    async def main() -> Any:
+        go, started = asyncio.Event(), asyncio.Event()
+
+        async def work() -> str:
+            started.set()
+            await go.wait()
+            return "old"
+
+        task = asyncio.create_task(g.run("k", work))
+        await started.wait()
+        [lead] = list(scope._leads)
+        lost = threading.Event()
+
+        def lose() -> None:  # on the group's loop, as _renew does
+            scope._lose(lead, "no renewal reached Redis for a whole lease")
+            lost.set()
+
+        scope._loop.call_soon_threadsafe(lose)
+        assert await asyncio.to_thread(lost.wait, 10)
+        try:
+            g.run_sync("k", lambda: "new", timeout=10)
+        except RuntimeError as exc:
+            refused: Any = exc
+        else:
+            refused = None
+        go.set()
+        with contextlib.suppress(LeaseLostError):
+            await task
+        return refused
+
+    refused = asyncio.run(main())
+    g.close()
+    assert isinstance(refused, RuntimeError), refused

@@ -236,3 +236,27 @@ def test_a_kept_failure_and_a_failure_led_elsewhere_name_their_flights_token(
     assert flight.attributes["flightgroup.scope"] == "directory"
     assert join.attributes["flightgroup.token"] == flight.attributes["flightgroup.token"]
     assert join.attributes["flightgroup.token"] >> 32 >= 1  # a directory token: the epoch
+
+
+def test_a_str_subclass_key_is_traced_as_its_characters(spans: Any) -> None:
+    """A StrEnum member's call was passed on untraced (the check was ``type(key) is
+    str``); it is traced like the plain key it spells."""
+    import enum
+
+    class Report(enum.StrEnum):
+        DAILY = "tenant:42"
+
+    provider, exporter = spans
+    group = FlightGroup()
+    instrument(group, provider)
+    assert group.run_sync(Report.DAILY, lambda: 1).value == 1
+    assert asyncio.run(group.run(Report.DAILY, _one)).value == 1
+    finished = exporter.get_finished_spans()
+    assert len(finished) == 2, finished
+    for span in finished:
+        assert span.attributes is not None
+        assert span.attributes["flightgroup.key_digest"] == digest("tenant:42")
+
+
+async def _one() -> int:
+    return 1

@@ -226,7 +226,6 @@ class FlightGroup:
         "_finalizer",
         "_fleet",
         "_max_value_bytes",
-        "_namespaces",
         "_policy",
         "_table",
     )
@@ -378,10 +377,6 @@ class FlightGroup:
         self._table = FlightTable(wide=self._arbiter is not None, scope=scope)
         self._closed = False
         self._closed_why: str | None = None  # why, when not by close(): a forked child
-        # The decorated functions by the namespace taken from their qualified name, so
-        # that two live functions with one name (made by one factory, two lambdas) are
-        # refused instead of sharing flights: (the lock, namespace -> function).
-        self._namespaces: tuple[threading.Lock, dict[str, weakref.ref[Any]]] | None = None
 
     # -- calls ------------------------------------------------------------------
 
@@ -1442,10 +1437,12 @@ class FlightGroup:
 
         def landed(fenced: bool, unconfirmed: UnavailableError | None) -> None:
             if fenced:
-                lost = (
-                    _lease_lost(flight.key, error) if unconfirmed is None
-                    else _as_called(unconfirmed, flight)
-                )
+                if unconfirmed is None:
+                    lost = _lease_lost(flight.key, error)
+                else:
+                    lost = _as_called(unconfirmed, flight)
+                    if error is not None:  # the work's own failure, which it landed
+                        lost.__cause__ = error
                 self._settle_landed(flight, Outcome.LOST, None, lost, None)
             else:
                 self._settle_landed(flight, outcome, None, error, data)
@@ -1955,41 +1952,23 @@ def _is_awaitable(value: object) -> bool:
     )
 
 
-def _namespace_of(group: FlightGroup, fn: Callable[..., Any]) -> str:
-    """``fn``'s namespace from its module and qualified name. Two different live
-    functions of one group with one such name are refused: they would share flights
-    (API.md: two decorated functions never do), and only ``name=`` can tell them apart
-    in another process."""
+def _namespace_of(fn: Callable[..., Any]) -> str:
+    """``fn``'s namespace: its module and qualified name. A lambda's qualified name
+    is every lambda's of its scope (``<lambda>``), so it would share flights with them
+    (API.md: two decorated functions never do): it needs ``name=``, as does a callable
+    that has no qualified name."""
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(qualname, str):
         raise TypeError(
             f"coalesce() needs name= for a {type(fn).__name__} (it has no module and "
             "qualified name to make its keys' namespace from)"
         )
-    namespace = f"{module}.{qualname}"
-    try:
-        ref = weakref.ref(fn)
-    except TypeError:  # not weakly referable: not a function, whose name is its own
-        return namespace
-    if group._namespaces is None:
-        with _NAMESPACES_LOCK:
-            if group._namespaces is None:
-                group._namespaces = (threading.Lock(), {})
-    lock, taken = group._namespaces
-    with lock:
-        held = taken.get(namespace)
-        other = None if held is None else held()
-        if other is not None and other is not fn:
-            raise ValueError(
-                f"another function of this group is decorated as {namespace!r} (functions "
-                "made by one factory, or lambdas, share a qualified name): give each its "
-                "own name=, or they would share flights"
-            )
-        taken[namespace] = ref
-    return namespace
-
-
-_NAMESPACES_LOCK = threading.Lock()
+    if qualname.endswith("<lambda>"):
+        raise TypeError(
+            "coalesce() needs name= for a lambda: every lambda of a scope has the "
+            f"qualified name {qualname!r}, so they would share flights"
+        )
+    return f"{module}.{qualname}"
 
 
 def _make_coalesce(
@@ -2000,7 +1979,7 @@ def _make_coalesce(
             return type(fn)(decorate(fn.__func__))
         if not callable(fn):
             raise TypeError("coalesce() decorates a function")
-        namespace = name or _namespace_of(group, fn)
+        namespace = name or _namespace_of(fn)
         if key is None:
             signature = inspect.signature(fn)
 

@@ -273,8 +273,9 @@ class _Traced(FlightGroup):
         return traced
 
     async def run(self, key: str, work: Callable[[], Awaitable[T]], **kwargs: Any) -> Result[T]:
-        if not callable(work) or type(key) is not str or not key:  # the plain checks raise
+        if not callable(work) or not isinstance(key, str) or not key:  # the plain checks raise
             return await super().run(key, work, **kwargs)
+        key = str.__str__(key)  # a subclass's (StrEnum's) key is its characters
         call = self._begin(key)
         with trace.use_span(call.span, end_on_exit=False, record_exception=False,
                             set_status_on_exception=False):
@@ -287,8 +288,9 @@ class _Traced(FlightGroup):
         return result
 
     def run_sync(self, key: str, work: Callable[[], T], **kwargs: Any) -> Result[T]:
-        if not callable(work) or type(key) is not str or not key:  # the plain checks raise
+        if not callable(work) or not isinstance(key, str) or not key:  # the plain checks raise
             return super().run_sync(key, work, **kwargs)
+        key = str.__str__(key)
         call = self._begin(key)
         with trace.use_span(call.span, end_on_exit=False, record_exception=False,
                             set_status_on_exception=False):

@@ -794,15 +794,19 @@ class RedisArbiter:
         """How long a mailbox lives: past any joiner's wait and any kept outcome."""
         return _ms(max(self._lease, keep) + 1.0)
 
-    def _lose(self, lead: FleetLead, reason: str) -> None:
+    def _lose(self, lead: FleetLead, reason: str, gone: bool = False) -> None:
+        """``gone``: Redis said it no longer holds the flight (a reply, not silence)."""
         if lead.lose():
             log.info("lost the lease of a flight of %s (token %d): %s",
                      key_digest(lead.call.key), lead.token, reason)
-            # Redis no longer counts it as the key's flight: it leaves the local table
-            # as a forget() would take it, so a new call of the key here asks Redis
-            # instead of joining a flight that can only end interrupted. Its callers
-            # stay with it.
-            lead.call.detached()
+            if gone:
+                # It leaves the local table as a forget() would take it, so a new call
+                # of the key here asks Redis instead of joining a flight that can only
+                # end interrupted; its callers stay with it. Only then: while Redis may
+                # still hold it, a call asking Redis would join it, and a run_sync on
+                # its work's loop would block that loop (the table refuses that one
+                # for a flight still in it).
+                lead.call.detached()
 
     async def _renew(self) -> None:
         """Renew every lease of this process each lease/3, in one call (per slot)."""
@@ -867,7 +871,7 @@ class RedisArbiter:
                 if int(ok) == 2:  # a FORGET parked it
                     lead.call.detached()
             else:
-                self._lose(lead, "Redis no longer holds its flight")
+                self._lose(lead, "Redis no longer holds its flight", gone=True)
 
     async def _attempt(self, call: FleetCall) -> None:
         try:
@@ -904,7 +908,7 @@ class RedisArbiter:
                     continue
                 break
             if int(reply[0]) == 0:
-                self._lose(lead, "Redis no longer holds its flight")
+                self._lose(lead, "Redis no longer holds its flight", gone=True)
                 call.inbox.put(Event.LOST, "lost")
                 return
             lead.token, lead.renewed_at = int(reply[1]), sent
@@ -978,9 +982,9 @@ class RedisArbiter:
                             # leader cannot tell, so it does not say the lease was lost.
                             unconfirmed = UnavailableError(
                                 f"Redis at {self._where()} did not confirm the landing "
-                                f"for a lease, so its joiners may have its outcome: {exc}"
+                                f"for a lease, so its joiners may have its outcome: {exc!r}"
                             )
-                            unconfirmed.__cause__ = exc
+                            unconfirmed.__cause__ = exc  # (the work's error, if any, then)
                         break
                     if isinstance(exc, ResponseError) and not refusals:
                         log.info("Redis refused a landing of %s for now, trying again: %s",
