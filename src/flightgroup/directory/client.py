@@ -74,6 +74,9 @@ _ATTEMPT_MAX = wire.HANDSHAKE_TIMEOUT + 0.5 + 1.0
 _SETTLED = 0.5
 # s: the handshake wait of an attempt made when reconnect_timeout is (nearly) spent.
 _LAST_WAIT = 0.5
+# s: after this process won the election and could not serve (the epoch, the socket),
+# it campaigns again this much later (each process does: at most one try a second each).
+_ELECTION_RETRY = 1.0
 
 
 class Call(DetachedNotice):
@@ -338,6 +341,11 @@ class DirectoryArbiter:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._fatal: BaseException | None = None  # every call raises it (bad directory)
+        # This process's last election failed (the epoch could not be written or told,
+        # the socket not served): while no coordinator is connected, calls raise it at
+        # once (it says what to fix); it is tried again every _ELECTION_RETRY seconds,
+        # and the first connection to a coordinator clears it.
+        self._election_error: BaseException | None = None
         self._refusal: BaseException | None = None  # new calls raise it (another version)
         self._next_id = 0
         self._calls: dict[int, Call] = {}
@@ -419,13 +427,37 @@ class DirectoryArbiter:
             os.close(fd)
             return
         except Exception as exc:
-            os.close(fd)
-            log.error("cannot coordinate %s: %s", self.directory, exc)
-            self._fatal = exc
-            self._post(self._fail_all, exc)
+            os.close(fd)  # the next process may fare better: let it try
+            self._election_failed(exc)
             return
         if not self._post(self._serve, epoch, fd):
             os.close(fd)
+
+    def _election_failed(self, exc: BaseException) -> None:
+        """(Any thread) this process won the election and could not serve: its calls
+        that wait for a coordinator fail with ``exc``, and it campaigns again after a
+        pause, so that a directory repaired (the epoch written by hand, the disk freed)
+        is served again without restarting every process that uses it."""
+        again = self._election_error is not None and repr(self._election_error) == repr(exc)
+        (log.debug if again else log.error)(
+            "cannot coordinate %s: %s (trying again every %g s)",
+            self.directory, exc, _ELECTION_RETRY,
+        )
+        with self._send_lock:  # see submit(): its second check is under this lock too
+            self._election_error = exc
+        self._post(self._fail_all, exc)
+        self._retry_campaign()
+
+    def _retry_campaign(self) -> None:
+        """(Any thread) campaign again after _ELECTION_RETRY, unless closing."""
+
+        def campaign() -> None:
+            if not self._closing:
+                _campaign_for(self)
+
+        loop = self._loop
+        if loop is not None and not self._closing:
+            self._post(loop.call_later, _ELECTION_RETRY, campaign)
 
     def _serve(self, epoch: int, fd: int) -> None:
         if self._closing:
@@ -440,10 +472,8 @@ class DirectoryArbiter:
             try:
                 await coordinator.start()
             except Exception as exc:
-                log.error("cannot serve on %s: %s", self.directory, exc)
-                await coordinator.close()
-                self._fatal = exc
-                self._fail_all(exc)
+                await coordinator.close()  # its lock too: the next process may serve
+                self._election_failed(exc)
                 return
             self._coordinator = coordinator
             if self._closing:
@@ -566,6 +596,7 @@ class DirectoryArbiter:
         self._given_up = False
         with self._send_lock:
             self._channel = channel
+            self._election_error = None  # a coordinator serves: the directory works
             self._connected_now.set()
             # Leaders first: a reassert (and its landing) before any rejoin of the key.
             for lead in list(self._leads.values()):
@@ -1017,6 +1048,8 @@ class DirectoryArbiter:
         lead finds it open."""
         if self._fatal is not None:
             raise renewed(self._fatal)
+        if self._election_error is not None and self._channel is None:
+            raise renewed(self._election_error)
         self.check_key(key)
         self._ensure_started()
         with self._send_lock:
@@ -1026,6 +1059,8 @@ class DirectoryArbiter:
             # _fail_all (under this lock too) may have run before this call was in.
             if self._fatal is not None:
                 raise renewed(self._fatal)
+            if self._election_error is not None and self._channel is None:
+                raise renewed(self._election_error)
             self._next_id += 1
             call = Call(self._next_id, key, fresh, Inbox(), after, on_detached)
             self._calls[call.id] = call
@@ -1386,7 +1421,10 @@ class _Campaign:
         except OSError as exc:
             with _parked_lock:
                 self.done = True
+                owner = None if self in _parked.get(directory, ()) else self.owner
             log.warning("cannot take part in the election of %s: %s", directory, exc)
+            if owner is not None:  # (a parked campaign's group closed: nobody needs it)
+                owner._retry_campaign()
             return
         with _parked_lock:
             self.done = True
