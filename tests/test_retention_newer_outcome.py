@@ -77,9 +77,9 @@ def test_the_directory_drops_kept_outcomes_that_ran_out_before_evicting_a_live_o
     from flightgroup.directory.client import DirectoryArbiter
 
     g = FlightGroup(directory=directory, codec=JSON, retention=Retention(max_items=2))
-    brief = g.coalesce(key=lambda: "brief", retention=Retention(success=1e-6, max_items=2))(
-        lambda: "gone soon"
-    )
+    brief = g.coalesce(
+        key=lambda: "brief", name="brief", retention=Retention(success=1e-6, max_items=2)
+    )(lambda: "gone soon")
     try:
         assert g.run_sync("live", lambda: "kept").value == "kept"  # 30 s, the default
         assert brief() == "gone soon"  # kept a microsecond: it ran out at once
