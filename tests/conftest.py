@@ -150,9 +150,7 @@ def spans() -> Iterator[Any]:
     provider.shutdown()
 
 
-@pytest.fixture(params=["directory", "fleet"])
-def wide(request: pytest.FixtureRequest) -> Iterator[Any]:
-    """A group of each wide scope (the directory's, or the fleet's on the test's Redis)."""
+def _one_group(request: pytest.FixtureRequest) -> Iterator[Any]:
     from .ingroup import scope_groups
 
     [g] = scope_groups(request, request.param, 1, lease=5.0)
@@ -160,6 +158,18 @@ def wide(request: pytest.FixtureRequest) -> Iterator[Any]:
         yield g
     finally:
         g.close()
+
+
+@pytest.fixture(params=["directory", "fleet"])
+def wide(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A group of each wide scope (the directory's, or the fleet's on the test's Redis)."""
+    yield from _one_group(request)
+
+
+@pytest.fixture(params=["process", "directory", "fleet"])
+def g(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A group of each scope (the fleet's on the test's Redis)."""
+    yield from _one_group(request)
 
 
 @pytest.fixture(params=["directory", "fleet"])

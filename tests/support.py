@@ -80,6 +80,30 @@ def in_thread(fn: Any, *args: Any, **kwargs: Any) -> tuple[threading.Thread, dic
     return thread, out
 
 
+async def held_lead(group: Any, key: str) -> tuple[asyncio.Task[Any], asyncio.Event]:
+    """Start ``group.run(key, ...)`` on this loop and return once its work runs; the work
+    returns "old" when the event is set."""
+    go, started = asyncio.Event(), asyncio.Event()
+
+    async def work() -> str:
+        started.set()
+        await go.wait()
+        return "old"
+
+    task = asyncio.create_task(group.run(key, work))
+    await started.wait()
+    return task, go
+
+
+def raised(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Exception | None:
+    """The exception ``fn(*args, **kwargs)`` raised here, or None if it returned."""
+    try:
+        fn(*args, **kwargs)
+    except Exception as exc:
+        return exc
+    return None
+
+
 def outcome(box: dict[str, Any]) -> Any:
     """What a thread of ``in_thread`` ended with: its result, or its error."""
     return box["result"] if "result" in box else box.get("error")

@@ -70,6 +70,30 @@ def _frames_until(conn: Any, op: str, key: str) -> dict[str, Any]:
             return header
 
 
+# A lead granted under OURS, while a newer flight of the key (NEWER) took its lock first.
+OURS, NEWER = (1 << 32) | 5, (2 << 32) | 1
+
+
+def _overtaken_key_lock(directory: str) -> int:
+    """Hold the key lock of "k" with NEWER written in it, as the newer flight's leader
+    wrote it; the caller closes the descriptor to free it."""
+    holder = hold_key_lock(directory, "k")
+    os.pwrite(holder, b"%-20d\n" % NEWER, 0)
+    return holder
+
+
+def _granted_lead(
+    g: FlightGroup, mute: MuteCoordinator, work: Any
+) -> tuple[Background, Any, dict[str, Any]]:
+    """Call "k" on a thread and grant it the lead under OURS: the call, the
+    coordinator's end of its connection and the run request."""
+    call = Background(lambda: g.run_sync("k", work))
+    conn = mute.accept()
+    run = _frames_until(conn, "run", "k")
+    conn.send(wire.lead_frame(run["id"], OURS))
+    return call, conn, run
+
+
 @pytest.mark.parametrize("written", ["before the coordinator went", "to its dead socket"])
 def test_a_fresh_run_resent_after_a_failover_admits_only_flights_after_it(
     h: Harness, mute: MuteCoordinator, written: str
@@ -124,9 +148,7 @@ def test_a_lead_overtaken_by_a_newer_flight_of_the_key_runs_with_its_lease_lost(
     under an older token after a newer one (the soak saw 1:7 run after 2:1, and new calls
     join it). Every leader writes its token into the key's file under the lock, so the
     lead sees the newer token when it gets the lock."""
-    ours, newer = (1 << 32) | 5, (2 << 32) | 1
-    holder = hold_key_lock(h.dir, "k")
-    os.pwrite(holder, b"%-20d\n" % newer, 0)  # as the newer flight's leader wrote it
+    holder = _overtaken_key_lock(h.dir)
     if lock == "free":
         os.close(holder)
     seen: list[tuple[bool, int]] = []
@@ -138,10 +160,7 @@ def test_a_lead_overtaken_by_a_newer_flight_of_the_key_runs_with_its_lease_lost(
 
     g = FlightGroup(directory=h.dir, codec=JSON)
     try:
-        call = Background(lambda: g.run_sync("k", work))
-        conn = mute.accept()
-        run = _frames_until(conn, "run", "k")
-        conn.send(wire.lead_frame(run["id"], ours))
+        call, _, _ = _granted_lead(g, mute, work)
         if lock != "free":
             wait_for(
                 lambda: any(t.name == "flightgroup-keylock" for t in threading.enumerate()),
@@ -150,9 +169,9 @@ def test_a_lead_overtaken_by_a_newer_flight_of_the_key_runs_with_its_lease_lost(
             os.close(holder)
         with pytest.raises(LeaseLostError):
             call.wait()
-        assert seen == [(True, ours)]
+        assert seen == [(True, OURS)]
         with open(h.path("execution-locks", key_file("k")), "rb") as f:
-            assert int(f.read()) == newer, "the newer token stays in the key's file"
+            assert int(f.read()) == NEWER, "the newer token stays in the key's file"
     finally:
         g.close()
 
@@ -164,9 +183,7 @@ def test_a_new_call_beside_a_lead_whose_lease_is_lost_asks_the_coordinator(
     first) runs its work on for its callers, but it is no longer the key's flight in the
     scope: a new call of the key in its process asks the coordinator instead of joining
     it (the old code joined it, and got FlightInterruptedError when the work ended)."""
-    ours, newer = (1 << 32) | 5, (2 << 32) | 1
-    holder = hold_key_lock(h.dir, "k")
-    os.pwrite(holder, b"%-20d\n" % newer, 0)  # as the newer flight's leader wrote it
+    holder = _overtaken_key_lock(h.dir)
     os.close(holder)
     started, release = threading.Event(), threading.Event()
 
@@ -178,10 +195,7 @@ def test_a_new_call_beside_a_lead_whose_lease_is_lost_asks_the_coordinator(
 
     g = FlightGroup(directory=h.dir, codec=JSON)
     try:
-        call = Background(lambda: g.run_sync("k", work))
-        conn = mute.accept()
-        run = _frames_until(conn, "run", "k")
-        conn.send(wire.lead_frame(run["id"], ours))
+        call, conn, run = _granted_lead(g, mute, work)
         assert started.wait(20)
         later = Background(lambda: g.run_sync("k", lambda: "new"))
         again = _frames_until(conn, "run", "k")

@@ -37,7 +37,7 @@ from flightgroup import (
 
 from .infleet import fleet_group, fleet_of, never
 from .redisproc import HoldingCutProxy, RedisServer
-from .support import in_thread, outcome, wait_until
+from .support import held_lead, in_thread, outcome, raised, wait_until
 
 
 def _record(namespace: str, key: str) -> str:
@@ -175,15 +175,7 @@ def test_run_sync_on_the_loop_of_a_flight_lost_only_here_still_raises(
     scope = fleet_of(g)
 
     async def main() -> Any:
-        go, started = asyncio.Event(), asyncio.Event()
-
-        async def work() -> str:
-            started.set()
-            await go.wait()
-            return "old"
-
-        task = asyncio.create_task(g.run("k", work))
-        await started.wait()
+        task, go = await held_lead(g, "k")
         [lead] = list(scope._leads)
         lost = threading.Event()
 
@@ -193,12 +185,7 @@ def test_run_sync_on_the_loop_of_a_flight_lost_only_here_still_raises(
 
         scope._loop.call_soon_threadsafe(lose)
         assert await asyncio.to_thread(lost.wait, 10)
-        try:
-            g.run_sync("k", lambda: "new", timeout=10)
-        except RuntimeError as exc:
-            refused: Any = exc
-        else:
-            refused = None
+        refused = raised(g.run_sync, "k", lambda: "new", timeout=10)
         go.set()
         with contextlib.suppress(LeaseLostError):
             await task

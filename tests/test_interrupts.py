@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,18 +23,9 @@ from flightgroup import (
 )
 
 from .ingroup import scope_groups
-from .support import in_thread, outcome, wait_until
+from .support import held_lead, in_thread, outcome, raised, wait_until
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(params=["process", "directory", "fleet"])
-def g(request: pytest.FixtureRequest) -> Iterator[FlightGroup]:
-    [made] = scope_groups(request, request.param, 1, lease=5.0)
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 class Unprintable(Exception):
@@ -156,15 +146,7 @@ def test_run_sync_on_the_loop_of_a_left_flights_work_raises(directory: str, how:
     groups = [FlightGroup(directory=directory, codec=JSON)]
 
     async def main() -> str:
-        go, started = asyncio.Event(), asyncio.Event()
-
-        async def work() -> str:
-            started.set()
-            await go.wait()
-            return "old"
-
-        task = asyncio.create_task(groups[0].run("k", work))
-        await started.wait()
+        task, go = await held_lead(groups[0], "k")
         if how == "close":
             groups[0].close()  # its work runs on, holding the key lock
             groups.append(FlightGroup(directory=directory, codec=JSON))
@@ -360,15 +342,7 @@ def test_in_the_fleet_run_sync_on_the_loop_of_a_left_flights_work_leads(
     groups = [FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON)]
 
     async def main() -> Any:
-        go, started = asyncio.Event(), asyncio.Event()
-
-        async def work() -> str:
-            started.set()
-            await go.wait()
-            return "old"
-
-        task = asyncio.create_task(groups[0].run("k", work))
-        await started.wait()
+        task, go = await held_lead(groups[0], "k")
         if how == "close":
             groups[0].close()
             groups.append(FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON))
@@ -410,23 +384,10 @@ def test_in_the_fleet_run_sync_on_the_loop_of_a_flight_being_forgotten_raises(
     monkeypatch.setattr(scope, "forget", forget)
 
     async def main() -> tuple[Any, Any]:
-        go, started = asyncio.Event(), asyncio.Event()
-
-        async def work() -> str:
-            started.set()
-            await go.wait()
-            return "old"
-
-        task = asyncio.create_task(g.run("k", work))
-        await started.wait()
+        task, go = await held_lead(g, "k")
         forgetting, box = in_thread(g.forget, "k")
         await asyncio.to_thread(asking.wait, 20)
-        try:
-            g.run_sync("k", lambda: "new", timeout=5)
-        except RuntimeError as exc:
-            refused: Any = exc
-        else:
-            refused = None
+        refused = raised(g.run_sync, "k", lambda: "new", timeout=5)
         confirm.set()
         await asyncio.to_thread(forgetting.join, 20)
         assert box == {"result": None}

@@ -18,7 +18,6 @@ from __future__ import annotations
 import enum
 import functools
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -40,15 +39,6 @@ class Report(enum.StrEnum):
 
 class Named(str):
     pass
-
-
-@pytest.fixture(params=["process", "directory", "fleet"])
-def g(request: pytest.FixtureRequest) -> Iterator[FlightGroup]:
-    [made] = scope_groups(request, request.param, 1, lease=5.0)
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 @pytest.mark.parametrize("key", [Report.DAILY, Report.Q1, Named("q1")], ids=str)
