@@ -6,23 +6,27 @@ that share a qualified name.
   so a StrEnum member was unpacked as a pair: a ValueError for most keys, and a
   two-character key silently became another key ("q1" as namespace "q", key "1"), so
   two processes calling "q1" both led it at once.
-- ``test_a_lambda_needs_name``: a decorated function's keys live in
-  ``module.qualname``; every lambda of a scope has the same one, so two decorated
-  lambdas shared flights and a caller got the other's value (API.md: two decorated
-  functions never share a flight). The functions one factory makes share a qualified
-  name too; that is documented (docs/process-scope.md, ADR 0032), not refused.
+- ``test_two_decorated_lambdas_never_share_a_flight``: a decorated function's keys
+  live in ``module.qualname``; every lambda of a scope has the same one, so two
+  decorated lambdas shared flights and a caller got the other's value (API.md: two
+  decorated functions never share a flight). A lambda's namespace now adds where its
+  source starts. The functions one factory makes share a qualified name too; that is
+  documented (docs/process-scope.md, ADR 0032).
 """
 
 from __future__ import annotations
 
 import enum
 import functools
+import subprocess
+import sys
+import textwrap
 import threading
 from typing import Any
 
 import pytest
 
-from flightgroup import FlightGroup
+from flightgroup import FlightGroup, Retention
 
 from .infleet import never
 from .ingroup import scope_groups
@@ -64,15 +68,49 @@ def test_a_str_subclass_key_is_the_key_its_characters_spell(g: FlightGroup, key:
     assert g.run_sync(str.__str__(key), lambda: "after").value == "after"
 
 
-def test_a_lambda_needs_name() -> None:
+KEEP = Retention(success=60.0)  # a call of a shared namespace would get the kept value
+
+
+def test_two_decorated_lambdas_never_share_a_flight(g: FlightGroup) -> None:
     """Every lambda of a scope has the qualified name ``<lambda>``: two decorated ones
-    shared one namespace, and a caller of one got the other's value."""
-    g = FlightGroup()
-    with pytest.raises(TypeError, match="needs name= for a lambda"):
-        g.coalesce(key=str)(lambda sku: f"price of {sku}")
-    price = g.coalesce(key=str, name="price")(lambda sku: f"price of {sku}")
-    stock = g.coalesce(key=str, name="stock")(lambda sku: f"stock of {sku}")
-    assert (price("42"), stock("42")) == ("price of 42", "stock of 42")
+    shared one namespace, and a caller of one got the other's value. A lambda's
+    namespace adds where its source starts: its line, and its column for lambdas that
+    share a line."""
+    # fmt: off
+    price, stock = g.coalesce(key=str, retention=KEEP)(lambda sku: f"price of {sku}"), g.coalesce(key=str, retention=KEEP)(lambda sku: f"stock of {sku}")  # noqa: E501
+    # fmt: on
+    size = g.coalesce(key=str, retention=KEEP)(lambda sku: f"size of {sku}")
+    assert (price("42"), stock("42"), size("42")) == ("price of 42", "stock of 42", "size of 42")
+    assert price("42") == "price of 42"  # its own kept value
+
+
+def _decorated_in(g: FlightGroup, who: str) -> Any:
+    return g.coalesce(key=str, retention=KEEP)(lambda sku: f"{who}: {sku}")
+
+
+def test_one_lambda_has_one_namespace_in_every_group(pair: Any) -> None:
+    """The same lambda's namespace is the same in every group (and process) that runs
+    its source, so a wide scope's groups share its flights as any decorated function's."""
+    a, b = pair
+    assert _decorated_in(a, "a")("42") == "a: 42"
+    assert _decorated_in(b, "b")("42") == "a: 42"  # b got a's kept outcome
+
+
+def test_without_debug_ranges_lambdas_are_told_apart_by_their_line() -> None:
+    """Under ``-X no_debug_ranges`` a code object has no columns; the line remains."""
+    probe = textwrap.dedent(
+        """
+        from flightgroup.group import _namespace_of
+        first = lambda: 1
+        second = lambda: 2
+        print(_namespace_of(first)); print(_namespace_of(second))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-X", "no_debug_ranges", "-c", probe],
+        capture_output=True, text=True, timeout=30, check=True,
+    )
+    assert done.stdout.split() == ["__main__.<lambda>@3", "__main__.<lambda>@4"]
 
 
 def _plain(sku: str) -> str:

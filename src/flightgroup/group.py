@@ -1606,8 +1606,9 @@ class FlightGroup:
         ``key`` is called with the function's arguments and returns the call's key
         (without it, the key is the ``repr`` of the bound arguments: only for
         arguments whose repr says all that matters). Keys live in a namespace of the
-        function's own (``module.qualname``, or ``name``), so two decorated functions
-        never share a flight. The wrapper also has ``forget(*args, **kwargs)``.
+        function's own (``module.qualname``, a lambda's with the line and column it
+        starts at, or ``name``), so two decorated functions never share a flight. The
+        wrapper also has ``forget(*args, **kwargs)``.
         """
         if key is not None and not callable(key):
             raise TypeError("key must be a callable that returns the call's key")
@@ -1953,10 +1954,10 @@ def _is_awaitable(value: object) -> bool:
 
 
 def _namespace_of(fn: Callable[..., Any]) -> str:
-    """``fn``'s namespace: its module and qualified name. A lambda's qualified name
-    is every lambda's of its scope (``<lambda>``), so it would share flights with them
-    (API.md: two decorated functions never do): it needs ``name=``, as does a callable
-    that has no qualified name."""
+    """``fn``'s namespace: its module and qualified name (API.md). Every lambda of a
+    scope has the qualified name ``<lambda>``, so a lambda's adds where its source
+    starts, line and column: two lambdas never share flights, and one lambda has the
+    same namespace in every process that runs the same source (ADR 0032)."""
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(qualname, str):
         raise TypeError(
@@ -1964,10 +1965,14 @@ def _namespace_of(fn: Callable[..., Any]) -> str:
             "qualified name to make its keys' namespace from)"
         )
     if qualname.endswith("<lambda>"):
-        raise TypeError(
-            "coalesce() needs name= for a lambda: every lambda of a scope has the "
-            f"qualified name {qualname!r}, so they would share flights"
-        )
+        code = getattr(inspect.unwrap(fn), "__code__", None)
+        if isinstance(code, types.CodeType):
+            # the first position with a column is the body's start (the one before it
+            # is the frame's set-up); without debug ranges (-X no_debug_ranges) there
+            # is none, and lambdas are told apart by their line only
+            column = next((col for _, _, col, _ in code.co_positions() if col), None)
+            where = code.co_firstlineno if column is None else f"{code.co_firstlineno}:{column}"
+            return f"{module}.{qualname}@{where}"
     return f"{module}.{qualname}"
 
 
