@@ -67,6 +67,11 @@ from flightgroup.directory import wire
 HELLO = b'{"protocol":"flightgroup","version":1}\n'
 WELCOME = b'{"ok":true}\n'
 REFUSAL = b'{"protocol":"flightgroup","version":1}\n'  # the answer to a hello of another version
+
+# One live coordinator serves the module's fuzz tests; the last checks that they left the
+# held flight alone, so they all run on one worker, in order.
+pytestmark = pytest.mark.xdist_group("directory_fuzz")
+
 MAX_FRAME = 64 * 1024 * 1024 + 64 * 1024  # max_frame_bytes' default
 LINE_LIMIT = 1024
 HELD = "held"

@@ -20,7 +20,8 @@ import pytest
 from .dirproc import Child, Harness, assert_error, assert_value, wait_any, wait_for
 from .redisproc import RedisServer, keys_without_ttl
 
-pytestmark = pytest.mark.timeout(60)
+# the last test checks what the others left in the module's server: one worker, in order
+pytestmark = [pytest.mark.timeout(60), pytest.mark.xdist_group("fleet_processes")]
 
 SHORT = 1.0  # the lease of tests that wait for one to run out
 

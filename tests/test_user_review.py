@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import enum
 import functools
+import os
 import subprocess
 import sys
-import textwrap
 import threading
 from typing import Any
 
@@ -96,21 +96,48 @@ def test_one_lambda_has_one_namespace_in_every_group(pair: Any) -> None:
     assert _decorated_in(b, "b")("42") == "a: 42"  # b got a's kept outcome
 
 
-def test_without_debug_ranges_lambdas_are_told_apart_by_their_line() -> None:
-    """Under ``-X no_debug_ranges`` a code object has no columns; the line remains."""
-    probe = textwrap.dedent(
-        """
-        from flightgroup.group import _namespace_of
-        first = lambda: 1
-        second = lambda: 2
-        print(_namespace_of(first)); print(_namespace_of(second))
-        """
-    )
-    done = subprocess.run(
-        [sys.executable, "-X", "no_debug_ranges", "-c", probe],
-        capture_output=True, text=True, timeout=30, check=True,
-    )
-    assert done.stdout.split() == ["__main__.<lambda>@3", "__main__.<lambda>@4"]
+def test_lambdas_typed_at_a_prompt_never_share_a_flight() -> None:
+    """Every line typed at a prompt, or notebook cell, is compiled on its own from line 1
+    in ``__main__``: two lambdas there have one qualified name and one line. Their code
+    tells them apart."""
+    g = FlightGroup()
+    here: dict[str, Any] = {"__name__": "__main__", "g": g, "KEEP": KEEP}
+    for cell in (
+        'price = g.coalesce(key=str, retention=KEEP)(lambda sku: f"price of {sku}")',
+        'stock = g.coalesce(key=str, retention=KEEP)(lambda sku: f"stock of {sku}")',
+    ):
+        exec(compile(cell, "<stdin>", "exec"), here)  # as the interactive prompt does
+    assert (here["price"]("42"), here["stock"]("42")) == ("price of 42", "stock of 42")
+
+
+NAMESPACES = """
+from flightgroup.group import _namespace_of
+for cell in (
+    "f = lambda s: [x for x in s if x in {'a', 'b', 'c', 'd'}]",
+    "f = lambda s: [x for x in s if x in {'a', 'b', 'c', 'e'}]",
+    "f = lambda s: [x for x in s if x in {'a', 'b', 'c', 'd'}]",
+):
+    here = {"__name__": "__main__"}
+    exec(compile(cell, "<cell>", "exec"), here)
+    print(_namespace_of(here["f"]))
+"""
+
+
+def test_a_lambdas_namespace_is_the_same_in_every_process() -> None:
+    """A wide scope's processes must compute one lambda's namespace alike: nothing in it
+    may follow an address or the string hash (a frozenset constant's order does)."""
+    seen = []
+    for seed in ("1", "2", "3"):
+        done = subprocess.run(
+            [sys.executable, "-c", NAMESPACES],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+        seen.append(done.stdout.split())
+    first, other, same = seen[0]
+    assert first.startswith("__main__.<lambda>@1:")
+    assert first != other and first == same  # the code, not the object, names it
+    assert seen[1] == seen[0] and seen[2] == seen[0]
 
 
 def _plain(sku: str) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import inspect
 import math
 import os
@@ -1606,8 +1607,8 @@ class FlightGroup:
         ``key`` is called with the function's arguments and returns the call's key
         (without it, the key is the ``repr`` of the bound arguments: only for
         arguments whose repr says all that matters). Keys live in a namespace of the
-        function's own (``module.qualname``, a lambda's with the line and column it
-        starts at, or ``name``), so two decorated functions never share a flight. The
+        function's own (``module.qualname``, a lambda's with its line and a digest of
+        its code, or ``name``), so two decorated functions never share a flight. The
         wrapper also has ``forget(*args, **kwargs)``.
         """
         if key is not None and not callable(key):
@@ -1955,9 +1956,10 @@ def _is_awaitable(value: object) -> bool:
 
 def _namespace_of(fn: Callable[..., Any]) -> str:
     """``fn``'s namespace: its module and qualified name (API.md). Every lambda of a
-    scope has the qualified name ``<lambda>``, so a lambda's adds where its source
-    starts, line and column: two lambdas never share flights, and one lambda has the
-    same namespace in every process that runs the same source (ADR 0032)."""
+    scope has the qualified name ``<lambda>``, so a lambda's adds its first line and a
+    digest of its code: two lambdas never share flights unless they are the same code
+    at the same place, and one lambda has the same namespace in every process that runs
+    its source on the same Python (ADR 0032)."""
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(qualname, str):
         raise TypeError(
@@ -1967,13 +1969,36 @@ def _namespace_of(fn: Callable[..., Any]) -> str:
     if qualname.endswith("<lambda>"):
         code = getattr(inspect.unwrap(fn), "__code__", None)
         if isinstance(code, types.CodeType):
-            # the first position with a column is the body's start (the one before it
-            # is the frame's set-up); without debug ranges (-X no_debug_ranges) there
-            # is none, and lambdas are told apart by their line only
-            column = next((col for _, _, col, _ in code.co_positions() if col), None)
-            where = code.co_firstlineno if column is None else f"{code.co_firstlineno}:{column}"
-            return f"{module}.{qualname}@{where}"
+            return f"{module}.{qualname}@{code.co_firstlineno}:{_code_digest(code)}"
     return f"{module}.{qualname}"
+
+
+def _code_digest(code: types.CodeType) -> str:
+    """A digest of what ``code`` does, the same in every process of one Python version:
+    its bytecode, names and constants, nested code objects by their own content (their
+    repr holds an address), a frozenset's members in sorted order (its repr's order
+    follows the string hash, which differs between processes). The line is left out:
+    lines typed at a prompt or in a notebook's cells all start at 1."""
+    digest = hashlib.blake2b(digest_size=8)
+
+    def feed(value: object) -> None:
+        if isinstance(value, types.CodeType):
+            digest.update(b"c" + value.co_code)
+            for part in (value.co_names, value.co_varnames, value.co_freevars, value.co_consts):
+                feed(part)
+        elif isinstance(value, tuple):
+            digest.update(b"(%d" % len(value))
+            for item in value:
+                feed(item)
+        elif isinstance(value, frozenset):
+            digest.update(b"{%d" % len(value))
+            for text in sorted(repr(item) for item in value):
+                digest.update(text.encode() + b"\0")
+        else:
+            digest.update(repr(value).encode() + b"\0")
+
+    feed(code)
+    return digest.hexdigest()
 
 
 def _make_coalesce(
