@@ -103,12 +103,14 @@ def hold_key_lock(directory: str, key: str) -> int:
     return fd
 
 
-def key_files_open() -> int:
-    """This process's open descriptors of key-lock files."""
+def key_files_open(directory: str) -> int:
+    """This process's open descriptors of ``directory``'s key-lock files (only its own:
+    a test that ran before in this process may still be letting go of others)."""
+    locks = os.path.join(os.path.realpath(directory), "execution-locks") + os.sep
     count = 0
     for name in os.listdir("/proc/self/fd"):
         try:
-            if "execution-locks" in os.readlink(f"/proc/self/fd/{name}"):
+            if os.readlink(f"/proc/self/fd/{name}").startswith(locks):
                 count += 1
         except OSError:
             pass  # the listing's own descriptor, gone already

@@ -340,7 +340,7 @@ def test_close_while_the_caller_opens_its_key_file_before_any_answer(
         monkeypatch.undo()
         # The file the caller opened is closed by the caller itself (close() found the
         # call _OPENING), and nothing else of b is left.
-        wait_until(lambda: _key_files_open() == 0, "the caller closed the key file")
+        wait_until(lambda: _key_files_open(h.dir) == 0, "the caller closed the key file")
         assert not arbiter._calls and not arbiter._leads
         assert _fds_open() < fds  # b's connection is gone too
         coord.cont()  # it reads b's run, leads it, finds b gone: the flight is interrupted
@@ -371,14 +371,14 @@ def test_a_call_withdrawn_before_its_run_is_answered(h: Harness, then: str) -> N
             async def main() -> None:
                 task = asyncio.ensure_future(b.run("k", work))
                 await asyncio.to_thread(
-                    wait_until, lambda: _key_files_open() == 1, "the call opened k's file"
+                    wait_until, lambda: _key_files_open(h.dir) == 1, "the call opened k's file"
                 )
                 assert not task.done()
                 # The loop ends: the driver task is cancelled, the call withdrawn.
 
             asyncio.run(main())
             wait_until(lambda: not arbiter._calls, "the call was withdrawn")
-            wait_until(lambda: _key_files_open() == 0, "its key file closed")
+            wait_until(lambda: _key_files_open(h.dir) == 0, "its key file closed")
         if then == "coordinator-continues":
             # It reads each run, leads it, then reads its cancel: nobody leads k after.
             coord.cont()
@@ -394,7 +394,7 @@ def test_a_call_withdrawn_before_its_run_is_answered(h: Harness, then: str) -> N
         assert runs == []
         assert [entry[0] for entry in h.runs_of("k")] == [x.pid]
         assert not arbiter._calls and not arbiter._leads
-        assert _key_files_open() == 0
+        assert _key_files_open(h.dir) == 0
         x.roundtrip("after")  # answered after the ack of x's landing: x freed k
         assert _key_lock_free(h.dir, "k")
     finally:
@@ -457,7 +457,7 @@ def test_a_lead_told_as_the_file_opened_survives_the_coordinators_death(
         assert done["token"] == token
         assert runs == [token] and h.runs_of("k") == []  # x never ran it
         _settled(b)
-        assert _key_files_open() == 0
+        assert _key_files_open(h.dir) == 0
     finally:
         go.set()
         x_joined.set()
@@ -525,7 +525,7 @@ def test_many_calls_withdrawn_at_each_point_leak_nothing(h: Harness) -> None:
         wait_until(lambda: _lock_waiters() == 0, "the key-lock thread ended")
         wait_until(lambda: not _fd_table() - fds, "no descriptor left but those before")
         wait_until(lambda: not set(threading.enumerate()) - threads, "no thread left")
-        assert _key_files_open() == 0
+        assert _key_files_open(h.dir) == 0
         result = b.run_sync("k", lambda: "b")  # nothing of the withdrawn calls holds k
         assert (result.value, result.joined) == ("b", False)
         assert [entry[0] for entry in h.runs_of("k")] == [a.pid, a.pid]

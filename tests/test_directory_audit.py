@@ -45,7 +45,7 @@ def test_a_withdrawn_fresh_call_closes_the_key_file_it_opened(directory: str) ->
     thread.start()
     try:
         assert started.wait(20)
-        held = key_files_open()  # the leader's key lock
+        held = key_files_open(directory)  # the leader's key lock
         assert held == 1
 
         async def other() -> int:
@@ -56,19 +56,19 @@ def test_a_withdrawn_fresh_call_closes_the_key_file_it_opened(directory: str) ->
                 task = asyncio.ensure_future(joiner.run("k", other, fresh=True))
                 # The call opened the key's file ahead (it may lead after this flight):
                 # the state that leaked. Its loop then ends, which withdraws it.
-                await asyncio.to_thread(wait_until, lambda: key_files_open() == held + 1,
+                await asyncio.to_thread(wait_until, lambda: key_files_open(directory) == held + 1,
                                         "the fresh call's file")
                 assert not task.done()
 
             asyncio.run(abandon())
             # The withdrawal runs on the group's background loop: wait for its close.
-            wait_until(lambda: key_files_open() == held, "the file closed")
+            wait_until(lambda: key_files_open(directory) == held, "the file closed")
     finally:
         release.set()
         thread.join(20)
         leader.close()
         joiner.close()
-    assert key_files_open() == 0
+    assert key_files_open(directory) == 0
 
 
 def test_a_value_bound_that_no_frame_can_carry_is_refused(directory: str) -> None:
