@@ -14,7 +14,7 @@ def fleet_group(url: str, namespace: str, **options: Any) -> FlightGroup:
 
 def fleet_of(group: FlightGroup) -> RedisArbiter:
     """The group's fleet arbiter (its private steps are what tests patch)."""
-    arbiter = group._fleet
+    arbiter = group._scope
     assert isinstance(arbiter, RedisArbiter)
     return arbiter
 

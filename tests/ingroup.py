@@ -27,7 +27,7 @@ def group(directory: str, **kwargs: Any) -> FlightGroup:
 
 
 def arbiter(of: FlightGroup) -> DirectoryArbiter:
-    found = of._arbiter
+    found = of._scope
     assert isinstance(found, DirectoryArbiter)
     return found
 

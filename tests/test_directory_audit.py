@@ -225,7 +225,7 @@ def test_a_landing_over_the_coordinators_frame_is_not_sent_for_ever(
         # the key lock and join the reasserted flight, as it must.)
         (result,) = results
         assert isinstance(result, Result) and result.value == big and not result.joined
-        leads = leader._arbiter._leads  # type: ignore[union-attr]
+        leads = leader._scope._leads  # type: ignore[union-attr]
         wait_until(lambda: not leads, "the leader's landing acknowledged")
         after = joiner.run_sync("k", lambda: "next")
         assert (after.value, after.joined) == ("next", False)
@@ -252,7 +252,7 @@ def test_groups_and_threads_of_one_process_take_part_in_one_election(directory: 
     groups += made
 
     def coordinating() -> list[FlightGroup]:
-        return [g for g in groups if g._arbiter._coordinator is not None]  # type: ignore[union-attr]
+        return [g for g in groups if g._scope._coordinator is not None]  # type: ignore[union-attr]
 
     try:
         for i, group in enumerate(groups):  # every group connected (its election waits)
@@ -435,11 +435,11 @@ def test_forget_of_a_key_too_long_for_a_frame_is_refused_and_changes_nothing(
             coordinator.run_sync("k", lambda: "joiner ran", on_join=joined.set)))
         joining.start()
         assert joined.wait(20)
-        channel = small._arbiter._channel  # type: ignore[union-attr]
+        channel = small._scope._channel  # type: ignore[union-attr]
         for forget in (small.forget, small.coalesce(key=lambda k: k, name="op")(str).forget):
             with pytest.raises(ValueError, match="max_frame_bytes"):
                 forget("k" * (2 << 20))
-        assert small._arbiter._channel is channel  # type: ignore[union-attr]
+        assert small._scope._channel is channel  # type: ignore[union-attr]
         release.set()
         leading.join(20)
         joining.join(20)
@@ -518,7 +518,7 @@ def test_a_call_made_while_the_leases_are_lost_is_not_failed_with_them(
 
     from flightgroup import LeaseLostError, current_lease
     from flightgroup.directory.client import DirectoryArbiter
-    from flightgroup.wide import Event
+    from flightgroup.scope.events import Lead
 
     allow = threading.Event()  # this process campaigns only once allowed
     campaign, lose = DirectoryArbiter._campaign, DirectoryArbiter._lose
@@ -531,14 +531,14 @@ def test_a_call_made_while_the_leases_are_lost_is_not_failed_with_them(
     def lose_then_call(self: DirectoryArbiter, lead: Any, reason: str) -> None:
         lose(self, lead, reason)
         if not made:
-            made.append(self.submit("after", False))
+            made.append(self.submit("after", fresh=False))
 
     monkeypatch.setattr(DirectoryArbiter, "_campaign", held)
     monkeypatch.setattr(DirectoryArbiter, "_lose", lose_then_call)
     coordinator = subprocess.Popen([sys.executable, "-c", COORDINATOR, directory],
                                    stdout=subprocess.PIPE)
     group = FlightGroup(directory=directory, codec=JSON, reconnect_timeout=0.5)
-    arbiter = group._arbiter
+    arbiter = group._scope
     assert isinstance(arbiter, DirectoryArbiter)
     running = threading.Event()
     errors: list[BaseException] = []
@@ -573,8 +573,7 @@ def test_a_call_made_while_the_leases_are_lost_is_not_failed_with_them(
         os.close(fd)
         fd = -1
         allow.set()  # this process coordinates: the call is served
-        event, _ = call.inbox.get_sync()
-        assert event is Event.LEAD
+        assert isinstance(call.inbox.get_sync(), Lead)
         arbiter.withdraw(call)
     finally:
         if fd >= 0:

@@ -28,8 +28,8 @@ _RETRY_NOW = Retry(attempts=2, backoff=0.0, jitter=False)
 
 
 def _fleet(group: FlightGroup) -> RedisArbiter:
-    arbiter = group._fleet
-    assert arbiter is not None
+    arbiter = group._scope
+    assert isinstance(arbiter, RedisArbiter)
     return arbiter
 
 

@@ -17,8 +17,10 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from flightgroup import FlightGroup, LeaseLostError, UnavailableError
+from flightgroup.directory.client import DirectoryArbiter
 from flightgroup.flight import FlightTable
 from flightgroup.redis.arbiter import FleetCall, RedisArbiter, _Names
+from flightgroup.scope.bridge import Bridge
 
 from .infleet import fleet_group, fleet_of, never
 from .infresh import fresh_waiting, held, ran
@@ -237,18 +239,20 @@ def test_a_fresh_caller_that_comes_after_the_landing_never_joins_the_flight_begu
     f_started, release_f = threading.Event(), threading.Event()
     r_started, release_r = threading.Event(), threading.Event()
     landed, go = threading.Event(), threading.Event()
-    real_land = FlightGroup._land_wide
+    real_land = DirectoryArbiter.land
 
-    def land_wide(self: FlightGroup, flight: Any, *args: Any) -> Any:
-        answer = real_land(self, flight, *args)
-        if self is a and flight.key == "k":
-            landed.set()
-            assert go.wait(20)
-        return answer
+    def land(self: DirectoryArbiter, call: Any, outcome: Any, *, done: Any, **rest: Any) -> None:
+        def handed(answer: Any) -> None:  # handed to the coordinator, not settled here
+            if self is a._scope and call.key == "k":
+                landed.set()
+                assert go.wait(20)
+            done(answer)
 
-    monkeypatch.setattr(FlightGroup, "_land_wide", land_wide)
+        real_land(self, call, outcome, done=handed, **rest)
+
+    monkeypatch.setattr(DirectoryArbiter, "land", land)
     try:
-        coordinator = a._arbiter._coordinator  # type: ignore[union-attr]
+        coordinator = a._scope._coordinator  # type: ignore[union-attr]
         f = Background(lambda: a.run_sync("k", held(runs, "F", f_started, release_f)))
         assert f_started.wait(10)
         r = Background(lambda: b.run_sync("k", held(runs, "R", r_started, release_r),
@@ -290,10 +294,10 @@ def test_a_promoted_caller_whose_flight_ended_before_its_claim_takes_its_outcome
     g, runs, joined = wide, [], []
     lead_reached, lead_go = threading.Event(), threading.Event()
     claim_reached, claim_go = threading.Event(), threading.Event()
-    real_lead, real_claim = FlightGroup._lead_wide, FlightTable.claim
+    real_lead, real_claim = Bridge._lead, FlightTable.claim
 
-    def lead_wide(of: FlightGroup, *args: Any) -> Any:
-        if of is g:
+    def lead_wide(of: Bridge, *args: Any) -> Any:
+        if of is g._bridge:
             lead_reached.set()
             assert lead_go.wait(20)
         return real_lead(of, *args)
@@ -304,7 +308,7 @@ def test_a_promoted_caller_whose_flight_ended_before_its_claim_takes_its_outcome
             assert claim_go.wait(20)
         return real_claim(table, *args, claimed=claimed, **more)
 
-    monkeypatch.setattr(FlightGroup, "_lead_wide", lead_wide)
+    monkeypatch.setattr(Bridge, "_lead", lead_wide)
     monkeypatch.setattr(FlightTable, "claim", claim)
     try:
         leader = Background(lambda: g.run_sync("k", ran(runs, "first")))

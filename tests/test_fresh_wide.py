@@ -4,7 +4,7 @@ it run here, since its work starts after the call; one that comes after the work
 started waits for the end and shares the next flight.
 
 The window between the scope's answer and the work's start is held open by a patched
-``_lead_wide`` that waits for an event, so every order below is forced.
+``Bridge._lead`` that waits for an event, so every order below is forced.
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ class _Gates:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         from flightgroup.directory import client as client_module
-        from flightgroup.wide import Event, Inbox
+        from flightgroup.scope.events import Inbox, Landed, ScopeEvent
 
         gates = self
         self.inboxes: list[Any] = []
@@ -218,29 +218,29 @@ class _Gates:
         class Gated(Inbox):
             def __init__(self) -> None:
                 super().__init__()
-                self.held: list[tuple[Event, tuple[Any, ...]]] = []
+                self.held: list[ScopeEvent] = []
                 self.opened = False
                 gates.inboxes.append(self)
 
-            def put(self, event: Event, *args: Any) -> None:
+            def put(self, event: ScopeEvent) -> None:
                 if not self.opened:
-                    self.held.append((event, args))
-                    if event is Event.LANDED:
+                    self.held.append(event)
+                    if type(event) is Landed:
                         gates.landed.set()
                     return
-                super().put(event, *args)
+                super().put(event)
 
             def open(self) -> None:
                 self.opened = True
-                for event, args in self.held:
-                    super().put(event, *args)
+                for event in self.held:
+                    super().put(event)
 
         monkeypatch.setattr(client_module, "Inbox", Gated)
 
     def joined(self) -> bool:
-        from flightgroup.wide import Event
+        from flightgroup.scope.events import Joined
 
-        return any(event is Event.JOINED for inbox in self.inboxes for event, _ in inbox.held)
+        return any(type(event) is Joined for inbox in self.inboxes for event in inbox.held)
 
     def open(self) -> None:
         for inbox in self.inboxes:
@@ -335,12 +335,10 @@ def test_fresh_callers_of_two_groups_that_came_during_one_flight_share_the_next(
     runs: list[str] = []
     real_submit = DirectoryArbiter.submit
 
-    def submit(
-        self: DirectoryArbiter, key: str, fresh: bool, after: int | None = None, *rest: Any
-    ) -> Any:
-        if self is a._arbiter and fresh and key == "k":
+    def submit(self: DirectoryArbiter, key: str, **options: Any) -> Any:
+        if self is a._scope and options["fresh"] and key == "k":
             assert g_runs.wait(10)  # F's run goes once G leads t2
-        return real_submit(self, key, fresh, after, *rest)
+        return real_submit(self, key, **options)
 
     monkeypatch.setattr(DirectoryArbiter, "submit", submit)
 
@@ -355,7 +353,7 @@ def test_fresh_callers_of_two_groups_that_came_during_one_flight_share_the_next(
         return body
 
     try:
-        coordinator = a._arbiter._coordinator  # type: ignore[union-attr]
+        coordinator = a._scope._coordinator  # type: ignore[union-attr]
         t = Background(lambda: a.run_sync("k", work("t", None, release_t)))
         wait_until(lambda: runs == ["t"], "t runs in a")
         f = Background(lambda: a.run_sync("k", work("F", None, release_g), fresh=True))

@@ -40,7 +40,7 @@ def test_a_call_after_forget_returned_never_joins_the_old_flight(
     in_between: list[Background] = []
     try:
         assert started.wait(20)
-        arbiter = forgetter._arbiter
+        arbiter = forgetter._scope
         real_forget = arbiter.forget
 
         def forget(*args: Any, **kwargs: Any) -> Any:
