@@ -72,7 +72,9 @@ def _connected(directory: str, **kwargs: Any) -> FlightGroup:
 
 
 def _settled(group: FlightGroup) -> None:
-    """Wait until the group's landings were acknowledged (their key locks freed)."""
+    """Wait until the group's landings were acknowledged: their calls and leads are
+    gone. Each key file is closed just after, on the group's thread (a check of the
+    files waits for that)."""
     arbiter = _arbiter(group)
     wait_until(lambda: not arbiter._calls and not arbiter._leads, "every landing acked")
 
@@ -457,7 +459,7 @@ def test_a_lead_told_as_the_file_opened_survives_the_coordinators_death(
         assert done["token"] == token
         assert runs == [token] and h.runs_of("k") == []  # x never ran it
         _settled(b)
-        assert _key_files_open(h.dir) == 0
+        wait_until(lambda: _key_files_open(h.dir) == 0, "b closed k's file after the ack")
     finally:
         go.set()
         x_joined.set()
