@@ -232,7 +232,9 @@ def test_a_lead_withdrawn_as_it_gets_its_key_lock_writes_no_other_file(
         async def main() -> None:
             task = asyncio.ensure_future(b.run("k", work_b))
             await asyncio.to_thread(
-                wait_until, lambda: _lock_waiters() == 1, "b leads k and waits for its lock"
+                wait_until,
+                lambda: _lock_waiters(directory) == 1,
+                "b leads k and waits for its lock",
             )
             release_a.set()  # a's work ends: b's key-lock thread takes the lock
             await asyncio.to_thread(at_pwrite.wait, 20)
@@ -245,7 +247,7 @@ def test_a_lead_withdrawn_as_it_gets_its_key_lock_writes_no_other_file(
         assert _fd_is_key_file(fd)  # the withdrawal waits on the lead's lock, fd still open
         go.set()
         wait_until(lambda: not _fd_is_key_file(fd), "the withdrawal closed the lead's descriptor")
-        wait_until(lambda: _lock_waiters() == 0, "the key-lock thread ended")
+        wait_until(lambda: _lock_waiters(directory) == 0, "the key-lock thread ended")
         assert not arbiter._leads
         with open(fs.key_lock_path(directory, "k"), "rb") as f:
             assert f.read() == b"%-20d\n" % token  # the token went to the key's own file
@@ -509,7 +511,7 @@ def test_many_calls_withdrawn_at_each_point_leak_nothing(h: Harness) -> None:
     x.expect("started", "l")
     try:
         # b leads k and waits for its key lock in a thread: withdrawn there.
-        _withdraw_after(b, "k", lambda: _lock_waiters() == 1)
+        _withdraw_after(b, "k", lambda: _lock_waiters(h.dir) == 1)
         for _ in range(10):
             # The coordinator makes b's call wait for k's key lock (b opened the file).
             _withdraw_after(
@@ -520,11 +522,11 @@ def test_many_calls_withdrawn_at_each_point_leak_nothing(h: Harness) -> None:
             # b joined x's flight of j.
             _withdraw_after(b, "j", lambda: any(c.joined for c in list(arbiter._calls.values())))
         assert [entry[0] for entry in h.runs_of("k")] == [a.pid, a.pid]
-        assert _lock_waiters() == 1  # the first withdrawn lead still waits on a copy
+        assert _lock_waiters(h.dir) == 1  # the first withdrawn lead still waits on a copy
         a.release("l")  # a's work ends and frees the key lock
         x.release("l")
         assert_value(x.expect("done", "l"), "j", joined=False)
-        wait_until(lambda: _lock_waiters() == 0, "the key-lock thread ended")
+        wait_until(lambda: _lock_waiters(h.dir) == 0, "the key-lock thread ended")
         wait_until(lambda: not _fd_table() - fds, "no descriptor left but those before")
         wait_until(lambda: not set(threading.enumerate()) - threads, "no thread left")
         assert _key_files_open(h.dir) == 0
