@@ -79,10 +79,6 @@ def _settled(group: FlightGroup) -> None:
     wait_until(lambda: not arbiter._calls and not arbiter._leads, "every landing acked")
 
 
-def _fds_open() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
 def _fd_table() -> set[tuple[str, str]]:
     """This process's descriptors: (number, what it names)."""
     table = set()
@@ -320,7 +316,9 @@ def test_close_while_the_caller_opens_its_key_file_before_any_answer(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     coord, x, b, arbiter = _coordinated_beside_x(h)
-    fds = _fds_open()
+    assert arbiter._channel is not None
+    fd = arbiter._channel.sock.fileno()
+    connection = (str(fd), os.readlink(f"/proc/self/fd/{fd}"))  # b's, to the coordinator
     at_open, go = threading.Event(), threading.Event()
     real_open = os.open
 
@@ -346,7 +344,7 @@ def test_close_while_the_caller_opens_its_key_file_before_any_answer(
         # call _OPENING), and nothing else of b is left.
         wait_until(lambda: _key_files_open(h.dir) == 0, "the caller closed the key file")
         assert not arbiter._calls and not arbiter._leads
-        assert _fds_open() < fds  # b's connection is gone too
+        assert connection not in _fd_table()  # b's connection is gone too
         coord.cont()  # it reads b's run, leads it, finds b gone: the flight is interrupted
         x.call("n", "k", h.work(**{"return": "x"}))
         assert_value(x.expect("done", "n"), "x", joined=False)
