@@ -27,7 +27,7 @@ from flightgroup import (
 from flightgroup.directory import wire
 
 from .dirproc import Harness, MuteCoordinator, key_file, raw_conns, wait_for
-from .ingroup import Background, arbiter, close, coordinating, hold_key_lock
+from .ingroup import Background, arbiter, close, coordinating, hold_key_lock, lock_waiters
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -163,7 +163,7 @@ def test_a_lead_overtaken_by_a_newer_flight_of_the_key_runs_with_its_lease_lost(
         call, _, _ = _granted_lead(g, mute, work)
         if lock != "free":
             wait_for(
-                lambda: any(t.name == "flightgroup-keylock" for t in threading.enumerate()),
+                lambda: lock_waiters(h.dir) == 1,
                 "the lead waiting for the key lock",
             )
             os.close(holder)
