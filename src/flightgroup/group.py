@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
 from .attempts import Attempts, current_flight, start_thread
 from .codec import Codec
-from .configure import MAX_FRAME, check_call, check_key, configure
+from .configure import MAX_FRAME, Configuration, check_call, check_key, configure
 from .decorator import BoundCoalesced as BoundCoalesced
 from .decorator import Coalesced as Coalesced
 from .decorator import _Coalesce, make_coalesce
@@ -124,12 +124,23 @@ class FlightGroup:
         reconnect_timeout: float = 5.0,
         max_frame_bytes: int = MAX_FRAME,
     ) -> None:
-        made = configure(
+        self._build(configure(
             directory=directory, redis=redis, namespace=namespace, codec=codec,
             deadline=deadline, retry=retry, retention=retention, limits=limits,
             max_value_bytes=max_value_bytes, lease=lease, cluster=cluster,
             reconnect_timeout=reconnect_timeout, max_frame_bytes=max_frame_bytes,
-        )
+        ))
+
+    @classmethod
+    def _over(cls, made: Configuration) -> FlightGroup:
+        """A group of ``made``'s settings over its scope, which was made outside
+        :func:`configure` (:mod:`flightgroup.testing`'s fake scope): no public argument
+        names a scope object."""
+        group = cls.__new__(cls)
+        group._build(made)
+        return group
+
+    def _build(self, made: Configuration) -> None:
         self._deadline = made.deadline
         self._policy = made.policy
         self._codec = made.codec
