@@ -203,16 +203,27 @@ def landed_leader_holds(directory: str) -> tuple[FlightGroup, threading.Event, l
 
 
 def scope_groups(
-    request: pytest.FixtureRequest, scope: str, count: int, lease: float
+    request: pytest.FixtureRequest,
+    scope: str,
+    count: int,
+    lease: float,
+    fake: Any = None,
+    **options: Any,
 ) -> list[FlightGroup]:
-    """``count`` groups of ``scope`` ("process", "directory", or "fleet" on the test
-    module's Redis, with ``lease``); a wide scope's server is started only when asked for."""
-    from .infleet import fleet_group
+    """``count`` groups of ``scope`` ("process", "fake": a "process" each of ``fake``, a
+    FakeCoordinator (a new one when None), "directory", or "fleet" on the test module's
+    Redis, with ``lease``), each made with ``options``; a wide scope's server is started
+    only when asked for."""
+    from flightgroup.testing import FakeCoordinator
 
     if scope == "process":
-        return [FlightGroup() for _ in range(count)]
+        return [FlightGroup(**options) for _ in range(count)]
+    options.setdefault("codec", JSON)
+    if scope == "fake":
+        fake = FakeCoordinator() if fake is None else fake
+        return [fake.group(**options) for _ in range(count)]
     if scope == "directory":
         d = request.getfixturevalue("directory")
-        return [FlightGroup(directory=d, codec=JSON) for _ in range(count)]
+        return [FlightGroup(directory=d, **options) for _ in range(count)]
     url, ns = request.getfixturevalue("redis_server").url, request.getfixturevalue("namespace")
-    return [fleet_group(url, ns, lease=lease) for _ in range(count)]
+    return [FlightGroup(redis=url, namespace=ns, lease=lease, **options) for _ in range(count)]
