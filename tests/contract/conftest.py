@@ -47,13 +47,17 @@ class Expect:
     wide: bool
     # Kept outcomes expire by a clock the test moves (the fake's), not by waiting.
     fake_clock: bool
+    # A flight that left its key (forgotten, its group closed) holds the key while its
+    # work runs: the next call leads only once that work ended (the directory's key
+    # lock: no two runs of a key at once); else the next call leads beside it.
+    left_holds_key: bool
 
 
 EXPECT = {
-    "process": Expect(same_object=True, wide=False, fake_clock=False),
-    "fake": Expect(same_object=False, wide=True, fake_clock=True),
-    "directory": Expect(same_object=False, wide=True, fake_clock=False),
-    "fleet": Expect(same_object=False, wide=True, fake_clock=False),
+    "process": Expect(same_object=True, wide=False, fake_clock=False, left_holds_key=False),
+    "fake": Expect(same_object=False, wide=True, fake_clock=True, left_holds_key=False),
+    "directory": Expect(same_object=False, wide=True, fake_clock=False, left_holds_key=True),
+    "fleet": Expect(same_object=False, wide=True, fake_clock=False, left_holds_key=False),
 }
 
 
@@ -95,6 +99,11 @@ class Scope:
 
 
 def _scope(request: pytest.FixtureRequest) -> Iterator[Scope]:
+    # A wide scope's server and place first: they are torn down after its groups close.
+    for name in {"directory": ["directory"], "fleet": ["redis_server", "namespace"]}.get(
+        request.param, []
+    ):
+        request.getfixturevalue(name)
     made = Scope(request, request.param)
     try:
         yield made
