@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import threading
 from collections.abc import Callable, Hashable, Iterator
@@ -150,6 +151,9 @@ class FakeScope:
         self.closed = False
         self.killed = False
         self._started = False
+        # Calls that have not heard their last event (nor lead): closing refuses them.
+        # The coordinator's, under its lock.
+        self._waiting: set[FakeCall] = set()
 
     @property
     def identity(self) -> Hashable:
@@ -415,6 +419,7 @@ class FakeCoordinator:
                 raise UnavailableError("the fake scope is unreachable")
             scope._started = True
             call = FakeCall(scope, key, fresh, after, on_detached)
+            scope._waiting.add(call)
             actions = self._run(call, fresh, kept=True)
         self._perform(actions)
         return call
@@ -582,22 +587,25 @@ class FakeCoordinator:
                     if running or killed:
                         losing.append((leader, lead))
                         actions += self._end_flight(flight, NoOutcome(reason))
-            for flight in flights:
-                for call in [*flight.joiners, *flight.fresh]:
-                    if call.scope is scope and not call.ended:
-                        call.ended = True
-                        joined = call in flight.joiners
-                        with contextlib.suppress(ValueError):
-                            flight.joiners.remove(call)
-                        with contextlib.suppress(ValueError):
-                            flight.fresh.remove(call)
-                        event: ScopeEvent = Refused(GroupClosedError())
-                        if killed:
-                            event = (
-                                NoOutcome("this process died") if joined
-                                else Refused(UnavailableError("this fake process died"))
-                            )
-                        actions.append(self._put(call, event))
+            # Every call of the scope still waiting for its answer (one the fake
+            # decided but whose answer is held or lost too) hears it now.
+            for call in list(scope._waiting):
+                scope._waiting.discard(call)
+                part = call.flight
+                joined = part is not None and call in part.joiners
+                if part is not None and not call.ended:
+                    with contextlib.suppress(ValueError):
+                        part.joiners.remove(call)
+                    with contextlib.suppress(ValueError):
+                        part.fresh.remove(call)
+                call.ended = True
+                event: ScopeEvent = Refused(GroupClosedError())
+                if killed:
+                    event = (
+                        NoOutcome("this process died") if joined
+                        else Refused(UnavailableError("this fake process died"))
+                    )
+                actions.append((call.key, functools.partial(call.inbox.put, event)))
         for leader, lead in losing:
             self._lose(leader, lead, reason)
         self._perform(actions)
@@ -643,6 +651,8 @@ class FakeCoordinator:
             if left:
                 self._drops[kind] = left - 1
                 return
+            if kind is not Joined:  # its last event, or it leads now
+                call.scope._waiting.discard(call)
         call.inbox.put(event)
 
     def _perform(self, actions: list[_Action]) -> None:
