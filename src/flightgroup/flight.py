@@ -576,6 +576,7 @@ class FlightTable:
         self,
         tkey: Hashable,
         key: str,
+        *,
         fresh: bool,
         make_waiter: Callable[[], Waiter],
         chain: Flight | None,
