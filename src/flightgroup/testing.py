@@ -65,7 +65,7 @@ from .scope.interface import DetachedNotice, Handed, LeadState, key_as_called
 from .scope.outcome import Failure, Interrupted, SharedOutcome, Value, kept_size
 
 if TYPE_CHECKING:
-    from .flight import Attempt
+    from .engine.flight import Attempt
 
 __all__ = ["FakeCall", "FakeCoordinator", "FakeScope"]
 
