@@ -255,7 +255,8 @@ class FakeCoordinator:
 
     ``max_key_length``: longer keys are refused (ValueError), as a scope refuses a key
     it cannot carry. ``clock``: the time of kept outcomes, flight ages and status;
-    by default the fake's own, which moves only by :meth:`advance`."""
+    by default the fake's own, which moves only by :meth:`advance`. ``serial`` names
+    this coordinator (its groups' identity)."""
 
     def __init__(
         self,
@@ -393,6 +394,7 @@ class FakeCoordinator:
     def kept(self, key: str) -> bool:
         """True if an outcome of ``key`` is kept and live now (not counted as a use)."""
         with self._lock:
+            # Read past get(): a look from a test must not count as a use (LRU).
             entry = self._kept._entries.get(key)
             return entry is not None and self._clock() < entry.expires
 

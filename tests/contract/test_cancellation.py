@@ -61,6 +61,27 @@ def test_a_leaders_timeout_does_not_stop_the_work(group: FlightGroup) -> None:
     assert staying.wait().value == "v"
 
 
+def test_a_leading_callers_timeout_elsewhere_leaves_the_flight_to_its_joiners(
+    pair: tuple[FlightGroup, ...],
+) -> None:
+    a, b = pair
+    started, release = threading.Event(), threading.Event()
+
+    def work() -> str:
+        started.set()
+        assert release.wait(30)
+        return "v"
+
+    from ..ingroup import Background
+
+    leading = Background(lambda: a.run_sync("k", work, timeout=0.2))
+    assert started.wait(15)
+    elsewhere = joiner(b, "k")
+    assert isinstance(_wait_error(leading), TimeoutError)
+    release.set()
+    assert (elsewhere.wait().value, elsewhere.wait().joined) == ("v", True)
+
+
 def _wait_error(call: Any) -> BaseException | None:
     call.done.wait(15)
     return call.error

@@ -12,7 +12,7 @@ import pytest
 from flightgroup import FlightGroup, Retry, current_lease
 
 from ..ingroup import Background
-from .conftest import Scope, joiner
+from .conftest import Scope, never
 
 NO_WAIT = Retry(attempts=3, backoff=0.0, jitter=False)
 
@@ -76,8 +76,17 @@ def test_a_joiner_elsewhere_stays_attached_through_the_leaders_retries(wide: Sco
 
     leader = Background(lambda: a.run_sync("k", work))
     assert first_started.wait(15)
-    elsewhere = joiner(b, "k")
+    heard: list[str] = []
+    joined_now = threading.Event()
+
+    def on_join() -> None:
+        heard.append(threading.current_thread().name)
+        joined_now.set()
+
+    elsewhere = Background(lambda: b.run_sync("k", never, on_join=on_join))
+    assert joined_now.wait(15)
     go_on.set()
     led, joined = leader.wait(), elsewhere.wait()
     assert (led.value, joined.value, joined.joined) == ("third", "third", True)
+    assert len(heard) == 1  # a new token per retry is no new join
     assert joined.token == led.token == attempts[-1]
