@@ -163,7 +163,7 @@ class FakeScope:
 
     @property
     def kind(self) -> str:
-        """"fake"."""
+        """The scope's name in metrics and traces: "fake"."""
         return "fake"
 
     @property

@@ -11,6 +11,7 @@ import pytest
 
 from flightgroup import FlightGroup
 
+from ..ingroup import Background
 from ..support import LoopThread, run
 from .conftest import Leader, Scope, joiner, never
 
@@ -51,7 +52,6 @@ def test_a_leaders_timeout_does_not_stop_the_work(group: FlightGroup) -> None:
         assert release.wait(30)
         return "v"
 
-    from ..ingroup import Background
 
     leading = Background(lambda: group.run_sync("k", work, timeout=0.2))
     assert started.wait(15)
@@ -72,7 +72,6 @@ def test_a_leading_callers_timeout_elsewhere_leaves_the_flight_to_its_joiners(
         assert release.wait(30)
         return "v"
 
-    from ..ingroup import Background
 
     leading = Background(lambda: a.run_sync("k", work, timeout=0.2))
     assert started.wait(15)

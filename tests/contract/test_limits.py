@@ -46,3 +46,21 @@ def test_limits_count_per_process(wide: Scope) -> None:
     assert b.run_sync("other", lambda: "o").value == "o"  # b waits for one: room for one
     leader.release()
     assert (here.wait().value, elsewhere.wait().value) == ("v", "v")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="engine: the first caller of a process whose flight joined one led elsewhere "
+    "is a joiner (joined=True) but counts as the local flight's leader, not against "
+    "max_waiters: a process holds max_waiters + 1 joiners of a flight led elsewhere",
+)
+def test_max_waiters_counts_every_joiner_waiting_in_the_process(wide: Scope) -> None:
+    a, b = wide.group(), wide.group(limits=Limits(max_waiters=1))
+    leader = Leader(a, "k", "v")
+    first = joiner(b, "k")  # a joiner waiting in b: b is at its limit
+    try:
+        with pytest.raises(TooManyWaitersError):
+            joiner(b, "k")
+    finally:
+        leader.release()
+        assert first.wait().joined

@@ -22,7 +22,8 @@ from flightgroup import (
     current_lease,
 )
 
-from ..support import run
+from ..ingroup import Background
+from ..support import LoopThread, run
 from .conftest import Leader, Scope, joiner, lose_lease, raised
 
 
@@ -72,7 +73,6 @@ def test_async_and_sync_callers_share_one_flight(scope: Scope, group: FlightGrou
     async def call() -> Any:
         return await group.run("k", never_async, on_join=joined.set)
 
-    from ..support import LoopThread
 
     loop = LoopThread()
     try:
@@ -192,7 +192,6 @@ def test_a_joiner_elsewhere_times_out_with_the_leader(wide: Scope) -> None:
         started.set()
         threading.Event().wait(5)  # a sync work runs on past its deadline
 
-    from ..ingroup import Background
 
     leader = Background(lambda: a.run_sync("k", work))
     assert started.wait(15)
@@ -219,7 +218,6 @@ def test_a_leader_that_lost_its_lease_raises_lease_lost_and_its_joiners_are_inte
         heard.set()
         raise RuntimeError("stopped: the lease is lost")
 
-    from ..ingroup import Background
 
     started = threading.Event()
     leader = Background(lambda: a.run_sync("k", work))
