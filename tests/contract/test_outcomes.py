@@ -246,6 +246,16 @@ def test_an_encode_failure_reaches_the_leader_and_fails_the_joiners(scope: Scope
     assert isinstance(failed, FlightFailedError) and failed.error_type == "TypeError"
 
 
+def test_an_encode_failure_fails_a_joiner_elsewhere(wide: Scope) -> None:
+    a, b = wide.pair()
+    leader = Leader(a, "k", {1, 2})  # JSON cannot encode a set
+    waiting = joiner(b, "k")
+    leader.release()
+    assert isinstance(raised(leader.call), TypeError)
+    failed = raised(waiting)
+    assert isinstance(failed, FlightFailedError) and failed.error_type == "TypeError"
+
+
 def test_an_outcome_over_max_value_bytes_raises_value_too_large_for_the_leader(
     scope: Scope,
 ) -> None:

@@ -73,3 +73,11 @@ def test_a_fresh_flights_outcome_replaces_the_kept_one(scope: Scope) -> None:
     keeping.run_sync("k", lambda: "old")
     keeping.run_sync("k", lambda: "new", fresh=True)  # a fresh flight, kept in its turn
     assert keeping.run_sync("k", never).value == "new"
+
+
+def test_an_outcome_over_max_bytes_alone_is_not_kept(scope: Scope) -> None:
+    g = scope.group(retention=Retention(success=60, max_bytes=64))
+    g.run_sync("big", lambda: "x" * 1000)  # over max_bytes by itself (any estimate)
+    g.run_sync("small", lambda: "x")
+    assert g.run_sync("big", lambda: "again").joined is False
+    assert g.run_sync("small", never).joined is True
