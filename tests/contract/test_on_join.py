@@ -13,7 +13,7 @@ import pytest
 from flightgroup import FlightGroup, Retention
 
 from ..ingroup import Background
-from ..support import LoopThread
+from ..support import LoopThread, run
 from .conftest import Leader, Scope, joiner, never
 
 
@@ -87,6 +87,16 @@ def test_on_join_is_never_called_for_a_kept_outcome(scope: Scope) -> None:
     g.run_sync("k", lambda: 1)
     called: list[int] = []
     served = g.run_sync("k", never, on_join=lambda: called.append(1))
+    assert (served.joined, called) == (True, [])
+
+
+def test_on_join_is_never_called_for_an_outcome_kept_elsewhere(wide: Scope) -> None:
+    a, b = wide.group(retention=Retention(success=60)), wide.group()
+    a.run_sync("k", lambda: 1)
+    called: list[int] = []
+    served = b.run_sync("k", never, on_join=lambda: called.append(1))
+    assert (served.value, served.joined, called) == (1, True, [])
+    served = run(b.run("k", _never, on_join=lambda: called.append(2)))
     assert (served.joined, called) == (True, [])
 
 
