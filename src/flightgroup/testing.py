@@ -111,7 +111,9 @@ class _FakeLead(LeadState):
 
 class FakeCall(DetachedNotice):
     """One submitted call (the :class:`~flightgroup.scope.interface.ScopeCall` of the
-    fake): its inbox, and its lead while it leads."""
+    fake): its inbox, and its lead while it leads. ``key``, ``fresh``, ``after`` and
+    ``inbox`` are set once at submit; ``_lead``, ``flight`` and ``ended`` are written by
+    the coordinator under its lock (``_lead`` once, before its Lead event is put)."""
 
     __slots__ = ("_lead", "after", "ended", "flight", "fresh", "inbox", "key", "scope")
 
