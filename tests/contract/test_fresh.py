@@ -1,0 +1,381 @@
+"""Fresh callers in the wide scopes (ADR 0005): a fresh caller that comes while its
+process's flight still waits for the scope's answer joins that flight if the scope lets
+it run here, since its work starts after the call; one that comes after the work
+started waits for the end and shares the next flight.
+
+The window between the scope's answer and the work's start is held open by a patched
+``_lead_wide`` that waits for an event, so every order below is forced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import flightgroup.group as group_module
+from flightgroup import JSON, FlightGroup, GroupClosedError
+from flightgroup.directory.client import DirectoryArbiter
+from flightgroup.flight import FlightTable
+
+from ..infresh import fresh_waiting, held, lead_held
+from ..ingroup import Background, close, coordinating
+from ..support import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_fresh_callers_that_came_before_the_lead_join_it(
+    wide: FlightGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    g, runs, joined = wide, [], []
+    hold, started, release, work, leader = lead_held(g, runs, monkeypatch)
+    sync_fresh = Background(lambda: g.run_sync("k", work, fresh=True))
+
+    async def async_call() -> Any:
+        async def awork() -> str:
+            return work()
+
+        return await g.run("k", awork, fresh=True, on_join=lambda: joined.append(1))
+
+    async_fresh = Background(lambda: asyncio.run(async_call()))
+    fresh_waiting(g, "k", 2)
+    hold.go.set()
+    assert started.wait(10)
+    # API.md: on_join runs in the joiner before it waits, so while the work still runs
+    wait_until(lambda: joined == [1], "the promoted async caller ran its on_join")
+    release.set()
+    first = leader.wait()
+    results = [sync_fresh.wait(), async_fresh.wait()]
+    assert runs == ["first"]
+    assert [(r.value, r.joined, r.token) for r in results] == [("first", True, first.token)] * 2
+    assert (first.value, first.joined) == ("first", False)
+    assert joined == [1]  # on_join once, in the joiner that asked for it
+    assert g.stats().joins == 2 and g.stats().flights == 1
+    assert "k" not in g._table.flights
+
+
+def test_a_fresh_caller_that_comes_once_the_work_runs_shares_the_next_flight(
+    wide: FlightGroup,
+) -> None:
+    g, runs = wide, []
+    started, release = threading.Event(), threading.Event()
+    leader = Background(lambda: g.run_sync("k", held(runs, "first", started, release)))
+    assert started.wait(10)
+    late = [
+        Background(lambda: g.run_sync("k", lambda: runs.append("second") or "second", fresh=True))
+        for _ in range(2)
+    ]
+    fresh_waiting(g, "k", 2)
+    release.set()
+    assert leader.wait().value == "first"
+    results = [each.wait() for each in late]
+    assert runs == ["first", "second"]
+    assert sorted(r.joined for r in results) == [False, True]
+    assert {r.value for r in results} == {"second"}
+
+
+def test_a_promoted_caller_that_times_out_withdraws_alone(
+    wide: FlightGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    g, runs = wide, []
+    hold, started, release, work, leader = lead_held(g, runs, monkeypatch)
+    impatient = Background(lambda: g.run_sync("k", work, fresh=True, timeout=0.3))
+    fresh_waiting(g, "k", 1)
+    hold.go.set()
+    assert started.wait(10)
+    # its timeout passes while the work runs (the work waits for release, set below)
+    with pytest.raises(TimeoutError):
+        impatient.wait()
+    release.set()
+    assert leader.wait().value == "first"
+    assert runs == ["first"]
+    assert "k" not in g._table.flights  # no claim left behind (I4)
+    again = g.run_sync("k", lambda: "again", fresh=True, timeout=10)
+    assert (again.value, again.joined) == ("again", False)
+
+
+def test_a_promoted_async_caller_cancelled_withdraws_alone(
+    wide: FlightGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    g, runs = wide, []
+    hold, started, release, work, leader = lead_held(g, runs, monkeypatch)
+    outcome: list[str] = []
+
+    async def cancelled_caller() -> None:
+        async def awork() -> str:
+            return work()
+
+        task = asyncio.ensure_future(g.run("k", awork, fresh=True))
+        await asyncio.get_running_loop().run_in_executor(None, fresh_waiting, g, "k", 1)
+        hold.go.set()
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            outcome.append("cancelled")
+
+    asyncio.run(cancelled_caller())
+    assert outcome == ["cancelled"]
+    release.set()
+    assert leader.wait().value == "first"
+    assert "k" not in g._table.flights
+    assert g.run_sync("k", lambda: "again", fresh=True, timeout=10).value == "again"
+    assert runs == ["first"]
+
+
+def test_a_promoted_caller_gets_group_closed_when_the_group_closes(
+    wide: FlightGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    g, runs = wide, []
+    hold, started, release, work, leader = lead_held(g, runs, monkeypatch)
+    promoted = Background(lambda: g.run_sync("k", work, fresh=True))
+    fresh_waiting(g, "k", 1)
+    hold.go.set()
+    assert started.wait(10)
+    closing = Background(g.close)
+    with pytest.raises(GroupClosedError):
+        promoted.wait()
+    release.set()
+    closing.wait()
+    with pytest.raises(GroupClosedError):  # the leader too: its group closed meanwhile
+        leader.wait()
+    assert runs == ["first"]
+
+
+def test_a_promoted_caller_whose_on_join_raises_withdraws_alone(
+    wide: FlightGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    g, runs = wide, []
+    hold, _started, release, work, leader = lead_held(g, runs, monkeypatch)
+
+    def refuse() -> None:
+        raise LookupError("not this one")
+
+    refusing = Background(lambda: g.run_sync("k", work, fresh=True, on_join=refuse))
+    staying = Background(lambda: g.run_sync("k", work, fresh=True))
+    fresh_waiting(g, "k", 2)
+    hold.go.set()
+    with pytest.raises(LookupError, match="not this one"):
+        refusing.wait()  # raised while the work still runs: release is not set yet
+    release.set()
+    assert leader.wait().value == "first"
+    assert (staying.wait().value, staying.wait().joined) == ("first", True)
+    assert runs == ["first"]
+
+
+def test_an_async_leading_caller_out_of_time_as_its_flight_joins_elsewhere_times_out(
+    directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The caller's timer sets EXPIRED, then (before the caller's task resumes) its
+    flight's driver learns the flight joined one led elsewhere and detaches the
+    caller's waiter. The caller must raise TimeoutError, not read an outcome that
+    does not exist yet."""
+    a = coordinating(directory)
+    b = FlightGroup(directory=directory, codec=JSON)
+    try:
+        started, release = threading.Event(), threading.Event()
+        leader = Background(lambda: a.run_sync("k", held([], "old", started, release)))
+        assert started.wait(10)
+        original = group_module._expire
+
+        def expire_then_join(fut: Any) -> None:
+            original(fut)
+            b._table.joined_remote(b._table.flights["k"])  # the JOIN's detach, right then
+
+        monkeypatch.setattr(group_module, "_expire", expire_then_join)
+
+        async def late() -> Any:
+            async def work() -> str:
+                return "never"
+
+            return await b.run("k", work, timeout=0.3)
+
+        with pytest.raises(TimeoutError):
+            asyncio.run(late())
+        release.set()
+        assert leader.wait().value == "old"
+    finally:
+        close(a, b)
+
+
+class _Gates:
+    """Every inbox made from now on holds its events until ``open()``, which puts them
+    all in at once: a driver then reads JOINED and LANDED in one step."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from flightgroup.directory import client as client_module
+        from flightgroup.wide import Event, Inbox
+
+        gates = self
+        self.inboxes: list[Any] = []
+        self.landed = threading.Event()  # an outcome is held
+
+        class Gated(Inbox):
+            def __init__(self) -> None:
+                super().__init__()
+                self.held: list[tuple[Event, tuple[Any, ...]]] = []
+                self.opened = False
+                gates.inboxes.append(self)
+
+            def put(self, event: Event, *args: Any) -> None:
+                if not self.opened:
+                    self.held.append((event, args))
+                    if event is Event.LANDED:
+                        gates.landed.set()
+                    return
+                super().put(event, *args)
+
+            def open(self) -> None:
+                self.opened = True
+                for event, args in self.held:
+                    super().put(event, *args)
+
+        monkeypatch.setattr(client_module, "Inbox", Gated)
+
+    def joined(self) -> bool:
+        from flightgroup.wide import Event
+
+        return any(event is Event.JOINED for inbox in self.inboxes for event, _ in inbox.held)
+
+    def open(self) -> None:
+        for inbox in self.inboxes:
+            inbox.open()
+
+
+def _out_of_time_as_it_joins_and_lands(
+    directory: str, monkeypatch: pytest.MonkeyPatch, call: Callable[..., Any]
+) -> None:
+    """b's call of k joins a's flight, and its timer runs out just as JOINED and LANDED
+    come together (``call(b, gates, on_join)`` forces that order). The caller was
+    handed JOINED, so it is out of time as a joiner that never ran on_join:
+    TimeoutError, never an outcome without on_join."""
+    a = coordinating(directory)
+    b = FlightGroup(directory=directory, codec=JSON)
+    try:
+        started, release = threading.Event(), threading.Event()
+        leader = Background(lambda: a.run_sync("k", held([], "old", started, release)))
+        assert started.wait(10)
+        gates = _Gates(monkeypatch)  # b's call's inbox, not a's
+        on_join: list[int] = []
+        caller = Background(lambda: call(b, gates, lambda: on_join.append(1)))
+        wait_until(gates.joined, "b's call joined a's flight (held)")
+        release.set()
+        assert leader.wait().value == "old"
+        assert caller.done.wait(20)
+        assert isinstance(caller.error, TimeoutError), caller.result
+        assert on_join == []
+    finally:
+        close(a, b)
+
+
+def test_an_async_leading_caller_out_of_time_as_its_flight_joins_and_lands_never_skips_on_join(
+    directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The outcome is in before time runs out; the driver is woken first, then the
+    caller's future expires before the driver's step runs (so the driver detaches it
+    and settles the flight before the caller resumes)."""
+    original = group_module._expire
+
+    def call(b: FlightGroup, gates: _Gates, on_join: Callable[[], object]) -> Any:
+        def expire(fut: Any) -> None:
+            assert gates.landed.wait(20)
+            gates.open()
+            asyncio.get_running_loop().call_soon(original, fut)
+
+        monkeypatch.setattr(group_module, "_expire", expire)
+
+        async def late() -> Any:
+            async def work() -> str:
+                return "never"
+
+            return await b.run("k", work, timeout=0.3, on_join=on_join)
+
+        return asyncio.run(late())
+
+    _out_of_time_as_it_joins_and_lands(directory, monkeypatch, call)
+
+
+def test_a_sync_leading_caller_out_of_time_as_its_flight_joins_and_lands_never_skips_on_join(
+    directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sync twin: the caller's wait times out; before it withdraws, its flight's
+    driver (a thread) reads JOINED and LANDED and settles the flight."""
+    original = FlightTable.withdraw
+
+    def call(b: FlightGroup, gates: _Gates, on_join: Callable[[], object]) -> Any:
+        def withdraw(table: FlightTable, flight: Any, waiter: Any) -> bool:
+            if table is b._table and flight.outcome is None:  # the caller, out of time
+                assert gates.landed.wait(20)
+                gates.open()
+                wait_until(lambda: flight.outcome is not None, "the driver settled the flight")
+            return original(table, flight, waiter)
+
+        monkeypatch.setattr(FlightTable, "withdraw", withdraw)
+        return b.run_sync("k", lambda: "never", timeout=0.3, on_join=on_join)
+
+    _out_of_time_as_it_joins_and_lands(directory, monkeypatch, call)
+
+
+def test_fresh_callers_of_two_groups_that_came_during_one_flight_share_the_next(
+    directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """a leads t (held). A fresh caller F of a comes (it waits in a's table for t's
+    end); a fresh caller G of b comes (the coordinator holds it for t's end). t lands;
+    G leads t2 (held) before F's run reaches the coordinator (held until then). F and
+    G both came during t: F's run names t's token, so it joins t2 instead of waiting
+    for t2's end and leading t3."""
+    a = coordinating(directory)
+    b = FlightGroup(directory=directory, codec=JSON)
+    release_t, g_runs, release_g = threading.Event(), threading.Event(), threading.Event()
+    runs: list[str] = []
+    real_submit = DirectoryArbiter.submit
+
+    def submit(
+        self: DirectoryArbiter, key: str, fresh: bool, after: int | None = None, *rest: Any
+    ) -> Any:
+        if self is a._arbiter and fresh and key == "k":
+            assert g_runs.wait(10)  # F's run goes once G leads t2
+        return real_submit(self, key, fresh, after, *rest)
+
+    monkeypatch.setattr(DirectoryArbiter, "submit", submit)
+
+    def work(name: str, started: threading.Event | None, release: threading.Event) -> Any:
+        def body() -> str:
+            runs.append(name)
+            if started is not None:
+                started.set()
+            assert release.wait(15)
+            return name
+
+        return body
+
+    try:
+        coordinator = a._arbiter._coordinator  # type: ignore[union-attr]
+        t = Background(lambda: a.run_sync("k", work("t", None, release_t)))
+        wait_until(lambda: runs == ["t"], "t runs in a")
+        f = Background(lambda: a.run_sync("k", work("F", None, release_g), fresh=True))
+        fresh_waiting(a, "k", 1)
+        g = Background(lambda: b.run_sync("k", work("G", g_runs, release_g), fresh=True))
+        wait_until(lambda: len(coordinator._flights["k"].fresh) == 1, "G waits for t's end")
+        release_t.set()
+        assert t.wait().value == "t"
+        assert g_runs.wait(10)
+        wait_until(
+            lambda: (fl := coordinator._flights.get("k")) is not None and len(fl.joiners) == 1,
+            "F's run joined t2 (it waits for t2's end instead when it does not name t)",
+        )
+        release_g.set()
+        g_result, f_result = g.wait(), f.wait()
+        assert runs == ["t", "G"]
+        assert (g_result.value, g_result.joined) == ("G", False)
+        assert (f_result.value, f_result.joined, f_result.token) == ("G", True, g_result.token)
+    finally:
+        release_t.set()
+        g_runs.set()
+        release_g.set()
+        close(a, b)
