@@ -1,5 +1,6 @@
-"""forget() across a coordinator change (ADR 0020): a flight that a confirmed forget
-detached stays detached in every later term, whatever way the coordinator stopped.
+"""forget() in the directory scope (ADR 0020): the flight a confirmed forget detached
+runs on for its own callers and stays detached in every later term, whatever way the
+coordinator stopped; the key's next call leads a new flight.
 
 Interleavings are forced with child processes (SIGKILL), raw connections and the order
 of frames on one connection; nothing waits on a bare sleep.
@@ -19,6 +20,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def test_a_forget_survives_a_coordinator_killed_right_after_confirming_it(h: Harness) -> None:
+    """A confirmed forget holds after its coordinator is killed: the next call leads anew."""
     a = h.spawn_warm("a")  # the coordinator, SIGKILLed once it confirmed the forget
     b = h.spawn_warm("b")  # leads the flight that is forgotten
     c = h.spawn_warm("c")  # forgets, then calls the key
@@ -44,7 +46,9 @@ def test_a_forget_survives_a_coordinator_killed_right_after_confirming_it(h: Har
 
 
 def test_a_forgotten_flight_that_retried_stays_detached_in_the_next_term(directory: str) -> None:
-    """The retry of a detached flight takes a token above the one the forget saw; the
+    """A forgotten flight that retried stays detached in the next term, known by its retry's token.
+
+    The retry of a detached flight takes a token above the one the forget saw; the
     next term still knows the flight by it."""
     a = coordinating(directory)
     b = group(directory)
