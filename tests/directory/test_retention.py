@@ -1,6 +1,7 @@
-"""Retention's max_items and max_bytes in the directory scope: the leader's bounds travel
-in its landing and the coordinator applies them to the group's kept outcomes (API.md:
-"LRU by items, then by encoded bytes; a hit counts as a use")."""
+"""Retention in the directory scope: the leader's bounds (max_items, max_bytes) travel in
+its landing and the coordinator applies them to the group's kept outcomes (API.md: "LRU
+by items, then by encoded bytes; a hit counts as a use").
+"""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def test_a_hit_counts_as_a_use_for_max_items(directory: str) -> None:
+    """A hit on a kept outcome counts as a use for max_items' LRU."""
     a = coordinating(directory, retention=Retention(success=60.0, max_items=2))
     b = group(directory, retention=Retention(success=60.0, max_items=2))
     try:
@@ -33,6 +35,7 @@ def test_a_hit_counts_as_a_use_for_max_items(directory: str) -> None:
 
 
 def test_max_bytes_evicts_the_least_recently_used_until_the_rest_fits(directory: str) -> None:
+    """max_bytes evicts the least recently used kept outcomes until the rest fits."""
     keep = Retention(success=60.0, max_bytes=30)
     a = coordinating(directory, retention=keep)
     b = group(directory, retention=keep)
@@ -49,6 +52,7 @@ def test_max_bytes_evicts_the_least_recently_used_until_the_rest_fits(directory:
 
 
 def test_an_outcome_over_max_bytes_alone_drops_the_keys_older_one(directory: str) -> None:
+    """An outcome over max_bytes alone is not kept and drops the key's older kept one."""
     a = coordinating(directory, retention=Retention(success=60.0, max_bytes=20))
     b = group(directory, retention=Retention(success=60.0, max_bytes=20))
     try:
@@ -63,6 +67,7 @@ def test_an_outcome_over_max_bytes_alone_drops_the_keys_older_one(directory: str
 
 
 def test_a_kept_failure_counts_its_type_module_and_message(directory: str) -> None:
+    """A kept failure's size is its type, module and message."""
     keep = Retention(success=None, error=60.0, max_bytes=40)
     a = coordinating(directory, retention=keep)
     b = group(directory, retention=keep)
@@ -87,6 +92,7 @@ def test_a_kept_failure_counts_its_type_module_and_message(directory: str) -> No
 @pytest.mark.parametrize("name", ["max_items", "max_bytes"])
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5, "3", 2**63, []])
 def test_a_land_with_a_bad_bound_is_answered_error(directory: str, name: str, bad: object) -> None:
+    """A land with a bad max_items or max_bytes is answered error; the connection stays."""
     a = coordinating(directory)
     try:
         with RawConn(os.path.join(directory, "flight.sock")) as conn:
@@ -103,6 +109,7 @@ def test_a_land_with_a_bad_bound_is_answered_error(directory: str, name: str, ba
 
 
 def test_the_bounds_round_trip_and_are_optional() -> None:
+    """A land's retention bounds round-trip on the wire, and are optional."""
     for outcome in (
         wire.Value(b"v", 1.0, 3, 100),
         wire.Value(b"v", 1.0, None, 100),

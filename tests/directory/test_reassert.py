@@ -1,5 +1,6 @@
-"""A landed flight that reasserts after a newer flight of its key (ADR 0022): its landing
-is taken for its own joiners and acknowledged; the newer flight stays the key's.
+"""A flight reasserted to a new coordinator after a failover (ADR 0022): a landed flight
+that reasserts after a newer flight of its key has its landing taken for its own joiners
+and acknowledged, and the newer flight stays the key's; the reassert's fields are checked.
 
 Driven over raw connections to a coordinator of the test process, so the order of the
 reasserts is the test's; nothing waits on a bare sleep.
@@ -18,7 +19,10 @@ from ..ingroup import close, coordinating, hold_key_lock
 
 pytestmark = pytest.mark.timeout(60)
 
+
 OLD = 1 << 32 | 5  # a flight of an earlier term that landed
+
+
 NEW = 1 << 32 | 6  # the key's next flight, led while the landing waited for its ack
 
 
@@ -36,6 +40,7 @@ def _a_new_call_joins_the_newer_flight(x: RawConn, n: RawConn) -> None:
 def test_a_landed_reassert_older_than_the_running_flight_lands_for_its_joiners(
     directory: str,
 ) -> None:
+    """A landed flight reasserted after a newer one of its key still lands for its joiners."""
     a = coordinating(directory)
     sock = os.path.join(directory, "flight.sock")
     try:
@@ -61,6 +66,7 @@ def test_a_landed_reassert_older_than_the_running_flight_lands_for_its_joiners(
 def test_a_landed_reassert_older_than_an_ended_flight_lands_for_its_joiners(
     directory: str,
 ) -> None:
+    """A landed flight reasserted after a newer one ended still lands for its joiners."""
     a = coordinating(directory)
     sock = os.path.join(directory, "flight.sock")
     try:
@@ -82,6 +88,7 @@ def test_a_landed_reassert_older_than_an_ended_flight_lands_for_its_joiners(
 
 
 def test_an_older_reassert_that_did_not_land_is_still_refused(directory: str) -> None:
+    """A reassert older than the key's flight that did not land is refused."""
     a = coordinating(directory)
     sock = os.path.join(directory, "flight.sock")
     try:
@@ -99,6 +106,7 @@ def test_an_older_reassert_that_did_not_land_is_still_refused(directory: str) ->
 def test_a_reassert_whose_landed_is_not_a_boolean_is_answered_error(
     directory: str, bad: object
 ) -> None:
+    """A reassert whose landed field is not a boolean is answered error; the connection stays."""
     a = coordinating(directory)
     sock = os.path.join(directory, "flight.sock")
     try:
@@ -113,6 +121,7 @@ def test_a_reassert_whose_landed_is_not_a_boolean_is_answered_error(
 
 
 def test_the_landed_field_is_optional_and_null_is_absent() -> None:
+    """A reassert's landed field is optional, and null means absent."""
     header, _ = wire.decode_body(wire.reassert_frame(1, "k", 2)[4:])
     assert "landed" not in header
     assert wire.parse_request(header, None) == wire.Reassert(1, "k", 2)
@@ -126,10 +135,11 @@ def test_the_landed_field_is_optional_and_null_is_absent() -> None:
 def test_a_landed_flight_whose_landing_is_still_arriving_stays_for_its_joiners_when_a_newer_one_reasserts(  # noqa: E501
     directory: str,
 ) -> None:
-    """The other order of the first test: the landed flight reasserts first, its large
-    landing is still being read when the newer flight reasserts. The landed one is
-    taken back detached, not refused: its leader gets its ack and its joiner its value;
-    the newer flight takes the key."""
+    """A landed flight still being read stays for its joiners as a newer one reasserts.
+
+    The landed flight reasserts first and its large landing is still being read when the newer
+    flight reasserts. The landed one is taken back detached, not refused: its leader gets its ack
+    and its joiner its value; the newer flight takes the key."""
     a = coordinating(directory)
     sock = os.path.join(directory, "flight.sock")
     value = b'"' + b"v" * (2 * 1024 * 1024) + b'"'
@@ -159,11 +169,12 @@ def test_a_landed_flight_whose_landing_is_still_arriving_stays_for_its_joiners_w
 def test_a_call_waiting_for_the_key_lock_does_not_join_a_landed_reassert(
     directory: str,
 ) -> None:
-    """After a failover, a call that waits for the key's lock (a closed group's work
-    still holds it) when the flight that landed "interrupted" reasserts keeps waiting,
-    then leads. It was handed to the landed flight, which the reassert made the key's,
-    and got FlightInterruptedError although nobody died or lost a lease; and a call
-    after the reassert joined it too (review of 2026-11-30, ADR 0022 addendum)."""
+    """A call waiting for the key lock never joins a landed flight that reasserts; it then leads.
+
+    After a failover, a call that waits for the key's lock (a closed group's work still holds it)
+    when the flight that landed "interrupted" reasserts keeps waiting, then leads: the landed
+    flight is not the key's, so the call is not interrupted with it, and a call after the
+    reassert waits too (ADR 0022)."""
     a = coordinating(directory)
     sock = os.path.join(directory, "flight.sock")
     fd = hold_key_lock(directory, "k")  # the closed group's work, still running
