@@ -15,7 +15,12 @@ from typing import Any
 
 import pytest
 
-from flightgroup import JSON, FlightGroup, GroupClosedError, Retry
+from flightgroup import (
+    JSON,
+    FlightGroup,
+    GroupClosedError,
+    Retry,
+)
 from flightgroup.directory import fs as fs_module
 from flightgroup.directory.client import DirectoryArbiter
 
@@ -185,3 +190,32 @@ def scope_groups(
         return [FlightGroup(directory=d, codec=JSON) for _ in range(count)]
     url, ns = request.getfixturevalue("redis_server").url, request.getfixturevalue("namespace")
     return [fleet_group(url, ns, lease=lease) for _ in range(count)]
+
+
+def live_coordinator(*groups: FlightGroup) -> Any:
+    """The coordinator that runs in one of ``groups`` and is not closed, or None."""
+    for each in groups:
+        arbiter = each._arbiter
+        assert arbiter is not None
+        coordinator = arbiter._coordinator
+        if coordinator is not None and not coordinator.closed:
+            return coordinator
+    return None
+
+
+def remote_leader(
+    directory: str,
+) -> tuple[FlightGroup, threading.Event, threading.Event, Background]:
+    """A group ``a`` of ``directory`` whose sync caller leads "k" in a thread, its work
+    running until ``release`` is set: (a, running, release, leader)."""
+    a = group(directory)
+    running, release = threading.Event(), threading.Event()
+
+    def work() -> str:
+        running.set()
+        release.wait(20)
+        return "value"
+
+    leader = Background(lambda: a.run_sync("k", work, timeout=60))
+    assert running.wait(10)
+    return a, running, release, leader

@@ -9,11 +9,19 @@ of frames on one connection; nothing waits on a bare sleep.
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
+from flightgroup import (
+    Retention,
+)
+
 from ..dirproc import HELLO_OK, Harness, RawConn, assert_value, wait_for
-from ..ingroup import arbiter, close, coordinating, group
+from ..ingroup import Background, arbiter, close, coordinating, group
+from ..ingroup import close as _close
+from ..ingroup import coordinating as _coordinating
+from ..ingroup import group as _group
 from ..support import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -83,3 +91,93 @@ def test_a_forgotten_flight_that_retried_stays_detached_in_the_next_term(directo
             assert caller.expect("joined")[0]["token"] == second
     finally:
         close(a, b)
+
+
+def test_forget_from_a_group_that_never_called_reaches_the_coordinator(directory: str) -> None:
+    """forget() from a group that never called reaches the coordinator."""
+    a = _coordinating(directory, retention=Retention(success=60.0))
+    b = _group(directory, retention=Retention(success=60.0))
+    try:
+        assert a.run_sync("k", lambda: "v1").value == "v1"
+        b.forget("k")  # a later call anywhere leads a new flight (API.md)
+        again = b.run_sync("k", lambda: "v2")
+        assert again.value == "v2" and again.joined is False
+    finally:
+        _close(a, b)
+
+
+def test_forget_from_a_connected_group_drops_the_kept_outcome_everywhere(directory: str) -> None:
+    """forget() from a connected group drops the key's kept outcome for every group."""
+    a = _coordinating(directory, retention=Retention(success=60.0))
+    b = _group(directory, retention=Retention(success=60.0))
+    try:
+        assert b.run_sync("other", lambda: 0).value == 0  # b is connected
+        assert a.run_sync("k", lambda: "v1").value == "v1"
+        assert b.run_sync("k", lambda: "x").value == "v1"  # kept
+        b.forget("k")
+        again = a.run_sync("k", lambda: "v2")
+        assert again.value == "v2" and again.joined is False
+    finally:
+        _close(a, b)
+
+
+def test_a_flight_forgotten_while_it_runs_is_not_kept(directory: str) -> None:
+    """A flight forgotten while it runs is not kept: the next call runs fresh."""
+    c = _coordinating(directory)
+    a = _group(directory, retention=Retention(success=60.0))
+    b = _group(directory, retention=Retention(success=60.0))
+    try:
+        assert b.run_sync("other", lambda: 0).value == 0  # b is connected
+        running, release = threading.Event(), threading.Event()
+
+        def stale() -> str:
+            running.set()
+            release.wait(10)
+            return "stale"
+
+        leader = Background(lambda: a.run_sync("k", stale))
+        assert running.wait(10)
+        b.forget("k")  # e.g. after a write: the running flight read the old data
+        release.set()
+        assert leader.wait().value == "stale"
+        again = b.run_sync("k", lambda: "fresh")
+        assert again.value == "fresh" and again.joined is False
+    finally:
+        release.set()
+        _close(a, b, c)
+
+
+def test_a_call_after_forget_waits_for_the_detached_flight_then_leads(directory: str) -> None:
+    """A call after forget() waits for the detached flight's key lock, then leads."""
+    c = _coordinating(directory)
+    a, b = _group(directory), _group(directory)
+    try:
+        assert b.run_sync("other", lambda: 0).value == 0
+        running, release = threading.Event(), threading.Event()
+        active: list[str] = []
+        overlaps: list[list[str]] = []
+
+        def old() -> str:
+            active.append("a")
+            running.set()
+            release.wait(10)
+            active.remove("a")
+            return "old"
+
+        def new() -> str:
+            overlaps.append(list(active))
+            return "new"
+
+        leader = Background(lambda: a.run_sync("k", old))
+        assert running.wait(10)
+        b.forget("k")
+        call = Background(lambda: b.run_sync("k", new))
+        assert not call.done.wait(0.3)  # waits on a's key lock: never beside it
+        release.set()
+        assert leader.wait().value == "old"
+        result = call.wait()
+        assert result.value == "new" and result.joined is False
+        assert overlaps == [[]]
+    finally:
+        release.set()
+        _close(a, b, c)

@@ -25,9 +25,18 @@ from typing import Any
 
 import pytest
 
+from flightgroup import (
+    Retry,
+    current_lease,
+)
 from flightgroup.directory import client, wire
 
 from ..dirproc import Harness, RawConn, assert_value, wait_for
+from ..ingroup import Background, live_coordinator
+from ..ingroup import close as _close
+from ..ingroup import coordinating as _coordinating
+from ..ingroup import group as _group
+from ..support import wait_until
 
 BIG = 2 * 1024 * 1024  # a value that fills a frozen joiner's socket and more
 
@@ -320,3 +329,89 @@ def test_fitting_drops_the_oldest_earlier_tokens_for_a_small_frame_limit() -> No
     assert request.earlier and request.earlier == tuple(tokens[-len(request.earlier) :])
     bare = client._fitting(rejoin, tokens, 40)  # nothing fits: no earlier tokens at all
     assert bare == wire.run_frame(1, "k", flight=2**41)
+
+
+def test_joiner_of_a_retried_flight_survives_a_failover(directory: str) -> None:
+    """A joiner of a flight that retried gets its value across a coordinator failover."""
+    c = _coordinating(directory)
+    a = _group(directory, retry=Retry(attempts=2, backoff=0.001, jitter=False))
+    b = _group(directory)
+    try:
+        first_running, fail_first = threading.Event(), threading.Event()
+        second_running, release = threading.Event(), threading.Event()
+        tokens: list[int] = []
+
+        def work() -> str:
+            tokens.append(current_lease().token)
+            if len(tokens) == 1:
+                first_running.set()
+                fail_first.wait(10)
+                raise ValueError("first attempt fails")
+            second_running.set()
+            release.wait(10)
+            return "value"
+
+        leader = Background(lambda: a.run_sync("k", work))
+        assert first_running.wait(10)
+        joined = threading.Event()
+        joiner = Background(lambda: b.run_sync("k", lambda: "never", on_join=joined.set))
+        assert joined.wait(10)  # b joined attempt 1 (its token)
+        fail_first.set()
+        assert second_running.wait(10)
+        assert tokens[1] > tokens[0]
+        c.close()  # the coordinator goes; a or b serves now; a reasserts, b rejoins
+
+        def rejoined() -> bool:
+            if joiner.done.is_set():
+                return True
+            coordinator = live_coordinator(a, b)
+            if coordinator is None:
+                return False
+            flight = coordinator._flights.get("k")
+            return flight is not None and len(flight.joiners) == 1
+
+        wait_until(rejoined, "b rejoined (or ended)")
+        release.set()
+        assert leader.wait().value == "value"
+        result = joiner.wait()
+        assert result.value == "value" and result.joined is True
+    finally:
+        release.set()
+        fail_first.set()
+        _close(a, b, c)
+
+
+def test_joiner_of_a_flight_without_retry_survives_a_failover(directory: str) -> None:
+    """A joiner of a flight without retry gets its value across a coordinator failover."""
+    c = _coordinating(directory)
+    a, b = _group(directory), _group(directory)
+    try:
+        running, release = threading.Event(), threading.Event()
+
+        def work() -> str:
+            running.set()
+            release.wait(10)
+            return "value"
+
+        leader = Background(lambda: a.run_sync("k", work))
+        assert running.wait(10)
+        joined = threading.Event()
+        joiner = Background(lambda: b.run_sync("k", lambda: "never", on_join=joined.set))
+        assert joined.wait(10)
+        c.close()
+
+        def rejoined() -> bool:
+            coordinator = live_coordinator(a, b)
+            if coordinator is None:
+                return False
+            flight = coordinator._flights.get("k")
+            return flight is not None and len(flight.joiners) == 1
+
+        wait_until(rejoined, "b rejoined")
+        release.set()
+        assert leader.wait().value == "value"
+        result = joiner.wait()
+        assert result.value == "value" and result.joined is True
+    finally:
+        release.set()
+        _close(a, b, c)

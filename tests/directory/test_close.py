@@ -1,0 +1,169 @@
+"""close() of a directory group: its callers and the joiners of its flights elsewhere are
+woken, its key locks are held while its work runs and never leaked, and its landings are
+handed over before close() returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from flightgroup import (
+    FlightGroup,
+    FlightInterruptedError,
+    GroupClosedError,
+)
+
+from ..ingroup import Background, remote_leader
+from ..ingroup import close as _close
+from ..ingroup import closed_leader_holds as _closed_leader_holds
+from ..ingroup import coordinating as _coordinating
+from ..ingroup import group as _group
+from ..ingroup import key_lock_free as _key_lock_free
+from ..ingroup import landed_leader_holds as _landed_leader_holds
+from ..ingroup import lock_waiters as _lock_waiters
+from ..support import wait_until
+
+
+def test_a_closed_groups_running_work_keeps_the_key_and_the_next_call_waits(
+    directory: str,
+) -> None:
+    """A closed group's running work keeps its key: the next call elsewhere waits."""
+    c = _coordinating(directory)
+    b = _group(directory)
+    _a, release, runs = _closed_leader_holds(directory)
+    try:
+        def work_b() -> str:
+            runs.append("b")
+            return "b"
+
+        call = Background(lambda: b.run_sync("k", work_b))
+        assert not call.done.wait(0.3)
+        assert runs == ["a"]  # b waits for the key lock: never beside a's work
+        release.set()
+        result = call.wait()
+        assert result.value == "b" and result.joined is False
+        assert runs == ["a", "b"]
+    finally:
+        release.set()
+        _close(b, c)
+
+
+def test_calls_of_a_key_a_closed_groups_work_holds_wait_on_the_one_watcher(
+    directory: str,
+) -> None:
+    """Calls of a key a closed group's work holds wait on the coordinator's one watcher.
+
+    Each group that calls ``k`` while a closed group's work holds its lock, then closes, leaves
+    no key-lock thread nor descriptor behind: its call waits at the coordinator, on the key's one
+    watcher; the first call after the work ends leads."""
+    c = _coordinating(directory)
+    _a, release, runs = _closed_leader_holds(directory)
+    try:
+        async def work() -> str:
+            runs.append("late")
+            return "late"
+
+        for _ in range(5):
+            g = _group(directory)
+
+            async def main(g: FlightGroup = g) -> None:
+                async with g:
+                    with pytest.raises(TimeoutError):  # a's work holds k all along
+                        await g.run("k", work, timeout=0.2)
+
+            asyncio.run(main())
+        assert _lock_waiters() == 0  # no lead waits in a key-lock thread
+        watchers = [t for t in threading.enumerate()
+                    if t.name.startswith("flightgroup-keylock-")]
+        assert len(watchers) == 1  # the coordinator's, for k
+        release.set()
+        b = _group(directory)
+        try:
+            result = b.run_sync("k", lambda: "b")
+            assert (result.value, result.joined) == ("b", False)
+        finally:
+            b.close()
+        assert runs == ["a"]
+    finally:
+        release.set()
+        _close(c)
+
+
+def test_close_wakes_a_sync_leader_waiting_for_the_key_lock(directory: str) -> None:
+    """close() wakes a sync leader waiting for its key lock with GroupClosedError."""
+    c = _coordinating(directory)
+    b = _group(directory)
+    a, release, runs = _landed_leader_holds(directory)
+    try:
+        def work_b() -> str:
+            runs.append("b")
+            return "b"
+
+        call = Background(lambda: b.run_sync("k", work_b))
+        arbiter = b._arbiter
+        assert arbiter is not None
+        wait_until(lambda: len(arbiter._leads) == 1, "b leads k and waits for its lock")
+        closing = Background(b.close)
+        closing.wait()
+        ended = call.done.wait(3)
+        release.set()
+        call.done.wait(10)
+        assert ended, "the caller hung after close()"
+        assert isinstance(call.error, GroupClosedError)
+        assert runs == ["a", "a2"]  # no work starts in a closed group
+    finally:
+        release.set()
+        _close(b, a, c)
+
+
+def test_a_lead_waiting_on_its_key_lock_at_close_never_leaks_the_lock(directory: str) -> None:
+    """A lead waiting on its key lock when its group closes never leaks the lock."""
+    c = _coordinating(directory)
+    b = _group(directory)
+    a, release, runs = _landed_leader_holds(directory)
+    arbiter = b._arbiter
+    assert arbiter is not None
+    try:
+        async def work_b() -> str:
+            runs.append("b")
+            return "b"
+
+        async def main() -> None:
+            async with b:  # the usual shape: the group closes with the program's loop
+                with pytest.raises(TimeoutError):
+                    await b.run("k", work_b, timeout=0.5)
+                assert len(arbiter._leads) == 1  # b leads k and waits for its lock
+
+        asyncio.run(main())  # aclose(), then the loop's end cancels the driver task
+        assert _lock_waiters() == 1  # b's lead still waits in flock
+        release.set()  # a's work ends: a frees the key lock, b's waiting flock takes it
+        wait_until(lambda: _lock_waiters() == 0, "b's key-lock thread got the lock")
+        assert runs == ["a", "a2"]
+        assert _key_lock_free(directory, "k"), "nobody runs k, yet its key lock stays held"
+    finally:
+        release.set()
+        for lead in list(arbiter._leads.values()):
+            lead.release()  # the leaked fd
+        _close(a, c)
+
+
+def test_joiner_elsewhere_is_interrupted_when_the_leaders_group_closes(directory: str) -> None:
+    """A joiner in another group is interrupted when the leader's group closes."""
+    c = _coordinating(directory)
+    b = _group(directory)
+    a, _, release, leader = remote_leader(directory)
+    try:
+        joined = threading.Event()
+        call = Background(lambda: b.run_sync("k", lambda: "never", on_join=joined.set))
+        assert joined.wait(10)
+        Background(a.close).wait()
+        with pytest.raises(FlightInterruptedError):
+            call.wait()
+        with pytest.raises(GroupClosedError):
+            leader.wait()
+    finally:
+        release.set()
+        _close(a, b, c)
