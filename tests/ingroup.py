@@ -219,3 +219,22 @@ def remote_leader(
     leader = Background(lambda: a.run_sync("k", work, timeout=60))
     assert running.wait(10)
     return a, running, release, leader
+
+
+def coordinator_of(of: FlightGroup) -> Any:
+    """The coordinator that runs in ``of`` (the test fails if ``of`` does not coordinate)."""
+    found = arbiter(of)._coordinator
+    assert found is not None, "this group does not coordinate"
+    return found
+
+
+def run_of_k_after(event, coordinator, monkeypatch):
+    """The coordinator handles a run request of "k" only once ``event`` is set."""
+    real_run = coordinator._run
+
+    def run(session, id, key, *args, **kwargs):
+        if key == "k":
+            assert event.wait(10)
+        return real_run(session, id, key, *args, **kwargs)
+
+    monkeypatch.setattr(coordinator, "_run", run)

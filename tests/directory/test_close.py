@@ -11,12 +11,14 @@ import threading
 import pytest
 
 from flightgroup import (
+    JSON,
     FlightGroup,
     FlightInterruptedError,
     GroupClosedError,
 )
 
-from ..ingroup import Background, remote_leader
+from ..dirproc import Harness
+from ..ingroup import Background, arbiter, close, remote_leader
 from ..ingroup import close as _close
 from ..ingroup import closed_leader_holds as _closed_leader_holds
 from ..ingroup import coordinating as _coordinating
@@ -167,3 +169,59 @@ def test_joiner_elsewhere_is_interrupted_when_the_leaders_group_closes(directory
     finally:
         release.set()
         _close(a, b, c)
+
+
+@pytest.mark.timeout(60)
+def test_a_second_close_returns_only_once_the_landings_were_handed_over(h: Harness) -> None:
+    """A second close() returns only once the first handed its landings over.
+
+    A second close() (another thread, a with-block's exit after an explicit close) waits while
+    the first still hands over an unacknowledged landing."""
+    a = h.spawn_warm("a")  # the coordinator, in a process of its own: it can be frozen
+    assert h.coordinator_pid() == a.pid
+    g = FlightGroup(directory=h.dir, codec=JSON, reconnect_timeout=15.0)
+    first: Background | None = None
+    try:
+        running, release = threading.Event(), threading.Event()
+
+        def work() -> str:
+            running.set()
+            release.wait(15)
+            return "v"
+
+        leader = Background(lambda: g.run_sync("k", work))
+        assert running.wait(10)
+        a.stop()  # the coordinator cannot acknowledge the landing
+        release.set()
+        assert leader.wait().value == "v"
+        lead = next(iter(arbiter(g)._leads.values()))
+        assert lead.landing is not None and not lead.acked
+
+        waiting = threading.Event()
+
+        class Watched(threading.Event):
+            def wait(self, timeout: float | None = None) -> bool:
+                waiting.set()  # the second close() waits for the first one
+                return super().wait(timeout)
+
+        returned = Watched()
+        arbiter(g)._close_returned = returned
+        first = Background(g.close, name="first-close")
+        wait_until(lambda: arbiter(g)._closing, "the first close began")
+
+        def second_close() -> bool:
+            g.close()
+            return bool(lead.acked)  # what was handed over when it returned
+
+        second = Background(second_close, name="second-close")
+        assert waiting.wait(10)
+        assert not second.done.is_set()  # it waits while the landing is not acknowledged
+        a.cont()  # the coordinator acknowledges; the first close returns, then the second
+        # API.md: "close() returns once the landings already made have been handed over"
+        assert second.wait(20) is True
+        assert first.wait(20) is None
+    finally:
+        a.cont()
+        if first is not None:
+            first.wait(20)
+        close(g)

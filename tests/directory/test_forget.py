@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any
 
 import pytest
 
 from flightgroup import (
+    FlightGroup,
     Retention,
 )
 
-from ..dirproc import HELLO_OK, Harness, RawConn, assert_value, wait_for
-from ..ingroup import Background, arbiter, close, coordinating, group
+from ..dirproc import HELLO_OK, Harness, RawConn, assert_value, raw_conns, wait_for
+from ..ingroup import Background, arbiter, close, coordinating, coordinator_of, group
 from ..ingroup import close as _close
 from ..ingroup import coordinating as _coordinating
 from ..ingroup import group as _group
@@ -181,3 +183,146 @@ def test_a_call_after_forget_waits_for_the_detached_flight_then_leads(directory:
     finally:
         release.set()
         _close(a, b, c)
+
+
+def test_a_call_after_a_confirmed_forget_never_joins_the_forgotten_flight_after_a_failover(
+    directory: str,
+) -> None:
+    """A call after a confirmed forget never joins the forgotten flight after a failover."""
+    a = coordinating(directory)
+    b = group(directory)
+    c = group(directory)
+    try:
+        running, release = threading.Event(), threading.Event()
+
+        def old() -> str:
+            running.set()
+            release.wait(15)
+            return "old"
+
+        leader = Background(lambda: b.run_sync("k", old))
+        assert running.wait(10)
+        c.forget("k")  # returns once the coordinator confirmed it
+        assert "k" not in coordinator_of(a)._flights
+
+        close(a)  # the coordinator changes (a SIGKILL does the same; the forget is lost)
+        wait_until(lambda: _any_coordinator(b, c) is not None, "b or c coordinates")
+        new = _any_coordinator(b, c)
+        wait_until(
+            lambda: "k" in new._flights or bool(new._detached.get("k")),
+            "b reasserted its flight to the new term",
+        )
+
+        after = Background(lambda: c.run_sync("k", lambda: "new"))
+        wait_until(
+            lambda: (
+                bool(new._waiting.get("k"))
+                or ("k" in new._flights and len(new._flights["k"].joiners) == 1)
+            ),
+            "c's call reached the new coordinator",
+        )
+        release.set()
+        assert leader.wait().value == "old"
+        # API.md: forget(key): "the next call of the key leads a new flight". c's call came
+        # after the confirmed forget: it must not get the forgotten flight's value.
+        result = after.wait()
+        assert (result.value, result.joined) == ("new", False)
+    finally:
+        release.set()
+        close(a, b, c)
+
+
+def _any_coordinator(*groups: FlightGroup) -> Any:
+    for each in groups:
+        found = arbiter(each)._coordinator
+        if found is not None and not found.closed:
+            return found
+    return None
+
+
+def test_a_call_after_a_confirmed_forget_leads_though_the_flight_reasserts_later() -> None:
+    """A call after a confirmed forget leads, though the flight reasserts later.
+
+    Real processes: b leads k and freezes; the coordinator a is killed; the next one
+    (c) confirms forget(k) before b's flight reasserted; c's call then waits for b's key
+    lock. When b continues, its flight is taken back detached (it began before the
+    forget), and c's call leads a new flight once b's work ended."""
+    with Harness() as h:
+        a, b, c = (h.spawn_warm(name) for name in "abc")
+        assert h.coordinator_pid() == a.pid
+        b.call("l", "k", h.work(block=True, **{"return": "old"}))
+        b.expect("started", "l")
+        b.stop()
+        a.kill()
+        assert h.coordinator_pid(not_pid=a.pid) == c.pid
+        c.send(cmd="forget", key="k")
+        assert c.expect("forgot")["error"] is None
+        c.call("n", "k", h.work(**{"return": "new"}), on_join=True)
+        c.roundtrip("after")  # "n" reached the coordinator: it waits for b's key lock
+        b.cont()
+        b.release("l")
+        assert_value(b.expect("done", "l"), "old", joined=False)
+        assert_value(c.expect("done", "n"), "new", joined=False)
+        assert [pid for pid, _, _ in h.runs_of("k")] == [b.pid, c.pid]
+
+
+def test_a_forgotten_flights_retry_does_not_detach_the_keys_next_flight(
+    directory: str,
+) -> None:
+    """A forgotten flight's retry does not detach the key's next flight.
+
+    D's flight is forgotten; N leads the key's next flight; then D retries (a token
+    above N's). After a failover N reasserts: it is still the key's flight, so a new
+    call joins it."""
+    a = coordinating(directory)
+    b = group(directory)
+    b.run_sync("warm-b", lambda: 0)  # b takes part in the election: it coordinates next
+    sock = os.path.join(directory, "flight.sock")
+    try:
+        with raw_conns(sock, 3) as (d, f, n):
+            d.send_frame({"op": "run", "id": 1, "key": "k"})
+            first = d.expect("lead")[0]["token"]
+            f.send_frame({"op": "forget", "key": "k", "id": 2})
+            f.expect("ack")
+            n.send_frame({"op": "run", "id": 1, "key": "k"})
+            token = n.expect("lead")[0]["token"]
+            d.send_frame({"op": "attempt", "id": 1})
+            assert d.expect("lead")[0]["token"] > token > first
+        close(a)
+        wait_until(lambda: arbiter(b)._coordinator is not None, "b coordinates")
+        with raw_conns(sock, 2) as (n2, q):
+            n2.send_frame({"op": "reassert", "id": 1, "key": "k", "token": token})
+            n2.served()
+            q.send_frame({"op": "run", "id": 1, "key": "k"})
+            assert q.expect("joined")[0]["token"] == token
+    finally:
+        close(a)
+        close(b)
+
+
+def test_a_forget_of_a_key_nobody_holds_still_detaches_an_earlier_terms_lead(
+    directory: str,
+) -> None:
+    """A forget of a key no flight holds still detaches an earlier term's lead.
+
+    A lead of an earlier term need not hold its key lock yet: told to lead while the
+    key was releasing, its leader waits for the previous holder (review of 2026-11-30,
+    round 2). A forget confirmed then, with the lock free and nobody waiting, wrote no
+    mark, so the lead's later reassert became the key's flight and a call after the
+    forget joined it. The mark is written whenever no flight of the key is known."""
+    a = coordinating(directory)
+    sock = os.path.join(directory, "flight.sock")
+    earlier = 0 << 32 | 5  # a token of the term before this one (epoch 0)
+    try:
+        with raw_conns(sock, 3) as (f, b, q):
+            f.send_frame({"op": "forget", "key": "k", "id": 1})
+            f.expect("ack")
+            b.send_frame({"op": "reassert", "id": 1, "key": "k", "token": earlier})
+            b.served()  # taken back detached: for its own joiners only
+            q.send_frame({"op": "run", "id": 1, "key": "k"})
+            assert q.expect("lead")[0]["token"] > earlier
+            # Its own joiners still find it by its token.
+            f.send_frame({"op": "run", "id": 3, "key": "k", "flight": earlier})
+            assert f.expect("joined")[0]["token"] == earlier
+    finally:
+        close(a)

@@ -8,14 +8,18 @@ reasserts is the test's; nothing waits on a bare sleep.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 
 import pytest
 
-from flightgroup.directory import wire
+from flightgroup import LeaseLostError, current_lease
+from flightgroup.directory import fs, wire
 
-from ..dirproc import HELLO_OK, RawConn, raw_conns
-from ..ingroup import close, coordinating, hold_key_lock
+from ..dirproc import HELLO_OK, Harness, RawConn, assert_value, raw_conns, wait_for
+from ..ingroup import Background, arbiter, close, coordinating, group, hold_key_lock, run_of_k_after
+from ..support import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -204,4 +208,147 @@ def test_a_call_waiting_for_the_key_lock_does_not_join_a_landed_reassert(
     finally:
         if fd >= 0:
             os.close(fd)
+        close(a)
+
+
+def test_a_frozen_joiner_gets_the_value_when_a_newer_lead_reasserts_first(h: Harness) -> None:
+    """A frozen joiner gets its leader's value though a newer lead reasserts first."""
+    a = h.spawn_warm("a")  # the coordinator
+    b = h.spawn_warm("b")  # the leader
+    c = h.spawn_warm("c")  # a joiner, frozen while the value is pushed to it
+    e = h.spawn_warm("e")  # a joiner that proves the coordinator took the landing
+    x = h.spawn_warm("x")  # a new call of the key once the flight landed
+    assert h.coordinator_pid() == a.pid
+    big = "x" * (2 * 1024 * 1024)
+    b.call("l", "k", h.work(block=True, return_chars=len(big)))
+    started = b.expect("started", "l")
+    c.call("j", "k", h.work())
+    c.expect("joined", "j")
+    e.call("j", "k", h.work())
+    e.expect("joined", "j")
+
+    c.stop()  # c reads nothing: the coordinator's ack to b waits for c's buffer
+    b.release("l")
+    assert_value(e.expect("done", "j"), big, joined=True)  # the landing was taken
+    assert_value(b.expect("done", "l"), big, joined=False)
+    # A new call of the key leads at once (the landed flight is "releasing"); its lead
+    # waits for b's key lock, which b keeps until its landing is acknowledged.
+    x.call("n", "k", h.work(**{"return": "next"}))
+    wait_for(lambda: h.led_by("k", x.pid), "x leads the next flight")
+    assert not x.seen("started", "n")
+
+    b.stop()  # b reconnects only after x's lead is reasserted
+    a.kill()
+    assert h.coordinator_pid(not_pid=a.pid) in (e.pid, x.pid)  # b and c are frozen
+    wait_for(lambda: h.led_by("k", x.pid), "x reasserted its lead to the new term")
+    b.cont()
+    b.roundtrip("after")  # b's reassert and its landing reached the new term
+    c.cont()
+
+    # The leader is alive and landed: its frozen joiner still gets the value
+    # (docs/directory-scope.md: "a coordinator that dies meanwhile is replaced and the
+    # value still reaches it"; API.md: a joiner is interrupted only when the leader died
+    # or lost its lease).
+    done = c.expect("done", "j")
+    assert_value(done, big, joined=True)
+    assert done["token"] == started["token"]
+    assert_value(x.expect("done", "n"), "next", joined=False)
+
+
+def test_a_rejected_reassert_of_a_pending_lead_is_not_dropped(directory, monkeypatch):
+    """A pending lead whose reassert is refused loses its lease; it never runs as a lead.
+
+    A lead told while its caller still opens the key's file is reasserted by the reconnect (it is
+    pending); a new coordinator that let another process lead the key meanwhile refuses it. The
+    refusal reaches the pending lead: its lease is lost, and it never runs its work after the
+    other flight under an older fencing token."""
+    a = coordinating(directory)
+    b = group(directory)
+    c = group(directory)
+    try:
+        b.run_sync("warm-b", lambda: 0)
+        c.run_sync("warm-c", lambda: 0)
+        barb = arbiter(b)
+
+        # b's caller thread stalls while it opens the key's file (a slow first create)
+        in_open, open_go = threading.Event(), threading.Event()
+        real_path = fs.key_lock_path
+
+        def slow_path(d, key):
+            if key == "k" and threading.current_thread().name == "b-caller":
+                in_open.set()
+                assert open_go.wait(30)
+            return real_path(d, key)
+
+        monkeypatch.setattr(fs, "key_lock_path", slow_path)
+        # ... and the coordinator answers b's run only once b's caller is in that open
+        run_of_k_after(in_open, arbiter(a)._coordinator, monkeypatch)
+
+        # b's next reconnect waits until the test lets it go
+        connect_go = threading.Event()
+        real_connect = barb._connect
+
+        async def gated_connect(*args):
+            await asyncio.to_thread(connect_go.wait, 30)
+            return await real_connect(*args)
+
+        # b hears every answer; the test sees the rejection
+        answers: list[object] = []
+        real_answer = barb._answer
+
+        def answer(ans):
+            answers.append(ans)
+            real_answer(ans)
+
+        barb._answer = answer
+
+        b_lease = {}
+
+        def b_work():
+            lease = current_lease()
+            b_lease["lost"] = lease.lost
+            b_lease["token"] = lease.token
+            return "b"
+
+        b_call = Background(lambda: b.run_sync("k", b_work), name="b-caller")
+        assert in_open.wait(10)
+        # the lead reached b's loop while its caller opens the file: parked as pending
+        wait_until(lambda: any(call.pending is not None for call in barb._calls.values()),
+                   "b was told to lead while it opens the key file")
+
+        barb._connect = gated_connect
+        with_a_closed = Background(a.close)
+        with_a_closed.wait(20)  # the coordinator is gone (b, c reconnect to a new one)
+
+        c_started, c_go = threading.Event(), threading.Event()
+
+        def c_work():
+            c_started.set()
+            assert c_go.wait(30)
+            return "c"
+
+        c_call = Background(lambda: c.run_sync("k", c_work))
+        assert c_started.wait(15)  # c leads k in the new term (its key lock was free)
+
+        connect_go.set()  # b reconnects: it reasserts its pending lead, which is refused
+        wait_until(lambda: any(isinstance(x, wire.Rejected) for x in answers),
+                   "b's reassert was rejected")
+
+        open_go.set()  # b's open returns
+        c_go.set()
+        c_result = c_call.wait()
+        try:
+            b_result = b_call.wait()
+        except LeaseLostError:
+            return  # its lease was lost, as the rejection said: fine
+        # A lead the coordinator refused must not run as if it held its lease, and a
+        # flight that ran after c's must not carry an older fencing token.
+        assert not (b_lease.get("lost") is False and b_result.token < c_result.token), (
+            f"b's refused lead ran with its lease intact (lease.lost={b_lease.get('lost')}),"
+            f" token {b_result.token:#x} after c's flight with token {c_result.token:#x}"
+        )
+    finally:
+        open_go.set()
+        connect_go.set()
+        close(b, c)
         close(a)

@@ -125,3 +125,42 @@ def test_the_bounds_round_trip_and_are_optional() -> None:
     assert "max_items" not in header and "max_bytes" not in header
     header.update(max_items=None, max_bytes=None)  # null is absent
     assert wire.parse_request(header, b"v") == wire.Land(1, 2, wire.Value(b"v", 1.0))
+
+
+def test_a_kept_failure_has_its_cause_in_the_group_that_led_it(directory: str) -> None:
+    """A kept failure has its __cause__ in the group that led it."""
+    g = group(directory, retention=Retention(success=None, error=60.0))
+    try:
+        boom = KeyError("missing")
+
+        def work() -> None:
+            raise boom
+
+        with pytest.raises(KeyError) as led:
+            g.run_sync("k", work)
+        assert led.value is boom
+        runs: list[int] = []
+        with pytest.raises(FlightFailedError) as kept:
+            g.run_sync("k", lambda: runs.append(1))
+        assert runs == []  # served from the kept outcome
+        assert kept.value.error_type == "KeyError"
+        # API.md (Policies): "a kept failure raises FlightFailedError (with `__cause__` in
+        # the leader's process), as a joiner's would" -- as the process scope does.
+        assert kept.value.__cause__ is boom
+    finally:
+        close(g)
+
+
+def test_retention_max_items_bounds_the_directorys_kept_outcomes(directory: str) -> None:
+    """Retention's max_items bounds the directory's kept outcomes."""
+    a, b = (group(directory, retention=Retention(success=60.0, max_items=1)) for _ in "ab")
+    try:
+        assert a.run_sync("k1", lambda: "one").joined is False
+        assert a.run_sync("k2", lambda: "two").joined is False
+        assert b.run_sync("k2", lambda: "again").value == "two"  # kept: the bound works
+        # API.md: a kept outcome is served "until its time runs out or it is evicted (LRU
+        # by items, then by encoded bytes)"; max_items=1 keeps only k2's.
+        again = b.run_sync("k1", lambda: "new")
+        assert (again.value, again.joined) == ("new", False)
+    finally:
+        close(a, b)

@@ -1,11 +1,6 @@
-"""A fault review of the directory scope with real processes.
-
-- ``test_a_failed_election_is_tried_again_once_the_directory_is_repaired``: a process
-  that won the election and could not write the epoch (ADR 0009's EpochError, a full
-  disk) kept the error for good: every call of every process that was open raised it,
-  even after the epoch was written by hand as the error says to; only a new process
-  worked. Now the winner lets the lock go and campaigns again a second later; calls
-  raise the error at once only while no coordinator serves.
+"""The election of a directory's coordinator: every group and thread of a process takes
+part in one election, and a process whose election failed (an epoch it cannot write)
+campaigns again, so every live process is served once the directory is repaired.
 """
 
 from __future__ import annotations
@@ -32,6 +27,12 @@ def _write_epochs(directory: str, text: str) -> None:
 def test_a_failed_election_is_tried_again_once_the_directory_is_repaired(
     directory: str,
 ) -> None:
+    """A failed election is tried again once the directory is repaired.
+
+    A process that won the election and cannot write the epoch (ADR 0009's EpochError, a full
+    disk) lets the lock go and campaigns again a second later; calls raise the error at once only
+    while no coordinator serves, and are served once the epoch is written by hand as the error
+    says."""
     from flightgroup.directory import fs
 
     os.makedirs(os.path.join(directory, "state"), mode=0o700)
@@ -59,8 +60,10 @@ def test_a_failed_election_is_tried_again_once_the_directory_is_repaired(
 
 
 def test_every_live_process_is_served_again_after_the_repair(h: Harness) -> None:
-    """The reviewer's case: the coordinator dies while the epoch cannot grow; each live
-    process wins in turn and fails. After the repair, both are served again."""
+    """Every live process is served again once the directory is repaired.
+
+    The coordinator dies while the epoch cannot grow; each live process wins in turn and fails.
+    After the repair, both are served again."""
     c, a, b = h.spawn_warm("c"), h.spawn_warm("a"), h.spawn_warm("b")
     _write_epochs(h.dir, f"{2**31 - 1}\n")  # the last epoch: the next one cannot be
     c.kill()
