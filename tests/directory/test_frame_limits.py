@@ -1,7 +1,8 @@
-"""A group whose max_frame_bytes is smaller than the coordinator's: an answer over its own
-limit (a joiner's value, a kept value) fails only the call it answers. It once made the
-group drop its connection, reconnect in a loop and, after reconnect_timeout, lose the
-lease of every flight it led."""
+"""max_frame_bytes in the directory scope and the bounds it sets: a value bound no frame
+can carry is refused, a key too long for every request a call may send is refused at the
+call (and at forget), a failure's message crosses whole or is cut to fit, and an answer or
+a landing over a group's own limit fails only the call it answers: the connection stays,
+and no flight led on it loses its lease."""
 
 from __future__ import annotations
 

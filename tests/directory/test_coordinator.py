@@ -1,23 +1,18 @@
-"""Adversarial review of the directory coordinator (``directory/coordinator.py``).
-
-What is covered here, beside the client-side races of test_directory_adversarial.py:
+"""The directory coordinator (``directory/coordinator.py``) on its own:
 
 - the waits for a key lock (``_wait_for_key``, its watcher thread, ``_key_freed``,
   ``_resume``): a watcher that cannot open the key's file or cannot start, a waiting
   run whose connection closes or that is cancelled as the lock frees, several waiters on
   one key;
-- resource bounds of a long-running coordinator: waiting entries of connections that
-  are gone, watcher threads left behind when a coordinator closes;
+- resource bounds of a long-running coordinator: waiting entries and frames of
+  connections that are gone, watcher threads left behind when a coordinator closes;
 - the tokens of a term (``epoch << 32 | sequence``) when its sequence runs out.
 
 Most tests drive one Coordinator directly on a loop thread of this process (``Served``)
 with raw wire clients (``RawConn``), and hold a key's lock with a descriptor of the test
 itself, as a frozen process (or a leader of an earlier term that has not reasserted
 yet) would. Interleavings are forced with hooks (the watcher's ``os.open``, thread
-start, a held ``_key_freed``) and every wait is bounded. The tests of a watcher that
-cannot open its file or cannot start, a probe that cannot open, closed connections'
-waiting entries, closed coordinators' watchers and a term out of tokens each failed on
-the code before its fix.
+start, a held ``_key_freed``) and every wait is bounded.
 """
 
 from __future__ import annotations
