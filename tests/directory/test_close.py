@@ -6,6 +6,9 @@ handed over before close() returns.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -17,7 +20,7 @@ from flightgroup import (
     GroupClosedError,
 )
 
-from ..dirproc import Harness
+from ..dirproc import COORDINATOR_PROGRAM, Harness, MuteCoordinator
 from ..ingroup import Background, arbiter, close, remote_leader
 from ..ingroup import close as _close
 from ..ingroup import closed_leader_holds as _closed_leader_holds
@@ -225,3 +228,112 @@ def test_a_second_close_returns_only_once_the_landings_were_handed_over(h: Harne
         if first is not None:
             first.wait(20)
         close(g)
+
+
+@pytest.mark.timeout(60)
+def test_a_group_closed_after_its_coordinator_died_still_interrupts_its_joiners(
+    directory: str,
+) -> None:
+    """A group closed after its coordinator died still interrupts its joiners at once.
+
+    The coordinator dies; the leader's group closes before it reconnected. Its joiner hears "its
+    leader's group closed" from the next coordinator at once, not when the work ends, and close()
+    does not wait reconnect_timeout for an ack that cannot come."""
+    coordinator = subprocess.Popen([sys.executable, "-c", COORDINATOR_PROGRAM, directory],
+                                   stdout=subprocess.PIPE)
+    leader, joiner = (FlightGroup(directory=directory, codec=JSON) for _ in range(2))
+    running, joined, release = threading.Event(), threading.Event(), threading.Event()
+    heard: list[BaseException | object] = []
+
+    def work() -> str:
+        running.set()
+        release.wait()
+        return "late"
+
+    def join() -> None:
+        try:
+            heard.append(joiner.run_sync("k", lambda: "joiner ran", on_join=joined.set,
+                                         timeout=20))
+        except BaseException as exc:
+            heard.append(exc)
+
+    led: list[BaseException | object] = []
+
+    def run_leader() -> None:
+        try:
+            led.append(leader.run_sync("k", work))
+        except BaseException as exc:
+            led.append(exc)
+
+    lead = threading.Thread(target=run_leader)
+    follow = threading.Thread(target=join)
+    try:
+        assert coordinator.stdout is not None
+        assert coordinator.stdout.readline() == b"coordinating\n"
+        lead.start()
+        assert running.wait(20)
+        follow.start()
+        assert joined.wait(20)
+        coordinator.kill()
+        coordinator.wait(20)
+        leader.close()  # at once: its connection is gone or going
+        follow.join(30)
+        assert not follow.is_alive()
+        (outcome,) = heard
+        assert isinstance(outcome, FlightInterruptedError), outcome
+        assert "its leader's group closed" in str(outcome)
+    finally:
+        release.set()
+        lead.join(20)
+        leader.close()
+        joiner.close()
+        # The leader's caller: its group closed under it (the work itself ends later).
+        assert len(led) == 1 and isinstance(led[0], GroupClosedError), led
+        if coordinator.poll() is None:
+            coordinator.kill()
+            coordinator.wait(20)
+
+
+@pytest.mark.timeout(60)
+def test_closing_a_coordinator_closes_every_connection_it_accepted(directory: str) -> None:
+    """Closing a coordinator closes every connection it accepted, in handshake too.
+
+    A connection still in its handshake when the coordinating group closes is closed with the
+    others, never left for its transport to be collected unclosed."""
+    import gc
+    import socket
+    import warnings
+
+    group = FlightGroup(directory=directory, codec=JSON)
+    group.run_sync("warm", lambda: 0)  # it coordinates
+    silent = socket.socket(socket.AF_UNIX)
+    try:
+        silent.connect(os.path.join(directory, "flight.sock"))  # no hello
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            group.close()
+            del group
+            gc.collect()
+        assert not [w for w in caught if "unclosed" in str(w.message)], caught
+        assert silent.recv(1) == b""  # the coordinator closed its end
+    finally:
+        silent.close()
+
+
+@pytest.mark.timeout(60)
+def test_closing_a_group_cancels_its_unanswered_runs(h: Harness, mute: MuteCoordinator) -> None:
+    """Closing a group cancels its unanswered run requests at the coordinator.
+
+    A group closed while a run request waits for its answer fails the call with GroupClosedError
+    and cancels the request, so the coordinator never makes the dead call the leader of a flight
+    nobody runs."""
+    g = FlightGroup(directory=h.dir, codec=JSON)
+    call = Background(lambda: g.run_sync("k", lambda: "never"))
+    conn = mute.accept()
+    run, _ = conn.expect("run")
+    closing = Background(g.close)
+    cancel, _ = conn.expect("cancel")
+    assert cancel["id"] == run["id"]
+    with pytest.raises(GroupClosedError):
+        call.wait()
+    closing.wait()

@@ -20,8 +20,10 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import logging
 import os
 import shutil
+import socket
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -29,7 +31,9 @@ from typing import Any
 
 import pytest
 
-from flightgroup import GroupClosedError
+from flightgroup import (
+    GroupClosedError,
+)
 from flightgroup.directory import fs, wire
 from flightgroup.directory.coordinator import Coordinator
 
@@ -483,3 +487,31 @@ def test_a_fresh_run_that_names_the_flight_it_came_during_takes_only_later_ones(
     late.send(wire.run_frame(2, "k", fresh=True, after=t2))
     head, _ = late.read_frame()
     assert head["op"] == "lead" and head["token"] > t2
+
+
+@pytest.mark.timeout(60)
+def test_frames_to_a_peer_that_died_are_not_written_past_its_transport(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Frames to a peer that died are not written past its closed transport.
+
+    A peer that joined many flights dies while the coordinator is busy (or stopped); then the
+    coordinator pushes the landings to it. The first write finds the socket broken: asyncio
+    closes the transport and runs connection_lost a loop turn later. No write is made meanwhile,
+    so asyncio never logs "socket.send() raised exception."."""
+    from flightgroup.directory.coordinator import _Session
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, ours)
+        session = _Session(transport, os.getpid())
+        theirs.close()  # the peer's process died
+        for _ in range(10):  # one loop turn: connection_lost has not run yet
+            session.send(wire.detached_frame(1))
+        await asyncio.sleep(0)
+        transport.close()
+
+    with caplog.at_level(logging.WARNING, logger="asyncio"):
+        asyncio.run(main())
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []

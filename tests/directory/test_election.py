@@ -11,6 +11,11 @@ from typing import Any
 
 import pytest
 
+from flightgroup import (
+    JSON,
+    FlightGroup,
+)
+
 from ..dirproc import Harness
 from ..ingroup import close, group
 from ..support import wait_until
@@ -82,3 +87,40 @@ def test_every_live_process_is_served_again_after_the_repair(h: Harness) -> None
             pause.wait(0.1)  # the retry comes a second after a failed election
         else:
             raise AssertionError(f"{child} was never served again")
+
+
+@pytest.mark.timeout(60)
+def test_groups_and_threads_of_one_process_take_part_in_one_election(directory: str) -> None:
+    """Groups and threads of one process take part in one election.
+
+    Two groups of this thread and one made in another thread, on one directory:
+    one of them coordinates (one term, epoch 1); closing it hands over to exactly one
+    other (epoch 2), never to two at once."""
+    from flightgroup.directory import fs
+
+    groups = [FlightGroup(directory=directory, codec=JSON) for _ in range(2)]
+    made: list[FlightGroup] = []
+    thread = threading.Thread(target=lambda: made.append(FlightGroup(directory=directory,
+                                                                     codec=JSON)))
+    thread.start()
+    thread.join(20)
+    groups += made
+
+    def coordinating() -> list[FlightGroup]:
+        return [g for g in groups if g._arbiter._coordinator is not None]  # type: ignore[union-attr]
+
+    try:
+        for i, group in enumerate(groups):  # every group connected (its election waits)
+            assert group.run_sync(f"k{i}", lambda i=i: i).value == i
+        assert fs.read_epoch(directory) == 1
+        (first,) = coordinating()
+        first.close()
+        groups.remove(first)
+        # The next call is served by the next term: one of the others coordinates.
+        assert groups[0].run_sync("after", lambda: "ok").value == "ok"
+        wait_until(lambda: len(coordinating()) == 1, "one new coordinator")
+        assert fs.read_epoch(directory) == 2
+        assert len(coordinating()) == 1
+    finally:
+        for group in groups:
+            group.close()

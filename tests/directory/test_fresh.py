@@ -11,11 +11,22 @@ import threading
 import pytest
 
 from flightgroup import (
+    JSON,
+    FlightGroup,
+    GroupClosedError,
     Retention,
 )
 from flightgroup.directory import wire
 
-from ..dirproc import Harness, assert_value, raw_conns
+from ..dirproc import (
+    Harness,
+    MuteCoordinator,
+    assert_value,
+    frames_until,
+    key_file,
+    raw_conns,
+    wait_for,
+)
 from ..ingroup import (
     Background,
     close,
@@ -214,3 +225,48 @@ def test_fresh_callers_of_one_flight_share_the_next_across_a_failover() -> None:
         assert_value(p3.expect("done", "c"), "G", joined=False)
         assert_value(p2.expect("done", "b"), "G", joined=True)
         assert [pid for pid, _, _ in h.runs_of("k")] == [p1.pid, p3.pid]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("written", ["before the coordinator went", "to its dead socket"])
+def test_a_fresh_run_resent_after_a_failover_admits_only_flights_after_it(
+    h: Harness, mute: MuteCoordinator, written: str
+) -> None:
+    """A fresh run resent after a failover admits only flights that began after it.
+
+    A fresh call whose request the gone coordinator's socket took was made before the next term
+    began: resent, it admits every flight of that term (``after`` = the last token before it).
+    One written to a socket that was already dead (a process frozen through the failover calls
+    the instant it thaws, before its loop saw the coordinator go) may be newer than that term's
+    running flight: it is resent as a new fresh call, and never joins a flight that began before
+    it."""
+    g = FlightGroup(directory=h.dir, codec=JSON)
+    calls = [Background(lambda: g.run_sync("w", lambda: "w"))]
+    first = mute.accept()
+    frames_until(first, "run", "w")
+    loop = g._arbiter._loop  # type: ignore[union-attr]
+    entered, go_on = threading.Event(), threading.Event()
+    if written == "to its dead socket":
+        # The group's loop is held (as in a frozen process): it cannot see the close.
+        loop.call_soon_threadsafe(lambda: (entered.set(), go_on.wait(20)))
+        assert entered.wait(10)
+        first.close()
+    with open(h.path("flight.epoch"), "w") as f:
+        f.write("2\n")  # the next term's
+    calls.append(Background(lambda: g.run_sync("k", lambda: "k", fresh=True)))
+    # The caller's thread opens the key's lock file right after writing its request.
+    wait_for(lambda: os.path.exists(h.path("execution-locks", key_file("k"))), "the request")
+    if written == "before the coordinator went":
+        first.close()
+    go_on.set()
+    second = mute.accept()
+    resent = frames_until(second, "run", "k")
+    assert resent.get("fresh") is True
+    if written == "before the coordinator went":
+        assert resent.get("after") == (2 << 32) - 1, resent
+    else:
+        assert resent.get("after") is None, resent
+    g.close()
+    for call in calls:
+        with pytest.raises(GroupClosedError):
+            call.wait()

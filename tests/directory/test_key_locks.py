@@ -5,20 +5,38 @@ back when it cannot wait, and the key's file names the newest flight that held i
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import threading
 import types
+from typing import Any
 
 import pytest
 
 from flightgroup import (
+    JSON,
+    FlightGroup,
     FlightTimeoutError,
+    GroupClosedError,
+    LeaseLostError,
+    Retry,
+    current_lease,
 )
 from flightgroup.directory import client as client_module
-from flightgroup.directory import fs
+from flightgroup.directory import fs, wire
 
-from ..ingroup import Background, arbiter, close, coordinating, group, hold_key_lock, run_of_k_after
+from ..dirproc import Harness, MuteCoordinator, frames_until, key_file, wait_for
+from ..ingroup import (
+    Background,
+    arbiter,
+    close,
+    coordinating,
+    group,
+    hold_key_lock,
+    key_files_open,
+    run_of_k_after,
+)
 from ..ingroup import close as _close
 from ..ingroup import coordinating as _coordinating
 from ..ingroup import group as _group
@@ -156,3 +174,181 @@ def test_a_lead_whose_lock_wait_thread_cannot_start_is_given_back(
             os.close(holder)
         monkeypatch.undo()
         close(a, b, c)
+
+
+@pytest.mark.timeout(60)
+def test_a_withdrawn_fresh_call_closes_the_key_file_it_opened(directory: str) -> None:
+    """A withdrawn fresh call closes the key file it opened ahead."""
+    leader, joiner = (FlightGroup(directory=directory, codec=JSON) for _ in range(2))
+    started, release = threading.Event(), threading.Event()
+
+    def work() -> int:
+        started.set()
+        release.wait()
+        return 1
+
+    thread = threading.Thread(target=leader.run_sync, args=("k", work))
+    thread.start()
+    try:
+        assert started.wait(20)
+        held = key_files_open(directory)  # the leader's key lock
+        assert held == 1
+
+        async def other() -> int:
+            return 2
+
+        for _ in range(5):
+            async def abandon() -> None:
+                task = asyncio.ensure_future(joiner.run("k", other, fresh=True))
+                # The call opened the key's file ahead (it may lead after this flight):
+                # the state that leaked. Its loop then ends, which withdraws it.
+                await asyncio.to_thread(wait_until, lambda: key_files_open(directory) == held + 1,
+                                        "the fresh call's file")
+                assert not task.done()
+
+            asyncio.run(abandon())
+            # The withdrawal runs on the group's background loop: wait for its close.
+            wait_until(lambda: key_files_open(directory) == held, "the file closed")
+    finally:
+        release.set()
+        thread.join(20)
+        leader.close()
+        joiner.close()
+    assert key_files_open(directory) == 0
+
+
+# A lead granted under OURS, while a newer flight of the key (NEWER) took its lock first.
+OURS, NEWER = (1 << 32) | 5, (2 << 32) | 1
+
+
+def _overtaken_key_lock(directory: str) -> int:
+    """Hold the key lock of "k" with NEWER written in it, as the newer flight's leader
+    wrote it; the caller closes the descriptor to free it."""
+    holder = hold_key_lock(directory, "k")
+    os.pwrite(holder, b"%-20d\n" % NEWER, 0)
+    return holder
+
+
+def _granted_lead(
+    g: FlightGroup, mute: MuteCoordinator, work: Any
+) -> tuple[Background, Any, dict[str, Any]]:
+    """Call "k" on a thread and grant it the lead under OURS: the call, the
+    coordinator's end of its connection and the run request."""
+    call = Background(lambda: g.run_sync("k", work))
+    conn = mute.accept()
+    run = frames_until(conn, "run", "k")
+    conn.send(wire.lead_frame(run["id"], OURS))
+    return call, conn, run
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("lock", ["free", "held, then freed"])
+def test_a_lead_overtaken_by_a_newer_flight_of_the_key_runs_with_its_lease_lost(
+    h: Harness, mute: MuteCoordinator, lock: str
+) -> None:
+    """A lead overtaken by a newer flight of its key runs with its lease lost.
+
+    A lead granted while the key's lock is still held (the last leader waiting for its landing's
+    ack) waits for that lock. If a forget() detaches it meanwhile, or a failover lets a new call
+    lead before it reasserts, a newer flight of the key can take the lock first and run. The lead
+    then never runs its work as if it held the lease, under an older token after a newer one:
+    every leader writes its token into the key's file under the lock, so the lead sees the newer
+    token when it gets the lock."""
+    holder = _overtaken_key_lock(h.dir)
+    if lock == "free":
+        os.close(holder)
+    seen: list[tuple[bool, int]] = []
+
+    def work() -> str:
+        lease = current_lease()
+        seen.append((lease.lost, lease.token))
+        return "stale"
+
+    g = FlightGroup(directory=h.dir, codec=JSON)
+    try:
+        call, _, _ = _granted_lead(g, mute, work)
+        if lock != "free":
+            wait_for(
+                lambda: any(t.name == "flightgroup-keylock" for t in threading.enumerate()),
+                "the lead waiting for the key lock",
+            )
+            os.close(holder)
+        with pytest.raises(LeaseLostError):
+            call.wait()
+        assert seen == [(True, OURS)]
+        with open(h.path("execution-locks", key_file("k")), "rb") as f:
+            assert int(f.read()) == NEWER, "the newer token stays in the key's file"
+    finally:
+        g.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_new_call_beside_a_lead_whose_lease_is_lost_asks_the_coordinator(
+    h: Harness, mute: MuteCoordinator
+) -> None:
+    """A new call beside a lead whose lease is lost asks the coordinator.
+
+    A lead whose lease is lost (here: a newer flight of the key held its key lock first) runs its
+    work on for its callers, but it is no longer the key's flight in the scope: a new call of the
+    key in its process asks the coordinator instead of joining it."""
+    holder = _overtaken_key_lock(h.dir)
+    os.close(holder)
+    started, release = threading.Event(), threading.Event()
+
+    def work() -> str:
+        assert current_lease().lost
+        started.set()
+        assert release.wait(30)
+        return "stale"
+
+    g = FlightGroup(directory=h.dir, codec=JSON)
+    try:
+        call, conn, run = _granted_lead(g, mute, work)
+        assert started.wait(20)
+        later = Background(lambda: g.run_sync("k", lambda: "new"))
+        again = frames_until(conn, "run", "k")
+        assert again["id"] != run["id"]
+        release.set()
+        with pytest.raises(LeaseLostError):
+            call.wait()
+    finally:
+        release.set()
+        g.close()
+    with pytest.raises(GroupClosedError):
+        later.wait()
+
+
+@pytest.mark.timeout(60)
+def test_a_retrys_token_is_written_to_the_keys_file(h: Harness, mute: MuteCoordinator) -> None:
+    """A retry's token is written to the key's file, as the first attempt's is.
+
+    Each attempt of a flight has its own, newer token. A forgotten flight that retries while the
+    key's next flight waits for the lock it holds gets a token newer than that flight's; the next
+    flight sees it when it takes the lock, so it never runs under an older token after the retry
+    with its lease intact."""
+    first, second = (1 << 32) | 3, (1 << 32) | 9
+    seen: list[int] = []
+
+    def work() -> str:
+        with open(h.path("execution-locks", key_file("k")), "rb") as f:
+            seen.append(int(f.read()))
+        if len(seen) == 1:
+            raise ValueError("the first attempt fails")
+        return "second"
+
+    g = FlightGroup(
+        directory=h.dir, codec=JSON, retry=Retry(attempts=2, backoff=0.0, jitter=False),
+        reconnect_timeout=1.0,  # close() waits that long for the landing's ack
+    )
+    try:
+        call = Background(lambda: g.run_sync("k", work))
+        conn = mute.accept()
+        run = frames_until(conn, "run", "k")
+        conn.send(wire.lead_frame(run["id"], first))
+        header, _ = conn.read_frame()
+        assert header["op"] == "attempt", header
+        conn.send(wire.lead_frame(run["id"], second))
+        assert call.wait().value == "second"
+        assert seen == [first, second]
+    finally:
+        g.close()

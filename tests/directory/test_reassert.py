@@ -11,13 +11,24 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from typing import Any
 
 import pytest
 
-from flightgroup import LeaseLostError, current_lease
+from flightgroup import (
+    LeaseLostError,
+    current_lease,
+)
 from flightgroup.directory import fs, wire
 
-from ..dirproc import HELLO_OK, Harness, RawConn, assert_value, raw_conns, wait_for
+from ..dirproc import (
+    HELLO_OK,
+    Harness,
+    RawConn,
+    assert_value,
+    raw_conns,
+    wait_for,
+)
 from ..ingroup import Background, arbiter, close, coordinating, group, hold_key_lock, run_of_k_after
 from ..support import wait_until
 
@@ -352,3 +363,39 @@ def test_a_rejected_reassert_of_a_pending_lead_is_not_dropped(directory, monkeyp
         connect_go.set()
         close(b, c)
         close(a)
+
+
+def test_a_reassert_of_a_flight_a_newer_one_of_its_key_overtook_is_refused(
+    directory: str,
+) -> None:
+    """A reassert of a flight that a newer flight of its key overtook is refused.
+
+    After a failover, a lead of the earlier term that still waited for the key lock reasserts;
+    meanwhile a new call led the key in this term, ran and ended (its token is in the key's file,
+    and not among the endings, which record reasserted flights only). The reassert is refused, so
+    new calls never join a flight whose token is older than one that already ran."""
+    a = coordinating(directory)
+    sock = os.path.join(directory, "flight.sock")
+    epoch = arbiter(a)._coordinator.epoch  # type: ignore[union-attr]
+    older, ran = (epoch - 1) << 32 | 7, epoch << 32 | 1
+    try:
+        with raw_conns(sock, 2) as (stale, other):
+            # the flight that ran and ended in this term wrote its token under the lock
+            fd = hold_key_lock(directory, "k")
+            os.pwrite(fd, b"%-20d\n" % ran, 0)
+            os.close(fd)
+            stale.send(wire.reassert_frame(1, "k", older, notices=True))
+            assert stale.expect("rejected")[0]["id"] == 1
+            other.send(wire.run_frame(1, "k"))
+            assert other.expect("lead")[0]["token"] > ran  # nobody joins the stale one
+            # a reassert of a flight newer than what ran is taken back as before
+            other.send(wire.reassert_frame(2, "j", ran + 1))
+            other.served()
+            assert [f["key"] for f in _status(other)].count("j") == 1
+    finally:
+        close(a)
+
+
+def _status(conn: Any) -> list[dict[str, Any]]:
+    conn.send_frame({"op": "status", "id": 77})
+    return list(conn.expect("status")[0]["flights"])
