@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
-from flightgroup import JSON, FlightGroup
+from flightgroup import (
+    JSON,
+    FlightGroup,
+)
 from flightgroup.redis.arbiter import RedisArbiter
 
 
@@ -21,3 +25,8 @@ def fleet_of(group: FlightGroup) -> RedisArbiter:
 
 def never() -> Any:
     raise AssertionError("a joiner's work never runs")
+
+
+def record_key(namespace: str, key: str) -> str:
+    """The Redis key of ``key``'s flight record in ``namespace``."""
+    return f"fg:{{{namespace}:{hashlib.sha256(key.encode()).hexdigest()}}}"

@@ -1,13 +1,14 @@
-"""Retention's bounds in the fleet scope: the namespace's LRU index of kept outcomes.
+"""Retention in the fleet scope: kept failures, and the namespace's LRU index of kept
+outcomes.
 
 API.md (Policies): retention is group-wide in every scope, and a kept outcome is served
 "until its time runs out or it is evicted (LRU by items, then by encoded bytes; a hit
-counts as a use)". Redis kept each outcome with its TTL alone. Now COMPLETE keeps an
-index (``fg:{ns}:kept``: by use, by expiry, sizes) in the same step that keeps an
-outcome and evicts the least recently used past max_items, then max_bytes; ACQUIRE
-serving a kept outcome counts as a use; FORGET and a fresh flight that replaces a kept
-outcome drop its member. On a Cluster only TTLs (and the size-alone rule) apply
-(ADR 0021). The scripts are called first one by one, then through groups.
+counts as a use)". COMPLETE keeps an index (``fg:{ns}:kept``: by use, by expiry, sizes)
+in the same step that keeps an outcome and evicts the least recently used past
+max_items, then max_bytes; ACQUIRE serving a kept outcome counts as a use; FORGET and a
+fresh flight that replaces a kept outcome drop its member. On a Cluster only TTLs (and
+the size-alone rule) apply (ADR 0021). The scripts are called first one by one, then
+through groups.
 """
 
 from __future__ import annotations
@@ -262,3 +263,30 @@ def test_a_cluster_keeps_with_ttls_only_and_never_over_max_bytes_alone(
         assert g.run_sync("big", lambda: "ran").value == "ran"
     finally:
         g.close()
+
+
+def test_a_kept_failure_has_its_cause_in_the_leaders_process(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """A kept failure has its __cause__ in the leader's process.
+
+    API.md, Policies: a kept failure raises FlightFailedError "(with ``__cause__`` in
+    the leader's process), as a joiner's would". The process scope keeps it; the fleet
+    scope's leader process gets the failure back from Redis as any other process."""
+    g = fleet_group(
+        redis_server.url, namespace, retention=Retention(success=None, error=30.0)
+    )
+    original = KeyError("missing")
+
+    def boom() -> None:
+        raise original
+
+    try:
+        with pytest.raises(KeyError):
+            g.run_sync("k", boom)
+        with pytest.raises(FlightFailedError) as caught:
+            g.run_sync("k", never)
+    finally:
+        g.close()
+    assert caught.value.error_type == "KeyError"
+    assert caught.value.__cause__ is original
