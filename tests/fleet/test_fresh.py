@@ -12,9 +12,14 @@ from typing import Any
 
 import pytest
 
-from flightgroup import current_lease
+from flightgroup import (
+    JSON,
+    FlightGroup,
+    Retention,
+    current_lease,
+)
 
-from ..infleet import fleet_group, fleet_of
+from ..infleet import RETRY_NOW, fleet_arbiter, fleet_group, fleet_of, hold_script, in_thread_box
 from ..redisproc import RedisServer
 from ..support import in_thread, outcome, wait_until
 
@@ -112,3 +117,51 @@ def test_fresh_callers_of_two_processes_that_came_during_one_flight_share_the_ne
         f"(its ACQUIREs asked min_token {acquires})"
     )
     assert (f_result.value, f_result.joined, f_result.token) == ("G", True, g_result.token)
+
+
+@pytest.mark.timeout(40)
+def test_a_fresh_caller_never_takes_the_kept_outcome_of_a_flight_that_retried(
+    redis_server: Any, namespace: str
+) -> None:
+    """A fresh caller never takes the kept outcome of a flight that retried.
+
+    A fresh caller waits for the running flight's end, then asks again from the token after the
+    one the flight ended under (after a retry), so the flight's kept outcome, of a flight that
+    began before its call, is not served to it."""
+    a = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON, lease=30)
+    b = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON, lease=30,
+                    retry=RETRY_NOW, retention=Retention(success=30))
+    replies: list[Any] = []
+    waiting, never = threading.Event(), threading.Event()
+    hold_script(fleet_arbiter(a), "acquire", ran=waiting, release=never, replies=replies,
+                 after=lambda reply: False)
+    gates = [threading.Event(), threading.Event()]
+    calls = 0
+
+    def old() -> str:
+        nonlocal calls
+        calls += 1
+        gates[calls - 1].wait(20)
+        if calls == 1:
+            raise ValueError("first attempt")
+        return "old"
+
+    leader, lead_box = in_thread_box(lambda: b.run_sync("k", old))
+    try:
+        wait_until(lambda: calls == 1, "the lead")
+        fresh, fresh_box = in_thread_box(lambda: a.run_sync("k", lambda: "new", fresh=True))
+        wait_until(lambda: bool(replies), "the fresh caller's first answer")
+        assert int(replies[0][0]) == 4  # wait for the running flight's end
+        gates[0].set()
+        wait_until(lambda: calls == 2, "the retry")
+        gates[1].set()
+        leader.join(10)
+        fresh.join(10)
+        assert lead_box[0].value == "old"
+        assert fresh_box[0].value == "new" and not fresh_box[0].joined
+        assert fresh_box[0].token > lead_box[0].token
+    finally:
+        for gate in gates:
+            gate.set()
+        a.close()
+        b.close()
