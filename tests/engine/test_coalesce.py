@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
@@ -340,3 +343,52 @@ def test_a_decorated_method_runs_once_per_key_across_instances() -> None:
     assert repo.square(3) == 9 and Repo().square(3) == 9 and runs == [3, 3]
     Repo.square.forget(repo, 3)  # through the class, the instance first
     assert repo.square(3) == 9
+
+
+R = TypeVar("R")
+
+
+def test_mypy_sees_the_decorated_function_s_forget(tmp_path: Path) -> None:
+    """mypy --strict sees a decorated function's forget()."""
+    proc = mypy_strict(
+        tmp_path,
+        """
+            import flightgroup
+
+            g = flightgroup.FlightGroup()
+
+            @g.coalesce(key=lambda user_id: f"user:{user_id}")
+            async def get_user(user_id: int) -> str:
+                return "u"
+
+            get_user.forget(7)
+        """,
+        timeout=50,
+    )
+    assert proc.returncode == 0, proc.stdout
+
+
+def _passthrough(fn: Callable[..., R]) -> Callable[..., R]:
+    """A plain decorator of the everyday kind (logging, metrics): a def that returns
+    whatever ``fn`` returns, with functools.wraps."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> R:
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def test_coalesce_of_a_wrapped_async_function_is_awaitable() -> None:
+    """coalesce of an async function wrapped by a plain decorator is awaitable."""
+    g = FlightGroup()
+
+    @g.coalesce(key=lambda n: str(n))
+    @_passthrough
+    async def load(n: int) -> int:
+        return n * 2
+
+    async def main() -> None:
+        assert await load(21) == 42
+
+    run(main())

@@ -7,8 +7,10 @@ and through the loop (the `task_start` fixture), so 3.11's path stays covered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -726,3 +728,41 @@ def test_settled_flights_are_not_kept_alive() -> None:
         assert ref() is None  # neither the table nor a flight holds the value
 
     run(main())
+
+
+@contextlib.contextmanager
+def gc_disabled() -> Iterator[None]:
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def test_settled_async_flight_is_freed_without_the_cyclic_gc(task_start: str) -> None:
+    """A settled async flight is freed without the cyclic garbage collector.
+
+    Each way the leader's task starts (eagerly on 3.12+, through the loop)."""
+
+    class Big:
+        pass
+
+    async def main() -> None:
+        g = FlightGroup()
+        box = [Big()]
+        ref = weakref.ref(box[0])
+
+        async def work() -> Big:
+            await asyncio.sleep(0)
+            return box.pop()
+
+        result = await g.run("k", work)
+        del result
+        for _ in range(3):
+            await asyncio.sleep(0)  # the work's task runs its done callbacks
+        assert ref() is None, "the value is kept alive by the settled flight's cycle"
+
+    with gc_disabled():  # refcounting alone: what a run_sync flight already gets
+        run(main())

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import flightgroup.group as group_module
 from flightgroup import (
     FlightFailedError,
     FlightGroup,
@@ -382,3 +383,63 @@ def test_a_keyboard_interrupt_withdraws_a_leader_whose_flight_goes_on(mode: str)
     assert seen["got"] == {"joiner": True, "later": True}, seen
     assert seen["most"] == 1 and seen["first_lost"] is False, seen
     assert seen["runs"] == ([1] if mode == "deadline" else [1, 2]), seen
+
+
+def test_run_sync_with_a_timeout_over_timeout_max_waits_like_no_limit() -> None:
+    """run_sync with a timeout over threading.TIMEOUT_MAX waits like no limit."""
+    g = FlightGroup()
+    started, release = threading.Event(), threading.Event()
+
+    def work() -> str:
+        started.set()
+        assert release.wait(5)
+        return "v"
+
+    assert threading.TIMEOUT_MAX < 1e10
+    with ThreadPoolExecutor(2) as pool:
+        leader = pool.submit(g.run_sync, "k", work)
+        assert started.wait(5)
+        joiner = pool.submit(g.run_sync, "k", work, timeout=1e10)
+        wait_until(lambda: g.stats().joins == 1, "the joiner joined")
+        release.set()
+        assert leader.result(5).value == "v"
+        result = joiner.result(5)  # OverflowError: timestamp out of range for platform time_t
+        assert (result.value, result.joined) == ("v", True)
+
+
+def test_joiner_threads_share_one_result_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Joiner threads of one flight share one Result object."""
+    g = FlightGroup()
+    started, release = threading.Event(), threading.Event()
+    first_making, second_made = threading.Event(), threading.Event()
+    real_result = group_module.Result
+    made: list[int] = []
+
+    def paused_result(value: Any, joined: bool, token: int) -> Any:
+        result = real_result(value, joined, token)
+        if joined:
+            made.append(1)
+            if len(made) == 1:  # the first joiner pauses after its check saw None
+                first_making.set()
+                second_made.wait(2)
+            else:
+                second_made.set()
+        return result
+
+    monkeypatch.setattr(group_module, "Result", paused_result)
+
+    def work() -> str:
+        started.set()
+        assert release.wait(5)
+        return "v"
+
+    with ThreadPoolExecutor(3) as pool:
+        leader = pool.submit(g.run_sync, "k", work)
+        assert started.wait(5)
+        joiners = [pool.submit(g.run_sync, "k", work) for _ in range(2)]
+        wait_until(lambda: g.stats().joins == 2, "both threads joined")
+        release.set()
+        results = [j.result(5) for j in joiners]
+        assert leader.result(5).value == "v"
+    assert all(r.joined and r.value == "v" for r in results)
+    assert results[0] is results[1]
