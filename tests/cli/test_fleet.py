@@ -12,7 +12,16 @@ from typing import Any
 
 import pytest
 
-from .test_run import CMD, PY, WAIT, Run, journal, place, runs
+from .test_run import (
+    CMD,
+    PY,
+    WAIT,
+    Run,
+    joined_line,
+    journal,
+    place,
+    runs,
+)
 
 __all__ = ["place", "runs"]  # fixtures, used by name
 
@@ -105,3 +114,25 @@ def test_a_joiner_that_loses_redis_while_it_waits_exits_75(place: Path, runs: li
     finally:
         (place / "go").touch()
         server.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_fleet_joiners_line_names_the_leaders_pid_and_host(
+    place: Path, runs: list[Run], redis_server: Any, namespace: str
+) -> None:
+    """A fleet joiner's line names the leader's pid and host."""
+    leader = Run(*fleet_cmd(place, redis_server.url, namespace, "report", 0))
+    runs.append(leader)
+    leader.out.wait_for(b"out ")
+    joiner = Run(*fleet_cmd(place, redis_server.url, namespace, "report", 0))
+    runs.append(joiner)
+    match = joined_line(joiner)
+    assert match["key"] == "report"
+    assert int(match["pid"]) == leader.proc.pid
+    assert match["host"] == socket.gethostname()
+    assert float(match["age"]) >= 0
+    (place / "go").touch()
+    assert leader.wait() == 0
+    assert joiner.wait() == 0
+    assert joiner.out.join() == leader.out.join()
+    assert len(journal(place)) == 1

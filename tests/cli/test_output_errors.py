@@ -25,9 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from .test_run import place
+from ..support import wait_until
+from .test_run import Run, journal, place, runs, start_leader, status
 
-__all__ = ["place"]  # a fixture, used by name
+__all__ = ["place", "runs"]  # fixtures, used by name
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -195,3 +196,22 @@ def test_a_closed_stdin_is_dev_null_for_the_command(place: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done
     assert done.stdout == b"/dev/null\n"
+
+
+def test_a_joiner_with_its_stderr_closed_passes_on_the_leaders_output_and_code(
+    place: Path, runs: list[Run]
+) -> None:
+    """A joiner with its stderr closed passes on the leader's output and exit code."""
+    leader = start_leader(runs, place, code=5)
+    # fd 2 closed in the joiner (`2>&-`): Python's sys.stderr is None there.
+    cmd = ["run", "--key", "k", "--dir", str(place / "d"), "--", PY, "-c", "raise SystemExit(9)"]
+    joiner = Run(*cmd, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.close(2))
+    runs.append(joiner)
+    wait_until(
+        lambda: status(place)["flights"][0]["joiners"] == 1, "the joiner joined the leader's run"
+    )
+    (place / "go").touch()
+    assert leader.wait() == 5
+    assert joiner.wait() == 5
+    pid = journal(place)[0].split()[1]
+    assert joiner.out.join() == f"out {pid}\ndone\n".encode()

@@ -1,0 +1,92 @@
+"""``flightgroup status`` as a user runs it: what it shows of the flights in flight (a
+key as it was called, a flight that comes and goes under ``--watch``), what it does to
+a pipe and a terminal, and that it changes nothing where no group was used.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..infleet import fleet_group
+from ..infresh import held
+from ..ingroup import Background
+from .test_run import (
+    Run,
+    place,
+    run_flightgroup,
+    runs,
+    start_leader,
+)
+
+__all__ = ["place", "runs"]  # fixtures, used by name
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_status_of_a_path_that_is_no_directory_is_bad_usage(place: Path) -> None:
+    """status of a path that is no directory is bad usage (exit 2)."""
+    (place / "file").write_text("")
+    proc = run_flightgroup("status", "--dir", str(place / "file"))
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(b"flightgroup: error: ")
+    assert b"not a directory" in line
+
+
+def test_status_of_a_folder_no_group_ever_used_has_no_flights_and_changes_nothing() -> None:
+    """status of a folder no group ever used has no flights and changes nothing.
+
+    A folder without flight.lock (here /proc, where no group can be) holds no group: status says
+    so and creates nothing (it takes no part in an election there)."""
+    proc = run_flightgroup("status", "--dir", "/proc", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"flights": []}
+
+
+def test_fleet_status_shows_a_key_that_is_not_utf8_as_it_was_called(
+    redis_server: Any, namespace: str
+) -> None:
+    """status on the fleet shows a key that is not UTF-8 as it was called."""
+    key = b"a\xffb".decode("utf-8", "surrogateescape")  # as a command line gives it
+    g = fleet_group(redis_server.url, namespace)
+    started, release = threading.Event(), threading.Event()
+    try:
+        leader = Background(lambda: g.run_sync(key, held([], "v", started, release)))
+        assert started.wait(10)
+        [flight] = g._arbiter.status()  # type: ignore[union-attr]
+        assert flight["key"] == key
+        release.set()
+        assert leader.wait().value == "v"
+    finally:
+        release.set()
+        g.close()
+
+
+@pytest.mark.timeout(60)
+def test_status_watch_shows_a_flight_come_and_go(place: Path, runs: list[Run]) -> None:
+    # Started before the directory exists: it finds it once the leader makes it.
+    """status --watch shows a flight come and go."""
+    watcher = Run("status", "--watch", "--dir", str(place / "d"))
+    runs.append(watcher)
+    watcher.out.wait_for(b"no flights in progress")
+    leader = start_leader(runs, place, key="build:main")
+    line = watcher.out.wait_for(b"build:main")
+    assert re.fullmatch(rb"build:main\s+\d+\s+%d\s+0\s+\d+\.\d s\n" % leader.proc.pid, line), line
+    (place / "go").touch()
+    assert leader.wait() == 0
+    watcher.out.wait_for(b"no flights in progress")  # a draw after the flight's line
+    assert watcher.proc.poll() is None
+    watcher.proc.send_signal(signal.SIGINT)
+    assert watcher.wait() == 0
+    out = watcher.out.join()
+    assert b"\x1b" not in out  # a pipe: no screen codes
+    assert out.count(b"flightgroup status (") >= 3
+    assert watcher.err is not None
+    assert b"Traceback" not in watcher.err.join()
