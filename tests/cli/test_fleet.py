@@ -96,7 +96,7 @@ def test_an_unreachable_redis_is_one_line_and_exit_2(place: Path) -> None:
 def test_a_joiner_that_loses_redis_while_it_waits_exits_75(place: Path, runs: list[Run]) -> None:
     # Not bad usage (2): the scope went away under a joiner, as a dead leader would.
     # (It notices within about a lease, 10 s by default, plus the client's retries.)
-    from .redisproc import RedisServer
+    from ..redisproc import RedisServer
 
     server = RedisServer()
     try:

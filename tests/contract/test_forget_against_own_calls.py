@@ -74,7 +74,7 @@ def test_fresh_callers_of_a_flight_forgotten_elsewhere_wait_for_the_keys_next_fl
     caller must not take that local flight: t2 began before its call (API.md: "fresh=True
     accepts only a flight that starts after its call"). It waits for t2's end and takes
     the flight after it. Found by a chaos soak of the fleet scope (2026-12-01)."""
-    from .infleet import fleet_group
+    from ..infleet import fleet_group
 
     a = fleet_group(redis_server.url, namespace, lease=30.0)  # no renewal of its own
     b = fleet_group(redis_server.url, namespace, lease=30.0)

@@ -102,9 +102,9 @@ def test_a_fresh_flight_whose_leader_vanished_ends_the_older_kept_outcome(
     nothing."""
     import os
 
-    from .dirproc import HELLO_OK, RawConn
-    from .ingroup import arbiter, coordinating
-    from .support import wait_until
+    from ..dirproc import HELLO_OK, RawConn
+    from ..ingroup import arbiter, coordinating
+    from ..support import wait_until
 
     a = coordinating(directory, retention=Retention(success=60.0))
     try:

@@ -48,7 +48,7 @@ def interrupt_start(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 def test_an_interrupt_once_the_driver_runs_withdraws_the_leader_only(
     request: pytest.FixtureRequest, interrupt_start: dict[str, Any], scope: str, how: str
 ) -> None:
-    from .ingroup import scope_groups
+    from ..ingroup import scope_groups
 
     [g] = scope_groups(request, scope, 1, lease=5.0)
     runs: list[str] = []

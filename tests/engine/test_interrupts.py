@@ -369,7 +369,7 @@ def test_in_the_fleet_run_sync_on_the_loop_of_a_flight_being_forgotten_raises(
     the forget is confirmed, the same call leads beside the old flight."""
     from flightgroup import JSON
 
-    from .infleet import fleet_of
+    from ..infleet import fleet_of
 
     g = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON)
     scope = fleet_of(g)
@@ -436,7 +436,7 @@ def test_forgets_unavailable_error_carries_the_key() -> None:
     function's with the key its function gave."""
     from flightgroup import JSON, UnavailableError
 
-    from .redisproc import free_port
+    from ..redisproc import free_port
 
     g = FlightGroup(redis=f"redis://127.0.0.1:{free_port()}/0", namespace="n", codec=JSON)
 

@@ -268,7 +268,7 @@ def test_a_wide_group_dropped_without_close_lets_go_of_its_threads_and_connectio
     import gc
     import warnings
 
-    from .ingroup import scope_groups
+    from ..ingroup import scope_groups
 
     [g] = scope_groups(request, scope, 1, lease=5.0)
     assert g.run_sync("k", lambda: 1).value == 1
@@ -306,7 +306,7 @@ def test_a_closed_group_lets_go_of_the_errors_it_remembered_for_cause(
     import gc
     import weakref
 
-    from .ingroup import scope_groups
+    from ..ingroup import scope_groups
 
     a, b = scope_groups(request, "directory", 2, lease=5.0)
 
