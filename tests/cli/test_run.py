@@ -725,3 +725,15 @@ def joined_line(run: Run) -> re.Match[str]:
     match = JOINED.fullmatch(line)
     assert match is not None, line
     return match
+
+
+@pytest.mark.timeout(60)
+def test_cli_run_with_a_key_that_is_not_utf8(directory: str) -> None:
+    """run with a key that is not UTF-8 runs and shares it like any key."""
+    key = os.fsencode("build:") + b"\xff"
+    proc = subprocess.run(
+        [PY, "-m", "flightgroup", "run", "--key", key, "--dir", directory, "--", "echo", "hi"],
+        capture_output=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == b"hi\n"

@@ -6,9 +6,14 @@ a pipe and a terminal, and that it changes nothing where no group was used.
 from __future__ import annotations
 
 import json
+import os
+import pty
 import re
+import select
 import signal
+import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +23,7 @@ from ..infleet import fleet_group
 from ..infresh import held
 from ..ingroup import Background
 from .test_run import (
+    PY,
     Run,
     place,
     run_flightgroup,
@@ -90,3 +96,78 @@ def test_status_watch_shows_a_flight_come_and_go(place: Path, runs: list[Run]) -
     assert out.count(b"flightgroup status (") >= 3
     assert watcher.err is not None
     assert b"Traceback" not in watcher.err.join()
+
+
+def _read_until(fd: int, needle: bytes, timeout: float = 20.0) -> bytes:
+    got = b""
+    end = time.monotonic() + timeout
+    while needle not in got:
+        left = end - time.monotonic()
+        assert left > 0, got
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # a pty whose other side closed
+                chunk = b""
+            assert chunk, got
+            got += chunk
+    return got
+
+
+def _watch(directory: str, stdout: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [PY, "-m", "flightgroup", "status", "--watch", "--dir", directory],
+        stdout=stdout, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def test_status_watch_on_a_pipe_writes_no_screen_codes(directory: str) -> None:
+    # Clearing the screen is for a terminal; into a pipe or a log file the escape
+    # codes are only noise (as the run's progress line, shown on a terminal only).
+    """status --watch on a pipe writes no screen codes."""
+    proc = _watch(directory, subprocess.PIPE)
+    assert proc.stdout is not None
+    try:
+        text = _read_until(proc.stdout.fileno(), b"no flights in progress")
+        text += _read_until(proc.stdout.fileno(), b"no flights in progress")  # a redraw
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert b"\x1b" not in text, text
+    assert b"flightgroup status (" in text
+
+
+def test_status_watch_on_a_terminal_clears_the_screen(directory: str) -> None:
+    """status --watch on a terminal clears the screen."""
+    main, tty = pty.openpty()
+    try:
+        proc = _watch(directory, tty)
+        os.close(tty)
+        try:
+            text = _read_until(main, b"no flights in progress")
+        finally:
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=20)
+    finally:
+        os.close(main)
+    assert proc.returncode == 0, err
+    assert text.startswith(b"\x1b[H\x1b[2J"), text
+
+
+@pytest.mark.parametrize("watch", [False, True])
+def test_status_into_a_closed_pipe_has_no_traceback(directory: str, watch: bool) -> None:
+    # `flightgroup status --watch --json | head -1`: the reader leaves.
+    """status into a closed pipe ends without a traceback."""
+    read, write = os.pipe()
+    os.close(read)
+    proc = subprocess.run(
+        [PY, "-m", "flightgroup", "status", "--json", "--dir", directory,
+         *(["--watch"] if watch else [])],
+        stdout=write, stderr=subprocess.PIPE, timeout=30, check=False,
+    )  # fmt: skip
+    os.close(write)
+    assert b"Traceback" not in proc.stderr, proc.stderr
+    assert b"Exception ignored" not in proc.stderr, proc.stderr
+    assert proc.returncode == 141  # 128 + SIGPIPE, as a shell reports a command it killed
