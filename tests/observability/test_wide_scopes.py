@@ -1,23 +1,24 @@
-"""An audit of observability in the wide scopes (issue 6, "Observability in the library").
+"""Observability in the wide scopes, as each group (its own participant) sees a flight led
+by one of them.
 
 - Logs: the directory scope's failover (INFO), refused peers (another user: WARNING; a
   bad hello or another protocol version: INFO), a lost directory lease (WARNING) and a
   request that broke the coordinator's parser (WARNING, the exception's type only): each
   record exists at its level, and no record at INFO or above holds the raw key, none at
   all the value (both carry a marker string).
-- ``stats()`` in the directory and fleet scopes, as each group (each its own participant)
-  sees a flight led by one of them: calls, flights, joins, failures, in_flight.
-- OpenTelemetry: a decorated ``async def``'s join spans carry the token and the link (they
-  carried neither); a directory group's spans say ``scope="directory"``, and its join of a
-  flight led in another process carries that flight's token.
+- ``stats()`` in the directory and fleet scopes: calls, flights, joins, failures,
+  in_flight.
+- OpenTelemetry: a decorated function's join spans carry the token and the link; a
+  directory group's spans say ``scope="directory"``, and its join of a flight led in
+  another process carries that flight's token.
 - Prometheus: a directory group's counters after a flight across groups, and a lost
   directory lease counted in ``lease_losses``.
 
-A directory lease is lost in this process, as tests/test_directory_failover.py loses one
-in a child: its coordinator (a child) is killed while the test holds the election lock, so
-no coordinator serves for ``reconnect_timeout``. This process's group must not take the
-election meanwhile (a child is kept from it by SIGSTOP): its campaign is held back by an
-event (``held_campaign``) until the test lets it go.
+A directory lease is lost in this process: its coordinator (a child) is killed while the
+test holds the election lock, so no coordinator serves for ``reconnect_timeout``. This
+process's group must not take the election meanwhile (a child is kept from it by
+SIGSTOP): its campaign is held back by an event (``held_campaign``) until the test lets
+it go.
 """
 
 from __future__ import annotations
@@ -47,8 +48,14 @@ from ..dirproc import Harness, RawConn
 from ..support import until, wait_until
 
 MARK = "qx7AUDITqx7"
+
+
 KEY = f"tenant:{MARK}:key"  # a key that holds a tenant id
+
+
 VALUE = f"{MARK}:value"
+
+
 SYSTEM_PYTHON = "/usr/bin/python3"  # a Python the user nobody may run (stdlib only)
 
 
@@ -99,9 +106,6 @@ def sample(registry: CollectorRegistry, name: str, group: str, **labels: str) ->
     value = registry.get_sample_value(name, {"group": group, **labels})
     assert value is not None, f"{name} of {group} is not exported"
     return value
-
-
-# -- two groups, one flight ----------------------------------------------------------
 
 
 def herd(
@@ -171,13 +175,11 @@ def pair(request: pytest.FixtureRequest, directory: str) -> Iterator[tuple[str, 
             group.close()
 
 
-# -- logs -------------------------------------------------------------------------------
-
-
 @pytest.mark.timeout(60)
 def test_a_directory_failover_is_said_at_info_without_the_key(
     h: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A directory failover is said at INFO, without the key."""
     a = h.spawn_warm("a")
     assert h.coordinator_pid() == a.pid
     group = FlightGroup(directory=h.dir, codec=JSON)
@@ -223,6 +225,7 @@ def test_a_directory_failover_is_said_at_info_without_the_key(
 def test_a_peer_of_another_user_is_refused_at_warning(
     directory: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A peer of another user is refused with a WARNING."""
     peer = (
         "import socket, sys\n"
         "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
@@ -265,6 +268,7 @@ def test_a_peer_of_another_user_is_refused_at_warning(
 def test_peers_refused_for_their_hello_are_said_at_info(
     directory: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Peers refused for their hello (bad, another version) are said at INFO."""
     with caplog.at_level(logging.DEBUG, logger="flightgroup"):
         with FlightGroup(directory=directory, codec=JSON) as group:
             assert group.run_sync(KEY, lambda: VALUE).value == VALUE  # it coordinates
@@ -290,7 +294,9 @@ def test_peers_refused_for_their_hello_are_said_at_info(
 def test_a_request_that_breaks_the_parser_is_logged_without_its_content(
     directory: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The coordinator logged an unforeseen parser exception with %r, which quotes the
+    """A request that breaks the parser is logged by its exception's type, not its content.
+
+    The coordinator logs an unforeseen parser exception by its type only: its %r would quote the
     request (here a KeyError of the key, as a missing-field bug would raise)."""
     parse = wire.parse_request
 
@@ -359,6 +365,7 @@ def lose_a_directory_lease(
 def test_a_lost_directory_lease_is_said_at_warning_without_the_key(
     h: Harness, held_campaign: threading.Event, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A lost directory lease is said at WARNING, without the key."""
     with caplog.at_level(logging.DEBUG, logger="flightgroup"):
         group = FlightGroup(directory=h.dir, codec=JSON, reconnect_timeout=1)
         try:
@@ -375,13 +382,12 @@ def test_a_lost_directory_lease_is_said_at_warning_without_the_key(
     assert_private(caplog.records)
 
 
-# -- stats ------------------------------------------------------------------------------
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("fail", [False, True], ids=["value", "failure"])
 def test_stats_of_the_leading_and_the_joining_group(pair: tuple[str, Any], fail: bool) -> None:
-    """Each group is its own participant and counts its own calls: the leading one its
+    """stats() of the leading and the joining group each count their own calls.
+
+    Each group is its own participant and counts its own calls: the leading one its
     flight and its joins, the joining one only joins (its first call, which asked the
     scope, too); a failure is counted in both views."""
     _scope, make = pair
@@ -416,19 +422,19 @@ def test_stats_of_the_leading_and_the_joining_group(pair: tuple[str, Any], fail:
 
 @pytest.mark.timeout(60)
 def test_a_flight_joined_elsewhere_is_never_counted_as_a_flight(pair: tuple[str, Any]) -> None:
+    """A flight joined in another group is never counted as a flight."""
     _scope, make = pair
     a, b = make(), make()
     _outcomes, (_a_during, b_during) = herd(a, b, n=1, m=2)
     assert (b_during.flights, b_during.joins) == (0, 2)
 
 
-# -- OpenTelemetry ----------------------------------------------------------------------
-
-
 @pytest.mark.timeout(30)
 def test_a_decorated_async_join_span_carries_the_token_and_the_link(spans: Any) -> None:
-    """The traced decorator path ended every span without its Result: a decorated
-    ``async def``'s joins had neither the token nor the link to the flight's span."""
+    """A decorated async def's join span carries the token and the link.
+
+    The traced decorator path ends every span with its Result: a decorated ``async def``'s joins
+    carry the token and the link to the flight's span."""
     provider, exporter = spans
     group = FlightGroup()
     instrument(group, provider)
@@ -466,6 +472,7 @@ def test_a_decorated_async_join_span_carries_the_token_and_the_link(spans: Any) 
 
 @pytest.mark.timeout(30)
 def test_a_decorated_sync_join_span_carries_the_token_and_the_link(spans: Any) -> None:
+    """A decorated sync def's join span carries the token and the link."""
     provider, exporter = spans
     group = FlightGroup()
     instrument(group, provider)
@@ -501,6 +508,7 @@ def test_a_decorated_sync_join_span_carries_the_token_and_the_link(spans: Any) -
 def test_directory_spans_carry_the_scope_and_the_token_of_a_flight_led_elsewhere(
     h: Harness, spans: Any
 ) -> None:
+    """Directory spans carry the scope, and the token of a flight led elsewhere."""
     provider, exporter = spans
     a = h.spawn_warm("a")
     group = FlightGroup(directory=h.dir, codec=JSON)
@@ -546,6 +554,7 @@ def test_directory_spans_carry_the_scope_and_the_token_of_a_flight_led_elsewhere
 def test_a_directory_joiner_in_another_group_carries_the_leaders_token(
     directory: str, spans: Any
 ) -> None:
+    """A directory joiner in another group carries the leader's token in its span."""
     provider, exporter = spans
     a = FlightGroup(directory=directory, codec=JSON)
     b = FlightGroup(directory=directory, codec=JSON)
@@ -566,11 +575,9 @@ def test_a_directory_joiner_in_another_group_carries_the_leaders_token(
     assert join.attributes["flightgroup.token"] == outcomes["b"][0].token
 
 
-# -- Prometheus -------------------------------------------------------------------------
-
-
 @pytest.mark.timeout(60)
 def test_prometheus_counts_a_directory_flight_across_groups(directory: str) -> None:
+    """Prometheus counts a directory flight across groups, each group its own part."""
     registry = CollectorRegistry()
     a = FlightGroup(directory=directory, codec=JSON)
     b = FlightGroup(directory=directory, codec=JSON)
@@ -604,6 +611,7 @@ def test_prometheus_counts_a_directory_flight_across_groups(directory: str) -> N
 def test_prometheus_counts_a_lost_directory_lease(
     h: Harness, held_campaign: threading.Event
 ) -> None:
+    """Prometheus counts a lost directory lease in lease_losses."""
     registry = CollectorRegistry()
     group = FlightGroup(directory=h.dir, codec=JSON, reconnect_timeout=1)
     register(group, registry, name="d")
@@ -622,7 +630,9 @@ def test_prometheus_counts_a_lost_directory_lease(
 
 @pytest.mark.timeout(60)
 def test_a_call_the_scope_could_not_serve_is_no_join() -> None:
-    """Nothing listens where the group's Redis should be: the call raises, and it counts
+    """A call the scope could not serve counts as a call, never as a join.
+
+    Nothing listens where the group's Redis should be: the call raises, and it counts
     as a call, not as a join (nor a flight)."""
     import socket
 
