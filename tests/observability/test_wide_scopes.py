@@ -316,7 +316,7 @@ def test_a_request_that_breaks_the_parser_is_logged_without_its_content(
             assert group.run_sync("after", lambda: 2).value == 2
     [record] = said(caplog.records, "broke the parser")
     assert record.levelno == logging.WARNING
-    assert "KeyError at test_observability_audit.py:" in record.getMessage()  # type, where
+    assert "KeyError at test_wide_scopes.py:" in record.getMessage()  # type, where
     assert_private(caplog.records)
 
 
