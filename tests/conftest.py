@@ -102,6 +102,19 @@ def mute(h: Any) -> Iterator[Any]:
         made.close()
 
 
+@pytest.fixture
+def server() -> Iterator[Any]:
+    """A redis-server of the test's own (frozen, or left with keys the module's
+    server must not hold)."""
+    from .redisproc import RedisServer
+
+    s = RedisServer()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
 @pytest.fixture(scope="module")
 def redis_server() -> Iterator[Any]:
     """A redis-server of this module's own, on a free loopback port (tests that

@@ -101,3 +101,28 @@ def result_of(out: dict[str, Any]) -> Any:
 def never_runs(*_: Any) -> Any:
     """A work no caller may run, whatever it is given."""
     raise AssertionError("this caller must not run the work")
+
+
+def hold_next_reply(
+    arbiter: RedisArbiter,
+    name: str,
+    ran: threading.Event,
+    release: threading.Event,
+    heard: Callable[[], None] | None = None,
+) -> None:
+    """Patch ``arbiter`` so that the next script ``name`` runs in Redis and its reply
+    is held (``ran`` set) until ``release``; ``heard()`` runs as the reply is handed on."""
+    original = arbiter._script
+    armed = [True]
+
+    async def script(which: str, keys: Any, args: Any) -> Any:
+        reply = await original(which, keys, args)
+        if which == name and armed[0]:
+            armed[0] = False
+            ran.set()
+            await asyncio.get_running_loop().run_in_executor(None, release.wait, 20)
+            if heard is not None:
+                heard()
+        return reply
+
+    arbiter._script = script  # type: ignore[method-assign]

@@ -20,9 +20,17 @@ from flightgroup import (
 )
 
 from ..dirproc import assert_value, harness
-from ..infleet import fleet_group, never_runs, result_of
+from ..infleet import (
+    RETRY_NOW,
+    fleet_group,
+    fleet_of,
+    hold_next_reply,
+    never,
+    never_runs,
+    result_of,
+)
 from ..redisproc import RedisServer
-from ..support import LoopThread, in_thread
+from ..support import LoopThread, in_thread, outcome, wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -293,3 +301,51 @@ def test_a_leaders_timeout_in_one_process_leaves_the_flight_to_another(
         assert_value(got, "from a", joined=True)
         assert got["token"] == started["token"]
         assert h.runs_of("k") == [(a.pid, "k", started["token"])]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("step", ["acquire", "attempt", "complete"])
+def test_a_leading_callers_timeout_at_each_step_withdraws_only_that_caller(
+    redis_server: RedisServer, namespace: str, step: str
+) -> None:
+    """A leading caller's timeout at each step withdraws only that caller.
+
+    The leading caller's own timeout passes while the reply of ``step`` (run in
+    Redis) is held: it raises TimeoutError; the flight goes on and the joiner in
+    another group gets its value."""
+    key = f"timeout-{step}-{uuid.uuid4().hex}"
+    a = fleet_group(redis_server.url, namespace, retry=RETRY_NOW if step == "attempt" else None)
+    b = fleet_group(redis_server.url, namespace)
+    a.run_sync("warm-up", lambda: 0)
+    ran, release, joined = threading.Event(), threading.Event(), threading.Event()
+    hold_next_reply(fleet_of(a), step, ran, release)
+    runs: list[int] = []
+
+    def work() -> str:
+        runs.append(current_lease().token)
+        assert joined.wait(10)
+        if step == "attempt" and len(runs) == 1:
+            raise ValueError("first attempt")
+        return "v"
+
+    thread, led = in_thread(a.run_sync, key, work, timeout=1.0)
+    try:
+        if step == "acquire":
+            assert ran.wait(10)  # led in Redis: the joiner can join it already
+        else:
+            wait_until(lambda: bool(runs), "the work")
+        join, got = in_thread(b.run_sync, key, never, on_join=joined.set)
+        assert joined.wait(10)
+        thread.join(10)
+        assert ran.is_set()
+        assert isinstance(outcome(led), TimeoutError)
+        release.set()
+        join.join(10)
+    finally:
+        joined.set()
+        release.set()
+        a.close()
+        b.close()
+    result = outcome(got)
+    assert result.value == "v" and result.joined and result.token == runs[-1]
+    assert len(runs) == (2 if step == "attempt" else 1)

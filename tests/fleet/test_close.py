@@ -7,6 +7,8 @@ GroupClosedError.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import gc
 import threading
 from typing import Any
 
@@ -19,6 +21,7 @@ from flightgroup import (
     FlightInterruptedError,
     GroupClosedError,
     UnavailableError,
+    current_lease,
 )
 from flightgroup.redis.arbiter import _Names
 
@@ -27,6 +30,7 @@ from ..infleet import (
     fleet_arbiter,
     fleet_group,
     fleet_of,
+    hold_next_reply,
     hold_script,
     in_thread_box,
     never,
@@ -320,3 +324,224 @@ def test_a_second_close_returns_only_once_the_first_handed_the_landing_over(
         for thread in (leader, first, second):
             if thread is not None:
                 thread.join(20)
+
+
+def _fleet_threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name == "flightgroup-fleet")
+
+
+@pytest.mark.timeout(60)
+def test_a_landing_made_before_close_is_handed_over(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """A landing made just before close() is handed over.
+
+    The leader's work ended and ``land()`` marked the lead done; the thread is preempted before
+    it posts the landing to the group's loop, and ``close()`` runs then. close() hands that
+    landing over (or interrupts it for the joiners) before it returns."""
+    a = fleet_group(redis_server.url, namespace, lease=30)
+    fleet = fleet_of(a)
+    a.run_sync("warm-up", lambda: 0)
+    posting, release, closed = threading.Event(), threading.Event(), threading.Event()
+    post_task, close_steps = fleet._post_task, fleet._close
+
+    def paused_post_task(coro: Any) -> bool:
+        if getattr(coro, "__name__", "") == "_land":
+            posting.set()  # the lead is marked done; the landing is not posted yet
+            release.wait(10)
+        return post_task(coro)
+
+    async def watched_close() -> None:
+        await close_steps()
+        closed.set()
+
+    fleet._post_task = paused_post_task  # type: ignore[method-assign]
+    fleet._close = watched_close  # type: ignore[method-assign]
+    names = _Names(namespace, "k", False)
+    client = redis_server.client()
+    tokens: list[int] = []
+
+    def work() -> str:
+        tokens.append(current_lease().token)
+        return "v"
+
+    thread, led = in_thread(a.run_sync, "k", work)
+    try:
+        assert posting.wait(10)
+        closing, _ = in_thread(a.close)
+        # Bounded: a fix may make close() wait for the post (it cannot end first).
+        closed.wait(1)
+        release.set()
+        closing.join(20)
+        thread.join(10)
+    finally:
+        release.set()
+        a.close()
+    assert isinstance(outcome(led), GroupClosedError)  # closed while it waited (API)
+    (token,) = tokens
+    state = client.hget(names.record, "s")
+    entry = client.xrange(names.mailbox(token))
+    # Handed over: the mailbox holds the value, or at least the joiners were told.
+    assert entry, f"nothing landed; the record is still {state!r} for a lease"
+    assert state != b"R"
+
+
+@pytest.mark.timeout(60)
+def test_a_forget_racing_close_raises_no_cancelled_error(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """A forget() racing close() raises no CancelledError."""
+    a = fleet_group(redis_server.url, namespace)
+    a.run_sync("warm-up", lambda: 0)
+    ran, release = threading.Event(), threading.Event()
+    hold_next_reply(fleet_of(a), "forget", ran, release)
+    thread, out = in_thread(a.forget, "k")
+    try:
+        assert ran.wait(10)  # Redis ran it; its reply is not heard yet
+        a.close()
+    finally:
+        release.set()
+        thread.join(10)
+    ended = outcome(out)
+    assert not isinstance(ended, concurrent.futures.CancelledError)
+    assert ended is None or isinstance(ended, GroupClosedError | UnavailableError), ended
+    # The group's status() after close: GroupClosedError, not "Event loop is closed".
+    with pytest.raises(GroupClosedError):
+        fleet_of(a).status(timeout=5)
+
+
+@pytest.mark.timeout(60)
+def test_calls_and_closes_leave_no_connection_or_thread_behind(
+    server: RedisServer, namespace: str
+) -> None:
+    """Calls and closes leave no connection nor thread behind."""
+    client = server.client()
+
+    def clients() -> int:
+        gc.collect()  # a client dropped but not yet collected still holds its connection
+        return int(client.info("clients")["connected_clients"])
+
+    def blocked() -> int:
+        return int(client.info("clients")["blocked_clients"])
+
+    base, threads = clients(), _fleet_threads()
+    for _ in range(3):
+        g = fleet_group(server.url, namespace, lease=2)
+        g.run_sync("k", lambda: 1)
+        g.close()
+    wait_until(lambda: clients() == base, "the closed groups' connections to go")
+    assert _fleet_threads() == threads
+
+    lead = fleet_group(server.url, namespace, lease=2)
+    join = fleet_group(server.url, namespace, lease=2)
+    started, release = threading.Event(), threading.Event()
+    try:
+        lead.run_sync("warm-up", lambda: 0)
+        join.run_sync("warm-up", lambda: 0)
+        steady = clients()
+        for i in range(20):
+            lead.run_sync(f"k{i}", lambda: 1)
+        assert clients() == steady  # no connection per call
+
+        def work() -> str:
+            started.set()
+            assert release.wait(10)
+            return "v"
+
+        thread, out = in_thread(lead.run_sync, "long", work)
+        assert started.wait(10)
+        for _ in range(5):
+            with pytest.raises(TimeoutError):
+                join.run_sync("long", never, timeout=0.05)
+
+        async def cancelled() -> None:
+            for _ in range(5):
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(join.run("long", asyncio.sleep), 0.05)
+
+        asyncio.run(cancelled())
+        assert blocked() <= 1  # one read for the key, whatever the callers that left
+        release.set()
+        thread.join(10)
+        assert outcome(out).value == "v"
+        wait_until(lambda: blocked() == 0, "the read to end with the landing")
+    finally:
+        release.set()
+        lead.close()
+        join.close()
+    wait_until(lambda: clients() == base, "every connection to go")
+    assert _fleet_threads() == threads
+
+
+@pytest.mark.timeout(60)
+def test_close_waits_for_a_landing_in_flight(redis_server: RedisServer, namespace: str) -> None:
+    """close() waits for a landing in flight."""
+    a = fleet_group(redis_server.url, namespace)
+    b = fleet_group(redis_server.url, namespace)
+    fleet = fleet_of(a)
+    a.run_sync("warm-up", lambda: 0)
+    order: list[str] = []
+    ran, release, closing, joined = (threading.Event() for _ in range(4))
+    hold_next_reply(fleet, "complete", ran, release, heard=lambda: order.append("landing heard"))
+    close_steps = fleet._close
+
+    async def watched_close() -> None:
+        closing.set()
+        await close_steps()
+
+    fleet._close = watched_close  # type: ignore[method-assign]
+
+    def work() -> str:
+        assert joined.wait(10)
+        return "v"
+
+    thread, led = in_thread(a.run_sync, "k", work)
+    try:
+        join, got = in_thread(b.run_sync, "k", never, on_join=joined.set)
+        assert ran.wait(10)  # COMPLETE ran in Redis, its reply is held
+        closer, _ = in_thread(lambda: (a.close(), order.append("closed")))
+        assert closing.wait(10)
+        release.set()
+        closer.join(20)
+        thread.join(10)
+        join.join(10)
+    finally:
+        release.set()
+        a.close()
+        b.close()
+    assert order == ["landing heard", "closed"]
+    assert outcome(got).value == "v" and outcome(got).joined
+    assert isinstance(outcome(led), GroupClosedError)  # it still waited when closed
+
+
+@pytest.mark.timeout(60)
+def test_closing_a_joiners_group_ends_its_blocked_read(
+    server: RedisServer, namespace: str
+) -> None:
+    """Closing a joiner's group ends its blocked read."""
+    client = server.client()
+    a = fleet_group(server.url, namespace, lease=30)
+    b = fleet_group(server.url, namespace, lease=30)
+    started, release = threading.Event(), threading.Event()
+
+    def work() -> str:
+        started.set()
+        assert release.wait(10)
+        return "v"
+
+    thread, led = in_thread(a.run_sync, "k", work)
+    try:
+        assert started.wait(10)
+        join, got = in_thread(b.run_sync, "k", never)
+        wait_until(lambda: int(client.info("clients")["blocked_clients"]) == 1, "the read")
+        b.close()
+        join.join(10)
+        assert isinstance(outcome(got), GroupClosedError)
+        wait_until(lambda: int(client.info("clients")["blocked_clients"]) == 0, "no read")
+        release.set()
+        thread.join(10)
+    finally:
+        release.set()
+        a.close()
+        b.close()
+    assert outcome(led).value == "v"

@@ -24,6 +24,7 @@ from flightgroup import (
     FlightInterruptedError,
     LeaseLostError,
     Retention,
+    UnavailableError,
     current_lease,
 )
 from flightgroup.redis.arbiter import RedisArbiter, _Names
@@ -39,7 +40,7 @@ from ..infleet import (
     record_key,
     result_of,
 )
-from ..redisproc import RedisServer
+from ..redisproc import RedisServer, keys_without_ttl
 from ..support import held_lead, in_thread, outcome, raised, wait_until
 
 
@@ -285,3 +286,72 @@ def test_the_default_lease_is_ten_seconds(redis_server: RedisServer, namespace: 
     finally:
         release.set()
         g.close()
+
+
+_PAST_PEXPIRE = 1e17  # seconds: finite, accepted, and past Redis's PEXPIRE range (~9.2e15)
+
+
+@pytest.mark.timeout(60)
+def test_a_lease_past_the_pexpire_range_leaves_no_record_without_a_ttl(
+    server: RedisServer, namespace: str
+) -> None:
+    """A lease past Redis's PEXPIRE range leaves no record without a TTL."""
+    client = server.client()
+    sane = fleet_group(server.url, namespace, lease=1.0)
+    try:
+        try:
+            huge = fleet_group(server.url, namespace, lease=_PAST_PEXPIRE)
+        except ValueError:
+            huge = None  # refused at construction: fine
+        if huge is not None:
+            try:
+                huge.run_sync("k", lambda: "huge")
+            except UnavailableError:
+                pass  # Redis refused the call: fine, if it left nothing behind
+            finally:
+                huge.close()
+        left = keys_without_ttl(client, f"fg:{{{namespace}*")
+        # A sane group of the namespace must not wait on a flight that nobody runs
+        # (today: it joins the record and sends a CHECK every 50 ms until its timeout).
+        try:
+            later: Any = sane.run_sync("k", lambda: "sane", timeout=2.0)
+        except TimeoutError as exc:
+            later = exc
+    finally:
+        sane.close()
+    assert left == [], "a running record without a TTL"
+    assert not isinstance(later, TimeoutError), "a sane caller waits on it for ever"
+    assert later.value == "sane" and not later.joined
+
+
+@pytest.mark.timeout(60)
+def test_a_retention_past_the_pexpire_range_lands_for_the_leader_too(
+    server: RedisServer, namespace: str
+) -> None:
+    """A keep time past Redis's PEXPIRE range lands for the leader too."""
+    try:
+        leader = fleet_group(server.url, namespace, retention=Retention(success=_PAST_PEXPIRE))
+    except ValueError:
+        return  # refused at construction: fine
+    joiner = fleet_group(server.url, namespace)
+    started, joined = threading.Event(), threading.Event()
+
+    def work() -> str:
+        started.set()
+        assert joined.wait(10)
+        return "v"
+
+    thread, led = in_thread(leader.run_sync, "k", work)
+    try:
+        assert started.wait(10)
+        got = joiner.run_sync("k", never, on_join=joined.set)
+        thread.join(10)
+        left = keys_without_ttl(server.client(), f"fg:{{{namespace}*")
+    finally:
+        joined.set()
+        leader.close()
+        joiner.close()
+    assert got.value == "v" and got.joined
+    assert not isinstance(outcome(led), LeaseLostError), "the joiner got the value it landed"
+    assert outcome(led).value == "v"
+    assert left == []

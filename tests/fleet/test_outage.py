@@ -4,6 +4,7 @@ with the library's errors; nothing hangs.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
@@ -15,7 +16,7 @@ from flightgroup import (
     UnavailableError,
 )
 
-from ..infleet import fleet_group, never_runs
+from ..infleet import fleet_group, fleet_of, never_runs
 from ..redisproc import RedisServer
 from ..support import in_thread, wait_until
 
@@ -82,3 +83,33 @@ def test_a_frozen_server_ends_new_calls_and_joiners() -> None:
         for g in groups:
             g.close()
         server.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_first_call_does_not_wait_for_the_startup_pipeline(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """A group's first call does not wait for its startup pipeline.
+
+    fleet-protocol.md: a frozen server ends a new call "after 4 command timeouts", so a group's
+    first call does not wait for its startup pipeline (SCRIPT LOAD and CONFIG GET, with redis-
+    py's own retries) before its own ACQUIRE. Here the startup never ends (held on an event): the
+    first call still leads and returns on a live server."""
+    group = fleet_group(redis_server.url, namespace)
+    fleet = fleet_of(group)
+    held, release = threading.Event(), threading.Event()
+    startup = fleet._startup
+
+    async def held_startup() -> None:
+        held.set()
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, 20)
+        await startup()
+
+    fleet._startup = held_startup  # type: ignore[method-assign]
+    try:
+        result = group.run_sync("k", lambda: "v", timeout=10)
+        assert held.is_set()  # the startup was running all along
+    finally:
+        release.set()
+        group.close()
+    assert result.value == "v" and not result.joined

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
@@ -18,9 +19,9 @@ from flightgroup import (
 from flightgroup.redis import scripts
 from flightgroup.redis.arbiter import _Names
 
-from ..infleet import fleet_group, never, never_runs, result_of
-from ..redisproc import HoldingCutProxy, RedisServer, keys_without_ttl
-from ..support import in_thread, outcome
+from ..infleet import RETRY_NOW, fleet_group, never, never_runs, result_of
+from ..redisproc import CutProxy, HoldingCutProxy, RedisServer, keys_without_ttl
+from ..support import in_thread, outcome, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -227,3 +228,99 @@ def test_forget_remembers_its_nonce_with_a_ttl_and_answers_once(
     for nonce in ("n-1", "n-2", "n-3"):
         assert 0 < client.pttl(names.forgot(nonce)) <= 60_000
     assert keys_without_ttl(client, f"fg:{{{namespace}*") == []
+
+
+def test_a_resent_acquire_after_a_forget_leads_the_flight_its_joiner_joined(
+    redis_server: RedisServer, holding_proxy: HoldingCutProxy, namespace: str
+) -> None:
+    """A re-sent ACQUIRE after a forget leads the flight its joiner joined.
+
+    A's ACQUIRE leads t1 in Redis; its reply is cut and redis-py's re-send waits at the proxy.
+    Meanwhile B joins t1 and another group forgets the key (t1 is parked: "it runs on and lands
+    for its joiners"). The re-send finds its own parked flight by its nonce: A runs the work
+    once, under t1, and lands it, so B gets A's value."""
+    key = f"acq-{uuid.uuid4().hex}"
+    a = fleet_group(holding_proxy.url, namespace, lease=1.5)
+    b = fleet_group(redis_server.url, namespace, lease=1.5)
+    forgetter = fleet_group(redis_server.url, namespace, lease=1.5)
+    tokens: list[int] = []
+    joined = threading.Event()
+
+    def work() -> str:
+        tokens.append(current_lease().token)
+        return "v"
+
+    threads: list[threading.Thread] = []
+    try:
+        a.run_sync("warm-up", lambda: 0)  # scripts loaded, a connection idles
+        holding_proxy.arm(key.encode())  # ACQUIRE carries the raw key
+        lead, led = in_thread(a.run_sync, key, work)
+        threads.append(lead)
+        assert holding_proxy.held.wait(10)  # t1 led in Redis; the re-send is held
+        assert holding_proxy.cuts == 1
+        join, got = in_thread(b.run_sync, key, never, on_join=joined.set)
+        threads.append(join)
+        assert joined.wait(10)
+        forgetter.forget(key)  # t1 parked
+        holding_proxy.release()
+        lead.join(10)
+        join.join(10)
+    finally:
+        holding_proxy.release()
+        for thread in threads:
+            thread.join(10)
+        for g in (a, b, forgetter):
+            g.close()
+    assert outcome(led).value == "v" and tokens == [outcome(led).token]  # ran once
+    result = outcome(got)
+    assert not isinstance(result, FlightInterruptedError), result
+    assert result.value == "v" and result.joined
+
+
+@pytest.fixture
+def proxy(redis_server: RedisServer) -> Iterator[CutProxy]:
+    p = CutProxy(redis_server.port)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def test_a_resent_attempt_keeps_the_flight_and_its_joiners(
+    redis_server: RedisServer, proxy: CutProxy, namespace: str
+) -> None:
+    """A re-sent ATTEMPT keeps the flight and its joiners.
+
+    A retry's ATTEMPT runs in Redis, its reply is cut, redis-py re-sends it: the
+    re-send answers the same new token, the joiner follows `next` to it, and the work
+    runs once per attempt."""
+    key = f"attempt-{uuid.uuid4().hex}"
+    names = _Names(namespace, key, False)
+    a = fleet_group(proxy.url, namespace, retry=RETRY_NOW)
+    b = fleet_group(redis_server.url, namespace)
+    tokens: list[int] = []
+    joined = threading.Event()
+
+    def work() -> str:
+        tokens.append(current_lease().token)
+        if len(tokens) == 1:
+            proxy.arm(names.mailbox(tokens[0]).encode())  # only the ATTEMPT names it
+            assert joined.wait(10)
+            raise ValueError("first attempt")
+        return "v"
+
+    thread, led = in_thread(a.run_sync, key, work)
+    try:
+        wait_until(lambda: bool(tokens), "the first attempt")
+        got = b.run_sync(key, never, on_join=joined.set)
+        thread.join(10)
+    finally:
+        joined.set()
+        a.close()
+        b.close()
+    assert proxy.cuts == 1
+    assert len(tokens) == 2 and tokens[1] > tokens[0]
+    assert outcome(led).value == "v" and outcome(led).token == tokens[1]
+    assert got.value == "v" and got.joined and got.token == tokens[1]
+    entries = redis_server.client().xrange(names.mailbox(tokens[0]))
+    assert [e[1] for e in entries] == [{b"c": b"next", b"v": str(tokens[1]).encode()}]

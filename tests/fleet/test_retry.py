@@ -14,9 +14,21 @@ from flightgroup import (
     JSON,
     FlightGroup,
     FlightInterruptedError,
+    current_lease,
 )
 
-from ..infleet import RETRY_NOW, fleet_arbiter, hold_script, in_thread_box, never_sync
+from ..infleet import (
+    RETRY_NOW,
+    fleet_arbiter,
+    fleet_group,
+    fleet_of,
+    hold_script,
+    in_thread_box,
+    never,
+    never_sync,
+)
+from ..redisproc import RedisServer
+from ..support import in_thread, outcome, wait_until
 
 pytestmark = pytest.mark.timeout(40)
 
@@ -71,3 +83,50 @@ def test_a_leaders_loop_stopping_during_a_retry_ends_the_flight_for_everyone(
         release.set()
         a.close()
         b.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_joiner_that_followed_a_retry_hears_its_leaders_death_within_the_leaders_lease(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """A joiner that followed a retry hears its leader's death within the leader's lease.
+
+    The leader (lease 1 s) retries, then stops renewing, as a dead process would: its record runs
+    out 1 s later. A joiner of a group with a lease of 30 s follows the retry's `next` and is
+    interrupted about a (leader's) lease later, as it is without a retry, not at its own deadline
+    of 30 s."""
+    a = fleet_group(redis_server.url, namespace, lease=1.0, retry=RETRY_NOW)
+    b = fleet_group(redis_server.url, namespace, lease=30.0)
+    fleet = fleet_of(a)
+    tokens: list[int] = []
+    joined, fail, release = threading.Event(), threading.Event(), threading.Event()
+
+    async def no_renewal(batch: Any) -> None:
+        return None
+
+    def work() -> str:
+        tokens.append(current_lease().token)
+        if len(tokens) == 1:
+            assert fail.wait(10)
+            raise ValueError("first attempt")
+        fleet._renew_some = no_renewal  # type: ignore[method-assign]  # "dies" here
+        release.wait(20)
+        return "late"
+
+    lead, _ = in_thread(a.run_sync, "k", work)
+    try:
+        wait_until(lambda: bool(tokens), "the first attempt")
+        join, got = in_thread(b.run_sync, "k", never, on_join=joined.set, timeout=4.0)
+        assert joined.wait(10)
+        fail.set()
+        join.join(10)
+    finally:
+        fail.set()
+        release.set()
+        lead.join(10)
+        a.close()
+        b.close()
+    assert len(tokens) == 2  # it followed the retry
+    result = outcome(got)
+    assert not isinstance(result, TimeoutError), "still waiting 4 s after a 1 s lease ran out"
+    assert isinstance(result, FlightInterruptedError), result
