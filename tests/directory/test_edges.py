@@ -1,30 +1,11 @@
-"""Adversarial review of the directory scope's edges: hostile or broken peers on the Unix
-socket, the file system under the group's directory, and process lifecycle (fork).
+"""The directory scope at its edges: hostile or broken peers on the Unix socket (a
+number past Python's digit limit, silent peers, a half-closed peer, a coordinator that
+drops every connection, one out of descriptors), the file system under the group's
+directory (a key-lock path that cannot be opened, a FIFO as the epoch file, an election
+that fails under a call), and process lifecycle (fork).
 
-Covered here (beside tests/test_directory_bad_input.py, test_directory_wire.py,
-test_directory_fuzz.py, test_directory_fs.py and test_directory_adversarial.py):
-
-- a JSON integer literal past Python's int-string conversion limit (4,300 digits) in a
-  request's field: valid JSON and "a number too large for a float" (a bad field), which
-  must be answered ``error`` on an open connection, not close it;
-- a key-lock path the coordinator cannot open (a directory where the key's file belongs):
-  its probe's OSError must not escape the protocol callback, drop the requester's
-  connection (interrupting every flight it leads) and so stop the whole process;
-- a coordinator that welcomes every connection and then drops it: the client reconnected
-  at once, for ever, and its calls never failed;
-- a call that comes just as the election fails gets its error at once;
-- a FIFO as ``flight.epoch``: the election winner blocked in ``open`` for ever while
-  holding the election, and ``close()`` with it;
-- the coordinator out of descriptors (EMFILE on accept): a busy loop logging a warning
-  per turn;
-- a forked child: its own new group joins the parent's flight and leads other keys; the
-  parent's started group copied into it hung instead of saying it cannot be used; a group
-  made but not used before the fork works in both;
-- passing pins: silent peers (no hello) do not stop the coordinator serving others
-  meanwhile and are each dropped; a peer that half-closes after a request still gets its
-  answer.
-
-Each test of a bug above failed on the code before its fix (the review's strict xfails).
+Beside test_bad_input.py, test_wire.py, test_fuzz.py and test_fs.py, which cover the
+wire's and the file system's ordinary bad input.
 """
 
 from __future__ import annotations
@@ -62,14 +43,13 @@ def _frame(body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + body
 
 
-# -- hostile peers on the socket ----------------------------------------------------------
-
-
 def test_an_integer_literal_over_the_digit_limit_is_a_bad_field(directory: str) -> None:
-    """docs/directory-protocol.md: "a number too large for a float is a bad field" (answered
-    ``error``, the connection stays). A 400-digit integer is; a 5,000-digit one is the same
-    kind of JSON number, but Python's json refuses to convert it (ValueError) and the
-    coordinator drops the whole connection, with every flight it led or joined."""
+    """An integer literal over Python's digit limit is a bad field; the connection stays.
+
+    docs/directory-protocol.md: "a number too large for a float is a bad field" (answered
+    ``error``, the connection stays). A 400-digit integer is; a 5,000-digit one is the same kind
+    of JSON number, which Python's json refuses to convert (ValueError): it is answered ``error``
+    too, and the connection with every flight it led or joined stays."""
     g = coordinating(directory)
     try:
         with RawConn(_sock(directory)) as conn:
@@ -95,11 +75,11 @@ def test_an_integer_literal_over_the_digit_limit_is_a_bad_field(directory: str) 
 def test_a_key_lock_path_the_coordinator_cannot_open_does_not_drop_the_connection(
     directory: str,
 ) -> None:
-    """A directory where ``execution-locks/<sha256 of "bad">`` belongs (made by hand, a
-    restore, a bug elsewhere): a ``run`` of "bad" must get an answer, and the requester's
-    other flights must go on. Today the probe's IsADirectoryError escapes the protocol's
-    callback, asyncio aborts that connection (silently: an OSError is only logged in
-    debug mode) and the flight the peer led is interrupted."""
+    """A key-lock path the coordinator cannot open does not drop the connection.
+
+    A directory where ``execution-locks/<sha256 of "bad">`` belongs (made by hand, a restore, a
+    bug elsewhere): a ``run`` of "bad" gets an answer, and the requester's other flights go on;
+    the probe's IsADirectoryError never escapes the protocol's callback."""
     g = coordinating(directory)
     try:
         os.mkdir(os.path.join(directory, "execution-locks", key_file("bad")))
@@ -122,12 +102,11 @@ def test_a_key_lock_path_the_coordinator_cannot_open_does_not_drop_the_connectio
 def test_one_unopenable_key_lock_path_does_not_stop_the_processs_other_calls(
     directory: str,
 ) -> None:
-    """The user-visible side of the bug above. The call of "bad" goes out first on each
-    new connection (calls are resent in order), the coordinator drops the connection as
-    it reads it, and the frames behind it (every other call of this process) are lost
-    with it: the group reconnects thousands of times a second and serves nothing. The
-    call of "bad" should fail with an error (the leader cannot open the lock file), and
-    "ok" should be served."""
+    """One unopenable key-lock path does not stop the process's other calls.
+
+    The call of "bad" goes out first on each new connection (calls are resent in order); it fails
+    with an error (the leader cannot open the lock file), and "ok", behind it on the same
+    connection, is served."""
     g = coordinating(directory)
     try:
         os.mkdir(os.path.join(directory, "execution-locks", key_file("bad")))
@@ -144,13 +123,12 @@ def test_one_unopenable_key_lock_path_does_not_stop_the_processs_other_calls(
 def test_a_coordinator_that_drops_every_connection_after_the_welcome_fails_the_calls(
     directory: str,
 ) -> None:
-    """A coordinator that answers every hello ``{"ok":true}`` and then closes (it breaks
-    on the first frame, it is out of memory, a proxy in front of it) serves nobody: for
-    the client it is as unreachable as one that does not answer. The call should end
-    in UnavailableError once ``reconnect_timeout`` has passed without being served.
-    Today every welcome counts as "connected": the backoff and the outage's start are
-    reset, the client reconnects at once, thousands of times a second, and the call
-    waits until its caller's own timeout."""
+    """A coordinator that drops every connection after its welcome fails the calls.
+
+    A coordinator that answers every hello ``{"ok":true}`` and then closes (it breaks on the
+    first frame, it is out of memory, a proxy in front of it) serves nobody: for the client it is
+    as unreachable as one that does not answer. A welcome alone does not count as connected: the
+    call ends in UnavailableError once ``reconnect_timeout`` has passed without being served."""
     os.makedirs(directory, 0o700)
     election = os.open(os.path.join(directory, "flight.lock"), os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(election, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the fake is the coordinator
@@ -173,7 +151,9 @@ def test_a_coordinator_that_drops_every_connection_after_the_welcome_fails_the_c
 def test_silent_peers_do_not_stop_the_coordinator_serving_others_and_are_dropped(
     directory: str,
 ) -> None:
-    """docs/directory-protocol.md: a peer silent for 3 s (no hello) is closed without an
+    """Silent peers do not stop the coordinator serving others, and are dropped.
+
+    docs/directory-protocol.md: a peer silent for 3 s (no hello) is closed without an
     answer. A hundred of them at once (a stuck client, a probe of the same uid) must not
     hold the coordinator up: another process's call is served while they are all
     connected, and each of them is then dropped."""
@@ -208,7 +188,9 @@ def test_silent_peers_do_not_stop_the_coordinator_serving_others_and_are_dropped
 
 
 def test_a_peer_that_half_closes_after_a_request_still_gets_its_answer(directory: str) -> None:
-    """A peer that sends its request and then shuts its side for writing (``shutdown
+    """A peer that half-closes after its request still gets its answer.
+
+    A peer that sends its request and then shuts its side for writing (``shutdown
     (SHUT_WR)``, as a one-shot tool such as ``socat`` does) has asked a whole question:
     the end of its stream ends nothing the coordinator owes it. It gets the answer, then
     the coordinator closes the connection."""
@@ -256,12 +238,12 @@ g.close()
 
 
 def test_a_coordinator_out_of_descriptors_does_not_spin_on_accept(directory: str) -> None:
-    """A coordinator out of descriptors (RLIMIT_NOFILE, many peers) cannot accept the
-    connections that wait in its listen backlog. It should wait for a descriptor to be
-    freed, or back off, and say so a bounded number of times; once descriptors are
-    free again it serves as before. Today ``_accept`` logs and returns with the listener
-    still registered: it is still readable, so every turn of the loop calls it again,
-    a busy loop that logs thousands of warnings a second."""
+    """A coordinator out of descriptors does not spin on accept; it serves once freed.
+
+    A coordinator out of descriptors (RLIMIT_NOFILE, many peers) cannot accept the connections
+    that wait in its listen backlog. It waits for a descriptor to be freed, or backs off, and
+    says so a bounded number of times (never a busy loop of warnings); once descriptors are free
+    again it serves as before."""
     root = os.path.dirname(directory)
     log_path = os.path.join(root, "coordinator.log")
     err_path = os.path.join(root, "coordinator.err")
@@ -330,13 +312,13 @@ def test_a_coordinator_out_of_descriptors_does_not_spin_on_accept(directory: str
 
 
 def test_a_fifo_as_the_epoch_file_fails_the_election_instead_of_hanging(directory: str) -> None:
-    """ADR 0009: a copy that is not a decimal number is corrupt; with the other copy
-    missing and no token, the election raises EpochError and nothing is written. A
-    named pipe at ``flight.epoch`` (a cleanup script, a hostile user of the same uid)
-    is no decimal number, but ``open(path, "rb")`` blocks until a writer opens it: the
-    winner holds the election for ever (no process of the directory is ever served),
-    its calls end in UnavailableError instead of the EpochError that says what to fix,
-    and ``close()`` of its group never returns (it waits for the campaign lock)."""
+    """A FIFO as the epoch file fails the election with EpochError instead of hanging.
+
+    ADR 0009: a copy that is not a decimal number is corrupt; with the other copy missing and no
+    token, the election raises EpochError and nothing is written. A named pipe at
+    ``flight.epoch`` (a cleanup script, a hostile user of the same uid) is no decimal number, and
+    is never opened to block: the calls end in the EpochError that says what to fix, and
+    ``close()`` of the group returns."""
     os.makedirs(directory)
     fifo = os.path.join(directory, "flight.epoch")
     os.mkfifo(fifo, 0o600)
@@ -359,11 +341,13 @@ def test_a_fifo_as_the_epoch_file_fails_the_election_instead_of_hanging(director
 def test_a_call_that_comes_as_the_election_fails_gets_its_error_at_once(
     directory: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A call passes submit()'s first check of the group's fatal error; the election
-    then fails (EpochError), and its _fail_all runs and finds no call to fail; only
-    then is the call registered. Forced in that order by hooks. Once, nothing failed
-    such a call: it waited for a coordinator until reconnect_timeout (here past its
-    own timeout). submit() checks the fatal error again under the send lock."""
+    """A call that comes as the election fails gets its error at once.
+
+    A call passes submit()'s first check of the group's fatal error; the election then fails
+    (EpochError), and its _fail_all runs and finds no call to fail; only then is the call
+    registered. Forced in that order by hooks. submit() checks the fatal error again under the
+    send lock, so the call fails at once instead of waiting for a coordinator until
+    reconnect_timeout."""
     g = group(directory, reconnect_timeout=30.0)
     a = arbiter(g)
     past_check, failed_all = threading.Event(), threading.Event()
@@ -406,8 +390,6 @@ def _unblock_fifo_reader(fifo: str) -> None:
         return
     os.close(fd)
 
-
-# -- fork -----------------------------------------------------------------------------------
 
 _FORKING_COORDINATOR = r"""
 import json, os, sys, threading, warnings
@@ -505,7 +487,9 @@ def forked() -> Iterator[dict[str, Any]]:
 def test_a_forked_childs_own_group_joins_the_parents_flight_and_leads_others(
     forked: dict[str, Any],
 ) -> None:
-    """ADR 0014: the child lets go of its parent's descriptors, and makes a group of its
+    """A forked child's own group joins its parent's flight and leads other keys.
+
+    ADR 0014: the child lets go of its parent's descriptors, and makes a group of its
     own. Forked while its parent coordinates and leads "held": the child's new group
     leads a key of its own and joins the parent's running flight, getting the parent's
     value; the parent's call is unharmed."""
@@ -519,7 +503,9 @@ def test_a_forked_childs_own_group_joins_the_parents_flight_and_leads_others(
 def test_a_parents_group_used_in_a_forked_child_raises_instead_of_hanging(
     forked: dict[str, Any],
 ) -> None:
-    """ADR 0014 says the child cannot use its parent's groups. A group at module level
+    """A parent's group used in a forked child raises GroupClosedError at once.
+
+    ADR 0014 says the child cannot use its parent's groups. A group at module level
     and multiprocessing's "fork" start method make that easy to do by accident: the
     call raises GroupClosedError at once, not at the caller's own timeout (for ever
     without one). So does a call of a key that was in flight in the parent's table at
@@ -552,7 +538,9 @@ group.close()
 def test_a_group_made_but_not_used_before_a_fork_works_in_parent_and_child(
     directory: str,
 ) -> None:
-    """A pre-forking server makes its group at import and forks its workers: a group
+    """A group made but not used before a fork works in parent and child.
+
+    A pre-forking server makes its group at import and forks its workers: a group
     whose thread never started has nothing of the parent's to let go, so the child's
     copy works as a new group (and so does the parent's)."""
     proc = subprocess.run(
@@ -600,10 +588,12 @@ group.close()
 def test_a_fork_while_another_thread_starts_the_group_raises_in_the_child(
     directory: str,
 ) -> None:
-    """A thread starts the group (its first call holds the start lock, here held open
-    at the directory's creation) when the main thread forks: the child's copy of the
-    lock stays held for ever, and the group is the parent's. A call in the child
-    raises GroupClosedError (it once waited on that lock until its timeout)."""
+    """A fork while another thread starts the group: the child's copy raises.
+
+    A thread starts the group (its first call holds the start lock, here held open at the
+    directory's creation) when the main thread forks: the child's copy of the lock stays held for
+    ever, and the group is the parent's. A call in the child raises GroupClosedError at once,
+    never waits on that lock until its timeout."""
     proc = subprocess.run(
         [sys.executable, "-c", _FORK_WHILE_STARTING, directory],
         capture_output=True, text=True, timeout=50, check=False,
