@@ -2,7 +2,7 @@
 
 Shared by the tests that drive a group's arbiter in this process (its dicts, its
 coordinator), beside tests/dirproc.py's child processes; and ``scope_groups``, which
-the scope fixtures of conftest.py and test_review_findings.py make their groups with.
+the scope fixtures of conftest.py and engine/test_containment.py make their groups with.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """``flightgroup run``: what the leader does when writing CMD's output to its own stdout
-fails. Real processes, real pipes and devices (found by review).
+fails. Real processes, real pipes and devices.
 
 - The reader went away (``flightgroup run ... -- yes | head -1``): as in a shell
-  pipeline, CMD gets SIGPIPE and the run ends (before, the leader read on into its spool
+  pipeline, CMD gets SIGPIPE and the run ends (the leader never reads on into its spool
   for ever).
 - A write error (``> /dev/full``): said on stderr, exit 1 when CMD succeeded, as ``cat``
-  does (before: silence and 0).
-- A stdout left non-blocking by whoever made the pipe: waited for, nothing lost (before:
-  everything after the first full pipe buffer was dropped, exit 0).
+  does (never silence and 0).
+- A stdout left non-blocking by whoever made the pipe: waited for, nothing lost (not
+  everything after the first full pipe buffer dropped with exit 0).
 """
 
 from __future__ import annotations
@@ -131,9 +131,9 @@ def _unread(fd: int) -> int:
 def test_a_closed_stdout_or_stderr_passes_nothing_and_the_run_succeeds(
     place: Path, closed: int
 ) -> None:
-    """`>&-` / `2>&-`: fd 1 or 2 is closed at start. Before, the group's own descriptors
-    (its event loop's epoll, a socket) took that number, CMD's output was written into
-    them, and a run that succeeded exited 1."""
+    """`>&-` / `2>&-`: fd 1 or 2 is closed at start. The group's own descriptors (its
+    event loop's epoll, a socket) never take that number, so CMD's output is never written
+    into them, and a run that succeeded exits 0."""
     code = "import sys; print('out'); print('err', file=sys.stderr)"
     done = subprocess.run(
         _run(place, PY, "-c", code),
@@ -157,7 +157,7 @@ print("done", flush=True)
 
 def test_a_joiners_reader_going_away_ends_that_joiner_only(place: Path) -> None:
     """`flightgroup run ... | head -1` as a joiner: it exits 141 quietly at its next
-    write, while the run goes on for the leader (before, it followed the whole run)."""
+    write, while the run goes on for the leader (it does not follow the whole run)."""
     go = place / "go"
     cmd = _run(place, PY, "-c", TICKS, str(go))
     leader = subprocess.Popen(

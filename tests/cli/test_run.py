@@ -587,11 +587,11 @@ def start_keeper(runs: list[Run], place: Path) -> Run:
 def test_fresh_callers_wait_for_the_run_in_flight_and_share_the_next(
     place: Path, runs: list[Run]
 ) -> None:
+    """--fresh callers wait for the run in flight and share the next run."""
     # The coordinator is a process of its own that outlives the runs of "k": were it
     # the first run's, its exit would hand over coordination while the next run lands,
     # which test_a_landing_made_while_the_coordinator_changes_reaches_the_joiners
-    # covers (it fails today).
-    """--fresh callers wait for the run in flight and share the next run."""
+    # covers.
     keeper = start_keeper(runs, place)
     first = start_leader(runs, place, code=3)
     [token] = [flight["token"] for flight in status(place)["flights"] if flight["key"] == "k"]
@@ -670,13 +670,13 @@ sys.exit(main(sys.argv[1:]))
 def test_a_landing_made_while_the_coordinator_changes_reaches_the_joiners(
     place: Path, runs: list[Run]
 ) -> None:
-    # Seen first as a --fresh run that lost its joiner: the previous run's leader
-    # coordinated, and exited (as every `flightgroup run` does) just as the next run,
-    # a short one, landed and closed before it had reconnected.
     """A landing made while the coordinator changes reaches the joiners.
 
     The coordinator changes under a leader that then closes: its landing is handed over (closing
     keeps reconnecting until it is) and reaches its joiners."""
+    # Seen first as a --fresh run that lost its joiner: the previous run's leader
+    # coordinated, and exited (as every `flightgroup run` does) just as the next run,
+    # a short one, landed and closed before it had reconnected.
     keeper = start_keeper(runs, place)  # the coordinator, until it ends below
     hold = place / "hold"
     leader = Script(LATE_RECONNECT, str(hold), *run_cmd(place, "k", 6))

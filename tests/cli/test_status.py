@@ -77,8 +77,8 @@ def test_fleet_status_shows_a_key_that_is_not_utf8_as_it_was_called(
 
 @pytest.mark.timeout(60)
 def test_status_watch_shows_a_flight_come_and_go(place: Path, runs: list[Run]) -> None:
-    # Started before the directory exists: it finds it once the leader makes it.
     """status --watch shows a flight come and go."""
+    # Started before the directory exists: it finds it once the leader makes it.
     watcher = Run("status", "--watch", "--dir", str(place / "d"))
     runs.append(watcher)
     watcher.out.wait_for(b"no flights in progress")
@@ -123,9 +123,9 @@ def _watch(directory: str, stdout: int) -> subprocess.Popen[bytes]:
 
 
 def test_status_watch_on_a_pipe_writes_no_screen_codes(directory: str) -> None:
+    """status --watch on a pipe writes no screen codes."""
     # Clearing the screen is for a terminal; into a pipe or a log file the escape
     # codes are only noise (as the run's progress line, shown on a terminal only).
-    """status --watch on a pipe writes no screen codes."""
     proc = _watch(directory, subprocess.PIPE)
     assert proc.stdout is not None
     try:
@@ -158,8 +158,8 @@ def test_status_watch_on_a_terminal_clears_the_screen(directory: str) -> None:
 
 @pytest.mark.parametrize("watch", [False, True])
 def test_status_into_a_closed_pipe_has_no_traceback(directory: str, watch: bool) -> None:
-    # `flightgroup status --watch --json | head -1`: the reader leaves.
     """status into a closed pipe ends without a traceback."""
+    # `flightgroup status --watch --json | head -1`: the reader leaves.
     read, write = os.pipe()
     os.close(read)
     proc = subprocess.run(

@@ -84,7 +84,7 @@ def test_bad_usage_exits_2_with_one_line_and_runs_nothing(place: Path) -> None:
     assert not marker.exists()
     # Bad usage changes nothing: the group directories named are not made.
     assert sorted(os.listdir(place)) == [], os.listdir(place)
-    # The fleet case says which: today it is not built; once it is, Redis is unreachable.
+    # The fleet case says which: the fleet scope is not built, or Redis is unreachable.
     _, err = procs["unreachable or unbuilt fleet"].communicate()
     assert "fleet scope is not available" in err or "127.0.0.1" in err or "reach" in err, err
 
@@ -157,8 +157,8 @@ def test_status_watch_redraws_until_ctrl_c(place: Path) -> None:
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=WAIT)
     assert proc.returncode == 0, err
-    # A pipe is not a screen: no clearing codes (tests/test_observability_review.py
-    # checks that a terminal's screen is cleared).
+    # A pipe is not a screen: no clearing codes (tests/cli/test_status.py checks that a
+    # terminal's screen is cleared).
     assert first.startswith(b"flightgroup status (")
     assert b"Traceback" not in err
 

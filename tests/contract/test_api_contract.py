@@ -1,6 +1,4 @@
-"""API.md, item by item: the places an audit (2026-11-30) found the code deviating from
-the contract, each test naming the line it pins, and a few contract items nothing else
-pinned yet."""
+"""API.md, item by item: each test names the line of the contract it pins."""
 
 from __future__ import annotations
 
@@ -94,8 +92,8 @@ def test_a_joiner_in_another_group_of_the_leaders_process_has_the_error_as_cause
     wide: dict[str, Any],
 ) -> None:
     # API.md, Outcomes: "joiner | the work raised E | FlightFailedError ...; in the same
-    # process __cause__ is E". Before, only joiners of the leader's own group had it:
-    # another group of the process got the failure from the scope, without it.
+    # process __cause__ is E": a joiner in another group of the process has it too, not
+    # only the joiners of the leader's own group.
     a, b = FlightGroup(**wide), FlightGroup(**wide)
     try:
         original = KeyError("missing")

@@ -1,11 +1,10 @@
-"""forget() in a wide scope against a call of its own group made while it runs: the
-group forgets the key in its table, then tells the scope. A call that came in between
-made a local flight whose request could reach the scope before the forget and join the
-old flight; after forget() returned, that local flight stayed in the table until the
-scope's notice reached it (a read on the group's thread), so a call made after forget()
-returned joined it and got the old outcome, although API.md says the next call leads a
-new flight. Found by a chaos soak of the fleet scope (2026-12-01); the directory scope had
-the same window. The test puts a call in that window by hand.
+"""forget() in a wide scope against a call of its own group made while it runs: the group
+forgets the key in its table, then tells the scope. A call that comes in between makes a
+local flight whose request may reach the scope before the forget and join the old
+flight; once forget() returned, that local flight is out of the table at once (not when
+the scope's notice reaches it), so a call made after forget() returned leads a new
+flight (API.md) and never gets the old outcome, in the fleet scope and the directory
+scope alike. The test puts a call in that window by hand.
 """
 
 from __future__ import annotations
@@ -73,7 +72,7 @@ def test_fresh_callers_of_a_flight_forgotten_elsewhere_wait_for_the_keys_next_fl
     and a plain caller makes a new local flight, which joins t2. When t1 ends, its fresh
     caller must not take that local flight: t2 began before its call (API.md: "fresh=True
     accepts only a flight that starts after its call"). It waits for t2's end and takes
-    the flight after it. Found by a chaos soak of the fleet scope (2026-12-01)."""
+    the flight after it."""
     from ..infleet import fleet_group
 
     a = fleet_group(redis_server.url, namespace, lease=30.0)  # no renewal of its own
@@ -130,10 +129,9 @@ def test_a_fresh_caller_promoted_before_its_flight_moved_joins_that_flight(
     """W, a sync fresh caller of F, is promoted to a joiner of F (F's work ran here) and
     reads its signal late; meanwhile F is forgotten, and when it ends its other fresh
     caller X goes on waiting for the key's next local flight G (F.moved). W must still
-    join F, the flight that promoted it: reading its signal through F's link to G gave
-    it G's (a GroupClosedError from an open group, or a claim it never held). Found by
-    review (2026-12-01). W's thread is held at the entry of signal_of to open the window
-    a descheduled thread has."""
+    join F, the flight that promoted it, never read its signal through F's link to G (a
+    GroupClosedError from an open group, or a claim it never held). W's thread is held at
+    the entry of signal_of to open the window a descheduled thread has."""
     import flightgroup.group as group_module
     from flightgroup import JSON, FlightGroup
 

@@ -111,9 +111,9 @@ def test_a_str_subclass_key_meets_its_plain_key_across_groups(
 
 @pytest.mark.timeout(60)
 def test_a_directory_call_with_a_lone_surrogate_key_ends(directory: str) -> None:
+    """A directory call whose key holds a lone surrogate ends like any other."""
     # The directory scope allows such keys; its DEBUG log line computed the key's
     # digest eagerly and raised in the background loop, so the call never ended.
-    """A directory call whose key holds a lone surrogate ends like any other."""
     with FlightGroup(directory=directory, codec=JSON) as group:
         result = group.run_sync(LONE, lambda: 7, timeout=10)
     assert result.value == 7 and not result.joined

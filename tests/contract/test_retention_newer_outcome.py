@@ -3,9 +3,9 @@ whatever that flight's own outcome (kept or not), in every scope; and the direct
 kept outcomes that ran out leave before a live one is evicted.
 
 API.md: `fresh=True` reads your own writes, and a kept outcome is served "until its time
-runs out or it is evicted (LRU by items, then by encoded bytes)". Found by review: the
-process and directory scopes kept serving the older outcome when the newer one was not
-kept (the fleet's record is replaced when the newer flight leads).
+runs out or it is evicted (LRU by items, then by encoded bytes)". A newer flight's
+outcome that is not kept ends the older kept one in the process and directory scopes
+(the fleet's record is replaced when the newer flight leads).
 """
 
 from __future__ import annotations

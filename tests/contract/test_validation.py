@@ -110,7 +110,7 @@ def test_construction_checks_its_arguments_and_does_no_io(tmp_path: Any) -> None
 @pytest.mark.parametrize(
     ("scope", "argument", "error", "match"),
     [
-        # An argument of another scope is refused, not ignored (review, 2026-12-01).
+        # An argument of another scope is refused, not ignored.
         ("process", {"lease": 30.0}, ValueError, "lease belongs to the fleet scope"),
         ("process", {"cluster": True}, ValueError, "cluster belongs to the fleet scope"),
         ("directory", {"lease": 30.0}, ValueError, "lease belongs to the fleet scope"),
@@ -204,8 +204,8 @@ def test_closed_group_rejects_before_anything_else_runs() -> None:
 
 @pytest.mark.parametrize("scope", ["process", "directory", "fleet"])
 def test_a_closed_group_refuses_forget(request: pytest.FixtureRequest, scope: str) -> None:
-    """forget() of a closed group raised nothing and, in a wide scope, told nobody
-    (review, 2026-12-01): it is refused like a call, a decorated function's too."""
+    """forget() of a closed group is refused like a call (a decorated function's too),
+    never returns having told nobody."""
     from flightgroup import GroupClosedError
 
     if scope == "process":

@@ -1,9 +1,9 @@
-"""I6 (ADR 0006) in the wide scopes for a work whose flight already left the table: a
-sync work that ran past its deadline (its flight settled with FlightTimeoutError, its
-work runs on and, in the directory scope, holds the key lock) and then calls its own
-key gets RuntimeError. Before, the call led a new flight that waited for the key lock
-the caller itself held (directory), or ran the key again inside its own work (fleet).
-Found by review. The same for a flight that a forget() in another process detached.
+"""I6 (ADR 0006) in the wide scopes for a work whose flight already left the table: a sync
+work that ran past its deadline (its flight settled with FlightTimeoutError, its work
+runs on and, in the directory scope, holds the key lock) and then calls its own key gets
+RuntimeError; it never leads a new flight that waits for the key lock the caller itself
+holds (directory), nor runs the key again inside its own work (fleet). The same for a
+flight that a forget() in another process detached.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def test_a_work_past_its_deadline_that_calls_its_own_key_raises(wide: Any) -> None:
+    """A sync work past its deadline that calls its own key raises RuntimeError."""
     go_on, ended = threading.Event(), threading.Event()
     inner: list[BaseException | str] = []
 
     def body() -> str:
-        if not go_on.is_set():  # the outer run; an inner one (the bug) returns at once
+        if not go_on.is_set():  # the outer run; an inner one, were it let run, returns
             assert go_on.wait(20)
             try:
                 inner.append(again())
@@ -101,7 +102,7 @@ def test_a_work_that_calls_its_own_key_through_another_group_of_the_scope_raises
 ) -> None:
     """Two groups of one process that share a scope (one directory, or one namespace on
     one Redis) are one group (API.md): a work of k that calls k through the other group
-    would join its own flight and wait for itself. Before, it hung until the deadline."""
+    would join its own flight and wait for itself until the deadline: it raises."""
     first, second = pair
     runs: list[str] = []
 
@@ -190,7 +191,7 @@ def test_two_spellings_of_one_redis_are_one_scope(
     """A group on ``redis://127.0.0.1:P/0`` and one on ``redis://localhost:P`` share
     every flight in Redis, so they are one group to I6: a work of k that calls k through
     the other raises instead of joining its own flight and waiting for itself until the
-    deadline (before, the URL as written was the scope). Another database is another
+    deadline (the scope is the server, not the URL as written). Another database is another
     scope, where the call runs."""
     first = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON)
     second = FlightGroup(
@@ -249,7 +250,7 @@ def test_run_sync_through_another_group_on_the_loop_that_runs_the_flight_is_refu
     pair: tuple[Any, Any],
 ) -> None:
     """run_sync on the thread of the loop that runs a flight's async work blocks that
-    work: refused in its own group, and now through another group of the same scope too,
+    work: refused in its own group, and through another group of the same scope too,
     which would have joined the flight (or, fresh, waited for its end) for ever."""
     first, second = pair
 
@@ -299,7 +300,7 @@ def test_the_scopes_register_forgets_the_scopes_of_collected_groups(tmp_path: An
 def test_a_fork_while_another_thread_holds_the_scopes_register_lock(tmp_path: Any) -> None:
     """A fork while another thread of the parent holds the register's lock (it makes a
     wide group, or a nested call reads the register): the child makes groups too. Its
-    copy of the lock was held for ever (found by review, 2026-12-01)."""
+    copy of the lock is free."""
     import multiprocessing
 
     from flightgroup import flight
@@ -326,9 +327,9 @@ def test_a_flight_being_forgotten_is_still_seen_by_another_group_of_its_scope(
 ) -> None:
     """The cross-group check reads the other group's table without its lock, so a flight
     leaving the table (forget) must be in ``detached`` before it leaves ``flights``: in
-    the step between, a nested call through the other group saw it in neither, joined it
-    in the scope and waited for itself (found by review, 2026-12-01). The forgetting
-    thread is traced and held at any line where the flight is in neither."""
+    no step between where a nested call through the other group sees it in neither and
+    joins it in the scope to wait for itself. The forgetting thread is traced and held at
+    any line where the flight is in neither."""
     import sys
 
     first = FlightGroup(directory=directory, codec=JSON)

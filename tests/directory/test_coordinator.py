@@ -166,9 +166,9 @@ def test_a_watcher_that_cannot_open_the_key_file_does_not_lead_beside_the_holder
     """A frozen process holds ``k`` (here: a leader of epoch 6 that has not reasserted
     yet); a call of ``k`` waits, with a watcher thread that keeps one descriptor open
     per waiting key. Once the process is out of descriptors (a frozen process holding
-    many keys is enough), the watcher's open() fails, and today it posts _key_freed as
-    if the lock had freed: the call leads at once, and the holder's reassert (alive, its
-    work running, the lock still its) is refused, so its lease is lost."""
+    many keys is enough), the watcher's open() fails; it never posts _key_freed as if the
+    lock had freed: the call does not lead beside the holder, whose reassert (alive, its
+    work running, the lock still its) is then taken, its lease kept."""
     served.hold("k")
     tried = threading.Event()
     real_open = os.open
@@ -200,10 +200,10 @@ def test_a_probe_that_cannot_open_the_key_file_keeps_the_connection(
     served: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The coordinator probes a new key's lock by opening its file. Out of descriptors
-    (each waiting key's watcher keeps one open), that open raises EMFILE, which today
-    escapes _run into buffer_updated: asyncio closes the caller's connection, so every
-    flight its process leads is interrupted for its joiners, and its client sends the
-    same run again at once. The connection must stay (the call may fail, or wait)."""
+    (each waiting key's watcher keeps one open), that open raises EMFILE, which never
+    escapes _run into buffer_updated (asyncio would close the caller's connection,
+    interrupting every flight its process leads). The connection stays (the call may
+    fail, or wait)."""
     conn = _leading_other(served)
     _fail_key_opens_on_the_loop(served, monkeypatch, errno.EMFILE)
     conn.send(wire.run_frame(2, "k"))
@@ -227,12 +227,10 @@ def test_a_watcher_that_cannot_start_does_not_poison_the_key(
     served: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One thread per waiting key: with many keys held by a frozen process, starting
-    one more fails (RuntimeError: can't start new thread). That once escaped the
-    protocol callback after the call was put in ``_waiting[k]``: the caller's connection
-    was closed (every flight its process led was interrupted), and ``k`` kept a waiting
-    list with no watcher, so every later call of ``k`` waited for ever. Now the key's
-    lock is probed on a timer instead: the call leads once the holder lets go, and a
-    later call joins it."""
+    one more fails (RuntimeError: can't start new thread). That never escapes the
+    protocol callback, nor leaves ``k`` a waiting list with no watcher: the key's lock is
+    probed on a timer instead, the caller's connection stays, the call leads once the
+    holder lets go, and a later call joins it."""
     held = served.hold("k")
     real_start = threading.Thread.start
     failed = threading.Event()
@@ -311,8 +309,8 @@ def test_a_key_whose_lock_cannot_be_probed_fails_that_call_only(
 def test_closed_connections_leave_no_waiting_entries(served: Served) -> None:
     """A frozen process holds ``k`` for hours; processes come and go that call ``k``
     (``flightgroup run --key k --timeout 5`` from cron): each connection closes while its
-    call waits. Today each leaves its entry (and its session, transport and buffers)
-    in ``_waiting[k]`` until the lock frees: memory grows with every call made."""
+    call waits. None leaves its entry (and its session, transport and buffers) in
+    ``_waiting[k]`` until the lock frees: memory does not grow with the calls made."""
     served.hold("k")
     for _ in range(20):
         conn = served.connect()
@@ -391,9 +389,9 @@ def test_a_waiter_whose_connection_closes_as_the_lock_frees_is_skipped(
 def test_closed_coordinators_leave_no_watcher_threads_behind(directory: str) -> None:
     """A frozen process holds ``k``. A process opens a group, which coordinates, and a
     call of ``k`` waits (a watcher thread blocks in flock on k's file); the group closes.
-    Nothing wakes that flock but the lock, and today close() leaves it: every group this
-    process opens and closes this way leaves one more thread and descriptor, as the
-    election threads did before ADR 0016. At most one may stay per held key."""
+    Nothing wakes that flock but the lock, so a group this process opens and closes this
+    way must not leave one more thread and descriptor each time (as ADR 0016 says of the
+    election threads): at most one stays per held key."""
     os.makedirs(os.path.join(directory, fs.KEY_LOCKS), exist_ok=True)
     held = os.open(fs.key_lock_path(directory, "k"), os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -421,11 +419,9 @@ def test_closed_coordinators_leave_no_watcher_threads_behind(directory: str) -> 
 
 def test_a_term_out_of_tokens_hands_over_to_a_new_term(directory: str) -> None:
     """Tokens are ``epoch << 32 | sequence``: a term has 2**32 - 1 of them (a few days
-    of a busy, long-lived coordinator). Today the next lead raises RuntimeError in the
-    protocol callback: the caller's connection is dropped (its other flights are
-    interrupted for their joiners), it reconnects to the same coordinator, sends its run
-    again, and so on for ever; the term never ends. The next call must be served, by a
-    new term, with a greater token."""
+    of a busy, long-lived coordinator). The next lead past them never raises in the
+    protocol callback (dropping the caller's connection, again and again, the term never
+    ending): the next call is served, by a new term, with a greater token."""
     a = coordinating(directory)
     b = make_group(directory)
     try:
@@ -443,7 +439,7 @@ def test_a_term_out_of_tokens_hands_over_to_a_new_term(directory: str) -> None:
         assert done.wait(10)
         last = b.run_sync("last", lambda: 1, timeout=10)
         assert last.token == coordinator.epoch << 32 | 0xFFFFFFFF
-        after = b.run_sync("after", lambda: 2, timeout=3)  # TimeoutError today
+        after = b.run_sync("after", lambda: 2, timeout=3)
         assert after.value == 2
         assert after.token > last.token
     finally:

@@ -47,7 +47,7 @@ def test_a_failed_election_is_tried_again_once_the_directory_is_repaired(
         for _ in range(2):  # the first call waited for the election; the next one not
             with pytest.raises(fs.EpochError):
                 g.run_sync("k", lambda: "ran", timeout=20)
-        _write_epochs(directory, "41\n")  # the fix the error names
+        _write_epochs(directory, "41\n")  # the repair the error names
         results: list[Any] = []
 
         def served() -> bool:

@@ -306,10 +306,10 @@ def test_a_forget_of_a_key_nobody_holds_still_detaches_an_earlier_terms_lead(
     """A forget of a key no flight holds still detaches an earlier term's lead.
 
     A lead of an earlier term need not hold its key lock yet: told to lead while the
-    key was releasing, its leader waits for the previous holder (review of 2026-11-30,
-    round 2). A forget confirmed then, with the lock free and nobody waiting, wrote no
-    mark, so the lead's later reassert became the key's flight and a call after the
-    forget joined it. The mark is written whenever no flight of the key is known."""
+    key was releasing, its leader waits for the previous holder. A forget confirmed then,
+    with the lock free and nobody waiting, still writes its mark (whenever no flight of
+    the key is known), so the lead's later reassert is taken back detached, never as the
+    key's flight, and a call after the forget does not join it."""
     a = coordinating(directory)
     sock = os.path.join(directory, "flight.sock")
     earlier = 0 << 32 | 5  # a token of the term before this one (epoch 0)

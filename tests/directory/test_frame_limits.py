@@ -129,9 +129,9 @@ def test_a_value_bound_that_no_frame_can_carry_is_refused(directory: str) -> Non
 
 @pytest.mark.timeout(60)
 def test_a_smaller_frame_makes_the_default_value_bound_fit(directory: str) -> None:
-    # A value as big as the frame once made every coordinator drop the leader's
-    # connection at each landing, sent again on each reconnect, for ever.
     """A smaller max_frame_bytes brings the default value bound under it."""
+    # A value as big as the frame would make every coordinator drop the leader's
+    # connection at each landing, sent again on each reconnect, for ever.
     group = FlightGroup(directory=directory, codec=JSON, max_frame_bytes=1 << 20)
     try:
         with pytest.raises(ValueTooLargeError):
@@ -143,8 +143,8 @@ def test_a_smaller_frame_makes_the_default_value_bound_fit(directory: str) -> No
 
 @pytest.mark.timeout(60)
 def test_a_failure_message_crosses_processes_whole(directory: str) -> None:
-    # API.md: FlightFailedError's .message is the error's str(); it was cut at 8,192.
     """A failure's message crosses processes whole (FlightFailedError.message)."""
+    # API.md: FlightFailedError's .message is the error's str(), whole (past 8,192 too).
     leader, joiner = (FlightGroup(directory=directory, codec=JSON) for _ in range(2))
     running, joined = threading.Event(), threading.Event()
     errors: list[BaseException] = []

@@ -149,7 +149,7 @@ def test_a_stall_of_this_process_is_not_an_outage(h: Harness, stall: str) -> Non
         mute = MuteCoordinator(path)
         # Past reconnect_timeout either way; a long stall outlasts the longest attempt
         # (it counts for nothing), a short one does not (one more attempt is made at
-        # once before giving up: found by a second soak).
+        # once before giving up).
         stalled = threading.Event()
         long = stall == "longer than any attempt"
         assert not stalled.wait(wire.HANDSHAKE_TIMEOUT + 2.5 if long else 1.5)

@@ -318,9 +318,9 @@ def test_a_kept_failure_landed_while_the_coordinator_was_stopped_keeps_its_cause
 ) -> None:
     """The leader returns once its landing is sent; the coordinator keeps the failure
     from when it reads the landing. Stopped past the keep time meanwhile, it then keeps
-    the failure for the whole keep time, and a call of the leader's group is served it:
-    before, the group had stopped remembering the error (its keep time ran from the
-    landing), so that call's FlightFailedError had no ``__cause__`` (found by a soak)."""
+    the failure for the whole keep time, and a call of the leader's group is served it
+    with its ``__cause__``: the group remembers the error as long as the coordinator
+    keeps it, not a keep time counted from the landing."""
     coordinator = h.spawn_warm("a")
     g = FlightGroup(
         directory=h.dir, codec=JSON, retention=Retention(success=None, error=1.0)

@@ -86,7 +86,7 @@ class _StopOnceCodec:
 def test_sync_encode_interrupted_by_a_base_exception_still_settles_the_flight() -> None:
     """A sync leader's encode interrupted by a BaseException still settles the flight.
 
-    Before 1d5d8a8, _land ran outside _drive_sync's try: the flight stayed RUNNING."""
+    _land runs inside _drive_sync's try: the flight never stays RUNNING."""
     g = FlightGroup(codec=_StopOnceCodec())
     with pytest.raises(Stop):
         g.run_sync("k", lambda: "v")
@@ -98,8 +98,8 @@ def test_sync_encode_interrupted_by_a_base_exception_still_settles_the_flight() 
 def test_async_encode_interrupted_by_a_base_exception_still_settles_the_flight() -> None:
     """An async leader's encode interrupted by a BaseException still settles the flight.
 
-    Before 1d5d8a8, _land ran in _drive_async's else clause: the work's task ended
-    with the codec's exception and the flight never settled."""
+    _land runs inside _drive_async's guard, not after it: the work's task ending with the
+    codec's exception still settles the flight."""
 
     async def main() -> None:
         g = FlightGroup(codec=_StopOnceCodec())
@@ -122,7 +122,7 @@ def test_async_encode_interrupted_by_a_base_exception_still_settles_the_flight()
             with pytest.raises(Stop):
                 await leader
         finally:
-            g.close()  # let a waiting leader go on the buggy code
+            g.close()  # a leader still waiting (the flight unsettled) is let go
             await asyncio.gather(leader, return_exceptions=True)
             if not task.cancelled():
                 task.exception()  # retrieved: no "never retrieved" log

@@ -1,9 +1,9 @@
 """A process that forks while its groups work (ADR 0030): what the child gets.
 
-Found by a review of forks at hostile moments (2026-12-01). Each scenario runs in a
-child interpreter of its own (it forks; pytest must not), which forces its interleaving
-with events and at-fork hooks, reaps the forked grandchild within a bound (a grandchild
-that hangs is killed and reported as "HANG"), and prints one JSON line of what happened:
+Forks at hostile moments: each scenario runs in a child interpreter of its own (it
+forks; pytest must not), which forces its interleaving with events and at-fork hooks,
+reaps the forked grandchild within a bound (a grandchild that hangs is killed and
+reported as "HANG"), and prints one JSON line of what happened:
 
 - a lock that another thread held at the fork (a table's, the lease's, the exporters')
   must not stay held in the child;
@@ -159,8 +159,8 @@ print(json.dumps(out))
 @pytest.mark.parametrize("how", ["sync", "async"])
 def test_a_child_forked_while_a_thread_leads_a_key_leads_it_anew(how: str) -> None:
     """The process scope: the flight of k (led by a thread, joined by another) is copied
-    into the child with no thread to end it. Before, the child's call of k joined it and
-    waited for ever; now it leads, and the parent's flight is untouched."""
+    into the child with no thread to end it: the child's call of k leads anew (it never
+    joins that copy and waits for ever), and the parent's flight is untouched."""
     out = run(LEADING_THREAD, how=how)
     assert out["rc"] == 0, out
     assert out["said"] == {"value": "child", "joined": False, "in_flight": 0}
@@ -212,9 +212,9 @@ print(json.dumps(out))
 
 @pytest.mark.parametrize("lock", ["table", "lease", "collectors", "collector"])
 def test_a_lock_another_thread_held_at_the_fork_is_free_in_the_child(lock: str) -> None:
-    """A lock copied while another thread of the parent held it stays held in the child
-    for ever: before, the child's first call (the table's lock), a work's wait_lost (the
-    lease's) or registering and scraping metrics (the exporter's) hung."""
+    """A lock copied while another thread of the parent held it would stay held in the
+    child for ever: the child's first call (the table's lock), a work's wait_lost (the
+    lease's) and registering and scraping metrics (the exporter's) find it free."""
     out = run(HELD_LOCKS, lock=lock)
     assert out["rc"] == 0, out
     assert out["said"] == {"value": "child", "flights": 2, "exported": True}
@@ -260,8 +260,8 @@ def test_a_group_forked_before_its_first_call_started_it_works_in_the_child(
     request: pytest.FixtureRequest, scope: str
 ) -> None:
     """A wide group not started at the fork works in the child as a new group (ADR 0014,
-    0018). Its first call had put k in its table when the fork came: before, the child's
-    call of k joined that flight, which nobody here ends, and hung."""
+    0018). Its first call had put k in its table when the fork came: the child's call of
+    k never joins that flight, which nobody here ends."""
     out = run(NOT_STARTED, scope=scope, **_fleet_args(request, scope))
     assert out["rc"] == 0, out
     assert out["said"] == {"other": ["child", False], "k": ["child", False]}
@@ -302,8 +302,8 @@ def test_a_work_that_forks_leaves_its_child_no_lease(
     request: pytest.FixtureRequest, scope: str
 ) -> None:
     """The child's copy of a work holds neither the key lock nor the scope's lease: its
-    lease reads lost, and its call raises LeaseLostError. Before, in the directory, the
-    child's call returned a leader's Result under the parent's token."""
+    lease reads lost, and its call raises LeaseLostError, never returns a leader's Result
+    under the parent's token."""
     out = run(FORK_IN_WORK, scope=scope, **_fleet_args(request, scope))
     assert out["rc"] == 0, out
     assert out["parent"]["value"] == "parent's"
@@ -338,9 +338,8 @@ starting = threading.Thread(target=lambda: g.run_sync("warm", lambda: 0))
 starting.start()
 made.wait(10)
 # The fork comes while the socket names no path yet. The socket goes on once the fork
-# is done and the child's at-fork hooks ran (the code before the fix, where nothing
-# holds a fork back) or, if the fork waits (the fix), after a while: either way the
-# child then looks at what it holds.
+# is done and the child's at-fork hooks ran (where nothing holds a fork back) or, if
+# the fork waits, after a while: either way the child then looks at what it holds.
 begun, done = threading.Event(), threading.Event()
 hooked_r, hooked_w = os.pipe()
 os.register_at_fork(before=begun.set, after_in_parent=done.set)
@@ -469,8 +468,8 @@ print(json.dumps(out))
 def test_a_fork_after_two_threads_made_their_first_directory_groups_at_once(
     tmp_path: Any,
 ) -> None:
-    """The fork guard's hooks were registered by the first directory group made: two
-    threads making their first groups at once both registered them, and every fork of
-    the process then took the guard twice and waited on itself (found by review)."""
+    """The fork guard's hooks are registered once, by the first directory group made,
+    though two threads make their first groups at once: a fork of the process takes the
+    guard once and never waits on itself."""
     out = run(FIRST_GROUPS_AT_ONCE, root=str(tmp_path))
     assert out == {"rc": 0, "said": {"forked": True}}

@@ -1,10 +1,8 @@
 """A KeyboardInterrupt that lands inside ``Thread.start()`` while a sync leader starts
 the thread that drives its flight (a ``timeout`` or a ``deadline`` puts the work on a
-thread of its own). Before, the leader landed its flight interrupted even when the new
-thread had already begun: the work ran on with nobody to land it, and the next call led
-a second run of the key beside it. Now the thread's start decides: if it got going, the
-leader withdraws (the flight goes on for the others); if not, nothing ran and the flight
-ends interrupted.
+thread of its own). The thread's start decides: if it got going, the leader withdraws
+(the flight goes on for the others, never a work running on with nobody to land it and a
+second run of the key beside it); if not, nothing ran and the flight ends interrupted.
 
 The interrupt is placed by wrapping ``Thread.start`` for the driver's thread only: the
 real start runs, then (or instead) KeyboardInterrupt is raised, as a SIGINT handled
@@ -99,9 +97,8 @@ def test_an_interrupt_once_the_follow_thread_runs_leaves_the_local_joiners_be(
 ) -> None:
     """The other site: a wide scope's leading caller whose flight joined one led
     elsewhere, whose on_join raised, hands the flight to a thread that follows it for its
-    local joiners. An interrupt once that thread got going must not withdraw the flight
-    beneath them (before, they got FlightInterruptedError while the flight went on, and
-    the thread waited for ever). Found by review (2026-12-01)."""
+    local joiners. An interrupt once that thread got going does not withdraw the flight
+    beneath them: they never get FlightInterruptedError while the flight goes on."""
     from flightgroup import JSON, FlightGroup
 
     original = threading.Thread.start

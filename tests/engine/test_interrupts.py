@@ -1,8 +1,8 @@
-"""Regressions from a review of cancellation and interrupts (2026-12-01): a leader
-stopped by a KeyboardInterrupt outside its work, and a work whose error cannot be
-printed. Each left a flight that never settled: its joiners waited for ever and every
-later call of the key joined it. Each test forces its interleaving (events, a patched
-private step that raises where a signal handler would), never a lucky sleep.
+"""Cancellation and interrupts: a leader stopped by a KeyboardInterrupt outside its
+work, and a work whose error cannot be printed, still settle their flight, so its
+joiners are woken and a later call of the key never joins a flight nobody ends. Each
+test forces its interleaving (events, a patched private step that raises where a signal
+handler would), never a lucky sleep.
 """
 
 from __future__ import annotations
@@ -139,8 +139,8 @@ def test_run_sync_on_the_loop_of_a_left_flights_work_raises(directory: str, how:
     """run_sync on the thread of the loop that runs a directory flight's async work
     raises RuntimeError (ADR 0006): it would wait for the key lock that very work
     holds. A flight that left its table while its work runs (forget() detached it, or
-    its group closed and a new one took the directory) was not seen: the call led in
-    the scope and blocked the loop for ever (review A)."""
+    its group closed and a new one took the directory) is seen too: the call never leads
+    in the scope and blocks the loop for ever."""
     from flightgroup import JSON
 
     groups = [FlightGroup(directory=directory, codec=JSON)]
@@ -175,10 +175,9 @@ def test_an_interrupted_wide_leading_caller_withdraws_only_itself(
 ) -> None:
     """A wide group's run_sync caller (no timeout, no deadline) waits for the scope in
     its own thread: a KeyboardInterrupt there (here raised where the signal handler
-    would, in its wait) interrupted every local joiner of the flight, though the flight
-    went on (review A). Now the caller withdraws alone: the flight goes on, on a thread
-    of its own, from where it was: it leads here and runs the work, or follows the
-    flight led elsewhere."""
+    would, in its wait) withdraws that caller alone, never every local joiner of the
+    flight: the flight goes on, on a thread of its own, from where it was: it leads here
+    and runs the work, or follows the flight led elsewhere."""
     from flightgroup.wide import Inbox
 
     here, elsewhere = scope_groups(request, scope, 2, lease=5.0)
@@ -254,9 +253,9 @@ def test_a_failure_whose_str_is_interrupted_still_lands(
     request: pytest.FixtureRequest, g: FlightGroup
 ) -> None:
     """Landing a failure in a wide scope describes it (str(), user code). Interrupted
-    there, the flight stopped half way: settling, never handed to the scope, its key
-    held for this process and the others (review of this change). It lands
-    interrupted instead; the process scope never calls str() to land."""
+    there, the flight lands interrupted instead of stopping half way (settling, never
+    handed to the scope, its key held for this process and the others); the process
+    scope never calls str() to land."""
     def work() -> str:
         raise _InterruptedText()
 

@@ -398,9 +398,9 @@ def test_max_waiters_counts_fresh_callers_waiting_for_the_flight_s_end() -> None
 
 def test_max_waiters_counts_the_fresh_callers_claims_on_the_next_flight() -> None:
     """The fresh callers of a flight hold claims on the next one and join it when they
-    wake; they are never refused then. A caller that came to the next flight before
-    them was let in as if they were not there, so the flight ended up with more joiners
-    than max_waiters (review of 2026-11-30). Their claims count now."""
+    wake; they are never refused then. Their claims count: a caller that comes to the
+    next flight before them is not let in as if they were not there, so the flight never
+    ends up with more joiners than max_waiters."""
     g = FlightGroup(limits=Limits(max_waiters=1))
     first, second, hold = threading.Event(), threading.Event(), threading.Event()
     busy = threading.Event()

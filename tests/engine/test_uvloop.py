@@ -1,8 +1,8 @@
 """uvloop, the event loop many servers run (uvicorn, and anyone who calls
 ``uvloop.install()``): callers on uvloop loops share flights with threads in every scope,
-and a wide group made while uvloop is the global policy still works. Before, the group's
-own background thread took its loop from the policy, and the directory's coordinator
-refused uvloop's transports: every call raised UnavailableError after 5 s."""
+and a wide group made while uvloop is the global policy still works: the group's own
+background thread runs the standard library's loop whatever the policy (ADR 0027), and
+the directory's coordinator takes uvloop's transports."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def test_kept_causes_drop_every_expired_error_not_only_the_oldest(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """One error kept long (a kept failure's keep time) must not hold the short ones
-    remembered after it: each goes when its own time ends (found by review)."""
+    remembered after it: each goes when its own time ends."""
     import gc
     import weakref
 
@@ -74,9 +74,9 @@ def test_kept_causes_drop_every_expired_error_not_only_the_oldest(
 def test_failures_landed_at_once_by_two_leaders_both_keep_their_cause(
     directory: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A group's memory of errors is made at its first failure; two leaders landing
-    their first failures at once each made one, and one's errors were lost (found by
-    review). Here both reach the making at once when nothing stops them."""
+    """A group's memory of errors is made once, at its first failure: two leaders landing
+    their first failures at once share it, and neither's errors are lost. Here both would
+    reach the making at once if nothing stopped them."""
     import contextlib
     import threading
 
@@ -86,8 +86,8 @@ def test_failures_landed_at_once_by_two_leaders_both_keep_their_cause(
 
     class Meeting(wide_module.KeptCauses):
         def __init__(self) -> None:
-            # the code before the fix let both threads in here; with the fix the other
-            # thread waits for this one, and the wait gives up
+            # the making is guarded: the other thread waits for this one, and this
+            # wait gives up
             with contextlib.suppress(threading.BrokenBarrierError):
                 meet.wait(1.0)
             super().__init__()
@@ -186,9 +186,9 @@ def test_a_sync_leading_callers_on_join_raising_a_base_exception_withdraws_only_
 
 def test_a_stopped_group_loop_cancels_the_tasks_its_tasks_start_as_they_end() -> None:
     """A task that starts another as it is cancelled (a connection's cleanup): the
-    loop cancels that one too before it closes. Before, only the tasks there when the
-    loop stopped were, and a later one was destroyed pending (asyncio logged "Task was
-    destroyed but it is pending!", review 2026-12-01)."""
+    loop cancels that one too before it closes, not only the tasks there when the loop
+    stopped: none is destroyed pending (asyncio would log "Task was destroyed but it is
+    pending!")."""
     import asyncio
 
     from flightgroup.wide import start_loop
@@ -222,10 +222,10 @@ def test_a_stopped_group_loop_cancels_the_tasks_its_tasks_start_as_they_end() ->
 def test_a_closing_directory_group_leaves_no_task_pending_on_its_loop(
     directory: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The connection's keeper waited on a channel that closing shut without a word,
-    and nothing referenced it: a collection before the loop stopped destroyed it
-    pending (asyncio logged "Task was destroyed but it is pending!", review B). The
-    test looks at the loop's tasks at the moment close() stops it."""
+    """No task of the group is left pending on its loop when close() stops it: the
+    connection's keeper never waits on a channel that closing shut without a word, to be
+    collected and destroyed pending ("Task was destroyed but it is pending!"). The test
+    looks at the loop's tasks at the moment close() stops it."""
     import asyncio
     import concurrent.futures
     import gc
@@ -261,10 +261,9 @@ def test_a_closing_directory_group_leaves_no_task_pending_on_its_loop(
 def test_a_wide_group_dropped_without_close_lets_go_of_its_threads_and_connections(
     request: pytest.FixtureRequest, scope: str
 ) -> None:
-    """Collected without close(), a wide group kept its background threads, its
-    sockets and (fleet) its Redis connections for the life of the process (review B).
-    Now its collection warns (ResourceWarning, as an unclosed socket does) and closes
-    its scope's machinery."""
+    """A wide group collected without close() warns (ResourceWarning, as an unclosed
+    socket does) and closes its scope's machinery: its background threads, its sockets
+    and (fleet) its Redis connections do not live on with the process."""
     import gc
     import warnings
 
@@ -302,7 +301,7 @@ def test_a_closed_group_lets_go_of_the_errors_it_remembered_for_cause(
     request: pytest.FixtureRequest,
 ) -> None:
     """Errors remembered for __cause__ (another group of the scope is open) hold their
-    works' frames: a closed group that is still referenced kept them (review B)."""
+    works' frames: a closed group that is still referenced lets them go."""
     import gc
     import weakref
 

@@ -241,7 +241,7 @@ def test_close_with_a_lease_past_timeout_max_hands_over_the_landing(
         join, got = in_thread(b.run_sync, "k", never, on_join=joined.set, timeout=8)
         assert completing.wait(10)  # the work returned; land() posted the landing
         closing, _ = in_thread(a.close)
-        closing.join(1.0)  # returned at once (the bug), or waits for the landing
+        closing.join(1.0)  # it waits for the landing (returning at once would be wrong)
         gate.set()
         closing.join(20)
         join.join(15)
@@ -369,7 +369,7 @@ def test_a_landing_made_before_close_is_handed_over(
     try:
         assert posting.wait(10)
         closing, _ = in_thread(a.close)
-        # Bounded: a fix may make close() wait for the post (it cannot end first).
+        # Bounded: close() may wait for the post (it cannot end first).
         closed.wait(1)
         release.set()
         closing.join(20)

@@ -3,15 +3,15 @@
 A fleet group's calls run on its background thread's event loop, and ``fork`` copies no
 thread. A child forked after the group started (a group at module level, used, then a
 ``multiprocessing`` "fork" worker) holds a copy of a loop that never runs again: a call
-there used to wait for its own timeout (for ever without one), and ``close()`` waited
-out its whole bound (2 command timeouts and the lease). The directory scope raises
-GroupClosedError at once there (ADR 0014); the fleet scope does the same, and its copies
-of the parent's loop and connections are kept from acting on the parent's (ADR 0018).
+there raises GroupClosedError at once, as the directory scope's does (ADR 0014), instead
+of waiting for its own timeout (for ever without one), and ``close()`` returns without
+waiting out its whole bound (2 command timeouts and the lease); the copies of the
+parent's loop and connections are kept from acting on the parent's (ADR 0018).
 
 Each test runs a script in a child interpreter that forks (forking pytest's own process,
-with its threads, is not a state worth testing in); the script's lines say what each side
-saw. The time limits catch the old waits: a child's call and close() get bounds far
-past what the fix needs, and far below what the old code waited.
+with its threads, is not a state worth testing in); the script's lines say what each
+side saw. A child's call and close() get time limits far past what they need, and far
+below the waits they must not make.
 """
 
 from __future__ import annotations

@@ -39,10 +39,10 @@ def test_a_traced_call_with_a_lone_surrogate_key_returns(spans: Any) -> None:
 
 
 def test_no_span_records_the_raw_key(spans: Any) -> None:
+    """No span records the raw key."""
     # A flightgroup error's message names the key ("The flight of 'tenant:secret-42'
     # failed: ..."); recorded as the span's exception event it put the raw key in the
     # trace, which the docs say never happens.
-    """No span records the raw key."""
     provider, exporter = spans
     key = "tenant:secret-42"
     group = FlightGroup(deadline=0.05)
@@ -98,10 +98,10 @@ def test_no_span_records_the_raw_key(spans: Any) -> None:
 
 
 def test_no_span_records_the_raw_key_a_works_error_names(spans: Any) -> None:
-    # A work's own error may name the key in plain text ("cannot build tenant:..."):
-    # only its repr was replaced, so the raw key reached the leader's and the joiner's
-    # exception events (review, 2026-12-01).
     """No span records the raw key that a work's error names."""
+    # A work's own error may name the key in plain text ("cannot build tenant:..."):
+    # the key is hidden wherever the message quotes it, not only in its repr, in the
+    # leader's and the joiner's exception events.
     provider, exporter = spans
     key = "tenant:secret-42"
     group = FlightGroup()
@@ -141,9 +141,9 @@ def test_no_span_records_the_raw_key_a_works_error_names(spans: Any) -> None:
 
 
 def test_a_short_key_is_hidden_only_where_it_is_quoted(spans: Any) -> None:
+    """A short key is hidden only where an error quotes it."""
     # A key of fewer than 4 characters would match unrelated text of a stack trace
     # ("File", line numbers): only its repr is replaced (docs/observability.md).
-    """A short key is hidden only where an error quotes it."""
     provider, exporter = spans
     group = FlightGroup()
     instrument(group, provider)
@@ -160,9 +160,9 @@ def test_a_short_key_is_hidden_only_where_it_is_quoted(spans: Any) -> None:
 
 
 def test_a_key_in_a_frames_file_or_source_line_is_left_as_it_is(spans: Any) -> None:
-    # The plain key is hidden in the exceptions' own lines; a frame's file name or
-    # source line that merely contains it stays readable (review of 2026-12-01).
     """A key in a frame's file name or source line is left as it is."""
+    # The plain key is hidden in the exceptions' own lines; a frame's file name or
+    # source line that merely contains it stays readable.
     provider, exporter = spans
     key = "tests"  # this file's path holds it
     group = FlightGroup()
@@ -185,9 +185,9 @@ def test_a_key_in_a_frames_file_or_source_line_is_left_as_it_is(spans: Any) -> N
 
 
 def test_a_key_in_a_syntax_errors_own_file_line_is_hidden(spans: Any) -> None:
+    """A key in a SyntaxError's own file line is hidden."""
     # A SyntaxError's own '  File "<name>", line N' line is its text, not a frame: the
     # key there is hidden (a frame's chunk is told by the frames, not by its prefix).
-    """A key in a SyntaxError's own file line is hidden."""
     provider, exporter = spans
     key = "tenant:42"
     group = FlightGroup()

@@ -179,8 +179,8 @@ def test_a_kept_failure_and_a_failure_led_elsewhere_name_their_flights_token(
     spans: Any, directory: str
 ) -> None:
     """A call served a kept failure, and a joiner whose flight failed in another group of
-    the directory, raise errors that name no token: their spans still carry the flight's
-    (found by review: only calls that returned a Result had one)."""
+    the directory, raise errors that name no token: their spans still carry the flight's,
+    as the spans of calls that returned a Result do."""
     provider, exporter = spans
     kept = FlightGroup(retention=flightgroup.Retention(error=60.0))
     instrument(kept, provider)
@@ -263,7 +263,7 @@ async def _one() -> int:
 
 
 class _Broken(SpanProcessor):
-    """A span processor that raises (a buggy exporter plugin)."""
+    """A span processor that raises (an exporter plugin with a bug)."""
 
     def __init__(self, where: str) -> None:
         self.where = where
@@ -312,9 +312,9 @@ def test_a_raising_span_processor_changes_no_call(where: str) -> None:
 
 @pytest.mark.timeout(60)
 def test_instrument_keeps_a_subclass_of_the_group(spans: Any) -> None:
+    """instrument() keeps a subclass of FlightGroup as it is."""
     # instrument() swapped any group to a subclass of FlightGroup itself: a subclass
     # with a __dict__ raised TypeError (layout differs), a slotted one lost its methods.
-    """instrument() keeps a subclass of FlightGroup as it is."""
     provider, exporter = spans
 
     class Mine(FlightGroup):

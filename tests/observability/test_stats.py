@@ -59,10 +59,8 @@ def test_a_flight_whose_group_closed_counts_as_interrupted_in_every_scope(
     request: pytest.FixtureRequest, scope: str, ends: str
 ) -> None:
     """Its callers got GroupClosedError and its lease was lost, whatever its work did
-    after: one interrupted flight (and one lost lease), no failure. Before, the process
-    scope counted nothing (or a failure), the fleet an interruption, and the directory
-    either, by which came first: the work's end or the scope's answer (review,
-    2026-12-01)."""
+    after: one interrupted flight (and one lost lease), no failure, in every scope alike,
+    whichever comes first: the work's end or the scope's answer."""
     import threading
 
     from prometheus_client import CollectorRegistry
