@@ -152,8 +152,8 @@ def test_a_kept_failure_in_the_leaders_process_has_the_error_as_cause(
 
 
 def test_a_failures_message_crosses_the_wide_scope_whole(wide: dict[str, Any]) -> None:
-    # API.md (Outcomes): FlightFailedError has '.message (its str())'; it was cut at 8,192
-    # characters. Served here from the kept failure, so it crossed the store.
+    # API.md (Outcomes): FlightFailedError has '.message (its str())', whole (past 8,192
+    # characters too). Served here from the kept failure, so it crossed the store.
     text = "m" * 10_000
     g = FlightGroup(retention=Retention(success=None, error=60), **wide)
     try:

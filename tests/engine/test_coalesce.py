@@ -223,9 +223,9 @@ def test_mypy_infers_the_decorated_function_s_return_type(tmp_path: Path) -> Non
 
 
 def test_mypy_binds_a_decorated_method_like_any_method(tmp_path: Path) -> None:
-    """Read from an instance, a decorated method takes its arguments without self (it
-    was typed as the unbound function, so every correct call was an error); read from
-    the class, it is the function, and its forget takes the instance first."""
+    """Read from an instance, a decorated method takes its arguments without self (it is
+    not typed as the unbound function, which would make every correct call an error);
+    read from the class, it is the function, and its forget takes the instance first."""
     proc = mypy_strict(
         tmp_path,
         """

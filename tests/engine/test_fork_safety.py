@@ -375,10 +375,10 @@ def test_a_fork_between_a_sockets_creation_and_its_connect_or_bind(
     directory: str, side: str
 ) -> None:
     """A socket of a directory group names no path between its socket() and its
-    connect() (a client) or bind() (the coordinator): a child forked then did not let
-    it go, and held the parent's connection (a dead leader's joiners were never told)
-    or listener (peers of a dead coordinator waited out a handshake) for as long as it
-    lived. Now a fork waits until the socket is connected or bound."""
+    connect() (a client) or bind() (the coordinator): a fork waits until the socket is
+    connected or bound, so a child forked then lets it go and never holds the parent's
+    connection (a dead leader's joiners would never be told) or listener (peers of a dead
+    coordinator would wait out a handshake) for as long as it lives."""
     out = run(SOCKET_AT_FORK, directory=directory, side=side)
     assert out["rc"] == 0, out
     assert out["said"] == {"held": []}, out
@@ -429,9 +429,9 @@ def test_a_fleet_group_forked_while_another_thread_starts_it(
     redis_server: Any, namespace: str
 ) -> None:
     """The child of a fork that came while another thread started a fleet group (its
-    loop connected, not yet stored) kept live copies of the parent's connections: after
-    the parent closed its group, Redis still had them, until the child died. Now the
-    child lets go of them as of a started group's (ADR 0018)."""
+    loop connected, not yet stored) lets go of its copies of the parent's connections as
+    of a started group's (ADR 0018): once the parent closed its group, Redis has none of
+    them left, though the child lives."""
     out = run(FLEET_MID_START, url=redis_server.url, namespace=namespace)
     assert out["made"] > 0, out
     assert out["left"] == [], out

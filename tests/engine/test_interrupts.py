@@ -94,10 +94,10 @@ def test_a_keyboard_interrupt_outside_the_work_interrupts_the_flight(
 ) -> None:
     """A KeyboardInterrupt in the leader's thread between its arrival and its settle,
     but outside the work (as its attempt starts; while the outcome's size is measured
-    for Retention, which calls the value's __sizeof__): the flight was left running
-    with no work, its joiners waited for ever and every later call joined it. Now it
-    ends: interrupted before the work, as an interrupt in the work does (ADR 0008);
-    with the value after it, for every caller but the leader (not kept)."""
+    for Retention, which calls the value's __sizeof__): the flight ends, never left
+    running with no work for its joiners and every later call to wait on: interrupted
+    before the work, as an interrupt in the work does (ADR 0008); with the value after
+    it, for every caller but the leader (not kept)."""
     import flightgroup.group as group_module
     from flightgroup import Retention
 
@@ -277,8 +277,8 @@ def test_an_interrupt_in_the_retry_threads_start_hands_the_retry_over_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An interrupt in the retry pause hands the retry to a thread; a second one that
-    comes inside Thread.start(), once the thread got going, must not also end the
-    flight (the retry thread then failed on a settled flight and the joiner got
+    comes inside Thread.start(), once the thread got going, does not also end the
+    flight (the retry thread would fail on a settled flight and the joiner get
     FlightInterruptedError). Both interrupts are raised where a handler would."""
     import time
 
@@ -459,8 +459,8 @@ def test_an_interrupt_waiting_for_a_retrys_token_withdraws_only_the_caller(
 ) -> None:
     """Between two attempts a wide leader asks the scope for the retry's token, in its
     caller's thread (no timeout, no deadline). Interrupted there (not in the work), the
-    flight ended interrupted for its local joiners; now the caller withdraws and the
-    retry goes on, on a thread of its own, as after an interrupt in the retry's pause."""
+    caller withdraws and the retry goes on, on a thread of its own, as after an interrupt
+    in the retry's pause: its local joiners are not interrupted."""
     from flightgroup import JSON, Retry
     from flightgroup.wide import Inbox
 
@@ -527,8 +527,8 @@ def test_an_interrupt_that_stops_a_work_whose_lease_was_lost_still_stops_the_loo
 ) -> None:
     """An async work whose lease was lost, then stopped by KeyboardInterrupt: the
     interrupt reaches the loop's runner (the driver re-raises what stopped the work), in
-    every scope. In the wide scopes it was swallowed once the landing came back lost:
-    the caller got a LeaseLostError it could catch, and the program ran on."""
+    every scope; in the wide scopes too, where the landing comes back lost, it is never
+    swallowed into a LeaseLostError the caller could catch, the program running on."""
     import flightgroup.group as group_module
 
     async def work() -> str:

@@ -179,7 +179,7 @@ def test_a_sync_leading_callers_on_join_raising_a_base_exception_withdraws_only_
     assert isinstance(first.error, KeyboardInterrupt)
     release.set()
     assert leader.wait().value == "a"
-    got = second.wait()  # before: FlightInterruptedError, "its leading caller got ..."
+    got = second.wait()  # not FlightInterruptedError: "its leading caller got ..."
     assert (got.value, got.joined, got.token) == ("a", True, leader.wait().token)
     assert runs == ["a"] and told == [None]  # its on_join ran once b's flight joined a's
 

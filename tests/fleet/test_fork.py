@@ -65,7 +65,7 @@ if child == 0:
             out["forget"] = "returned"
         except BaseException as exc:
             out["forget"] = [type(exc).__name__, str(exc)]
-        parent_group.close()  # the old code waited 2 command timeouts and the lease
+        parent_group.close()  # returns without waiting 2 command timeouts and the lease
         out["closed"] = True
         # Collected on a running loop of the child's own: a copied redis-py connection
         # collected there would close itself through the parent's loop's copy (its

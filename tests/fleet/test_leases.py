@@ -73,7 +73,7 @@ def test_a_call_after_its_process_lost_the_lease_leads_instead_of_joining_the_de
     wait_until(lambda: leases[0].lost, "the lease is lost")
     try:
         # Redis has no flight of the key: this call leads one, though the stale work
-        # still runs here (the old code joined it: TimeoutError after 5 s).
+        # still runs here (joining it would end in TimeoutError after 5 s).
         after = g.run_sync("k", lambda: "new", timeout=5)
     finally:
         release.set()

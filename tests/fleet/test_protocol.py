@@ -849,10 +849,9 @@ def test_undo_ends_only_the_running_flight_its_nonce_led(lua: Lua) -> None:
 
 @pytest.mark.timeout(60)
 def test_calls_of_a_key_that_get_no_answer_share_one_undo() -> None:
-    """Each failed call of a key started an undo of its own and replaced the last in
-    the arbiter's map, so the others tried on unseen until Redis answered: one task
-    more, and its connection attempts, per failed call. Now the key has one undo task,
-    which takes every failed call's nonce, and ends once Redis answered for each."""
+    """A key has one undo task, which takes every failed call's nonce and ends once Redis
+    answered for each: never one task more (and its connection attempts) per failed
+    call, the others trying on unseen in the arbiter's map until Redis answers."""
     port = free_port()  # nothing listens there yet
     g = FlightGroup(redis=f"redis://127.0.0.1:{port}/0", namespace="undo", codec=JSON,
                     lease=2.0)
