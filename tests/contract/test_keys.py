@@ -1,5 +1,7 @@
-"""Keys: a key that is a str subclass (a StrEnum member) is the key its characters spell,
-in every scope: never unpacked as a decorated function's (namespace, key) pair.
+"""Keys, in every scope: a key that is a str subclass (a StrEnum member) is the key its
+characters spell, never unpacked as a decorated function's (namespace, key) pair; a key
+with a lone surrogate is a key like any other; a plain key never shares a flight with a
+decorated function, whatever NULs it holds.
 """
 
 from __future__ import annotations

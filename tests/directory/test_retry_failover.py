@@ -1,12 +1,14 @@
-"""A flight that retried, across a coordinator failover: every token it had names it.
+"""A flight across a coordinator failover: its joiners get its value, and a flight that
+retried is named by every token it had.
 
 Under a Retry policy each attempt of a directory flight gets a new token (`attempt`),
 and the coordinator tells the joiners with a second `joined`. A process may miss that
 frame: the coordinator was frozen while the attempt was asked (the leader asks the next
 coordinator again, which gives yet another token), or the frame sat in the coordinator's
-write buffer behind a large value to a frozen joiner when the coordinator was killed. The
-joiner then rejoins by a token the new coordinator's flight no longer has as its current
-one; it must still get the leader's value (docs/directory-protocol.md: `earlier` tokens).
+write buffer behind a large value to a frozen joiner when the coordinator was killed.
+The joiner then rejoins by a token the new coordinator's flight no longer has as its
+current one; it still gets the leader's value (docs/directory-protocol.md: `earlier`
+tokens).
 
 The scenarios are forced with signals and pipes, never with sleeps: a frozen coordinator
 answers nothing, a frozen joiner reads nothing, and a FIFO as a work's journal holds an

@@ -1,12 +1,12 @@
-"""Adversarial interleavings of the directory scope: a call withdrawn or its group
-closed at each point of its life (its run request out, its key-lock file being opened,
-its lead waiting for the key lock, a retry's token out), a coordinator killed or frozen
-meanwhile, and what each leaves behind (key locks, descriptors, threads).
+"""Withdrawals and closes at every point of a directory call's life: a call withdrawn or
+its group closed with its run request out, its key-lock file being opened, its lead
+waiting for the key lock, a retry's token out, a coordinator killed or frozen meanwhile;
+and what each leaves behind (key locks, descriptors, threads): nothing.
 
 Interleavings are forced with events and hooks on the very calls that make the window
 (``os.open`` of a key-lock file, ``flock``, ``pwrite``, the `lead` answer held until the
 caller opens its file), or with SIGSTOP/SIGKILL of a child process; every wait is
-bounded. Each test pins behaviour that once was wrong or that must hold.
+bounded.
 """
 
 from __future__ import annotations

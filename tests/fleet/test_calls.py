@@ -1,5 +1,7 @@
-"""The fleet scope in one process: a caller's own timeout and cancel, the default
-outcome bound, bad construction arguments."""
+"""The fleet scope in one process: a caller's own timeout and cancel withdraw only that
+caller (a joiner, or the leading caller at any step, in one process or across two), the
+default outcome bound, bad construction arguments, odd keys and URLs.
+"""
 
 from __future__ import annotations
 

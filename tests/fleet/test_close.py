@@ -1,7 +1,8 @@
-"""close() of a fleet group: it hands over the landings already made before it returns
-(the second close() too), gives back a lead it is answered as it closes, interrupts the
-joiners elsewhere of a flight it abandons at once, and a forget() that races it raises
-GroupClosedError.
+"""close() of a fleet group: it hands over the landings already made before it returns (the
+second close() too, a landing still in flight or posted as it closes), gives back a lead
+it is answered as it closes, interrupts the joiners elsewhere of a flight it abandons at
+once, ends a joiner's blocked read, leaves no connection nor thread behind, and a
+forget() that races it raises GroupClosedError.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Leases in the fleet scope: the default lease, renewal of every flight a process leads
-in one call per tick, a renewal that crosses a retry, leases near the float maximum, and
-what a process does with a flight whose lease it lost (Redis restarted empty, or not
-heard for a lease).
+"""Leases in the fleet scope: the default lease, renewal of every flight a process leads in
+one call per tick, a renewal that crosses a retry, leases and keep times near the float
+maximum or past Redis's PEXPIRE range, and what a process does with a flight whose lease
+it lost (Redis restarted empty, or not heard for a lease).
 """
 
 from __future__ import annotations

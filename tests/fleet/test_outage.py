@@ -1,5 +1,6 @@
-"""The fleet scope when Redis is frozen (SIGSTOP): new calls and waiting joiners end
-with the library's errors; nothing hangs.
+"""The fleet scope when Redis is frozen (SIGSTOP), or its startup never ends: new calls and
+waiting joiners end with the library's errors within the documented bounds; nothing
+hangs.
 """
 
 from __future__ import annotations

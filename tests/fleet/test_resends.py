@@ -1,6 +1,7 @@
 """A script whose reply is lost and that redis-py re-sends acts once: a re-sent ACQUIRE
-still leads its own parked flight, and a re-sent FORGET leaves the key's next flight
-alone (the script remembers the forget's nonce, with a TTL).
+still leads its own parked flight (after a forget, or a new flight of the key), a re-
+sent ATTEMPT keeps the flight and its joiners, and a re-sent FORGET leaves the key's
+next flight alone (the script remembers the forget's nonce, with a TTL).
 """
 
 from __future__ import annotations

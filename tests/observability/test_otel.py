@@ -1,5 +1,7 @@
-"""flightgroup.otel: spans per flight and per joined call, checked with the SDK's
-in-memory exporter."""
+"""flightgroup.otel: spans per flight and per joined call, checked with the SDK's in-memory
+exporter; a span processor that raises changes no call, and instrument() keeps the
+group's class.
+"""
 
 from __future__ import annotations
 
