@@ -1,6 +1,8 @@
 """close() of a directory group: its callers and the joiners of its flights elsewhere are
-woken, its key locks are held while its work runs and never leaked, and its landings are
-handed over before close() returns.
+woken (after its coordinator died too), its unanswered run requests are cancelled, its
+key locks are held while its work runs and never leaked, its landings are handed over
+before close() returns (the second close() too), and a closing coordinator closes every
+connection it accepted.
 """
 
 from __future__ import annotations

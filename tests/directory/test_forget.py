@@ -1,6 +1,8 @@
-"""forget() in the directory scope (ADR 0020): the flight a confirmed forget detached
-runs on for its own callers and stays detached in every later term, whatever way the
-coordinator stopped; the key's next call leads a new flight.
+"""forget() in the directory scope (ADR 0020): it reaches the coordinator from any group
+(one that never called too) and drops the key's kept outcome for every group; the flight
+a confirmed forget detached runs on for its own callers, is not kept, and stays detached
+in every later term, whatever way the coordinator stopped; the key's next call leads a
+new flight.
 
 Interleavings are forced with child processes (SIGKILL), raw connections and the order
 of frames on one connection; nothing waits on a bare sleep.

@@ -1,6 +1,8 @@
 """Key locks in the directory scope: a leader holds its key's kernel lock while its work
-runs (past its deadline, past its group's close), a lead waiting for the lock is given
-back when it cannot wait, and the key's file names the newest flight that held it.
+runs (past its deadline, past its group's close); a lead waiting for the lock is given
+back when it cannot wait; a withdrawn call closes the key file it opened; every attempt
+writes its token into the key's file, so a lead that a newer flight of its key overtook
+runs with its lease lost, and a new call beside it asks the coordinator.
 """
 
 from __future__ import annotations

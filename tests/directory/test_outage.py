@@ -1,6 +1,7 @@
 """A directory group without a coordinator: calls fail with UnavailableError once
-reconnect_timeout is spent without one, and only the calls that waited through the
-outage; a stall of the process itself is not an outage.
+reconnect_timeout is spent without one (a frozen coordinator's handshakes count towards
+it), and only the calls that waited through the outage; a stall of the process itself is
+not an outage.
 """
 
 from __future__ import annotations

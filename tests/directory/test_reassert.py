@@ -1,9 +1,12 @@
-"""A flight reasserted to a new coordinator after a failover (ADR 0022): a landed flight
-that reasserts after a newer flight of its key has its landing taken for its own joiners
-and acknowledged, and the newer flight stays the key's; the reassert's fields are checked.
+"""Flights reasserted to a new coordinator after a failover (ADR 0022): a landed flight
+that reasserts beside a newer flight of its key has its landing taken for its own
+joiners and acknowledged, and the newer flight stays the key's; a reassert older than a
+flight that already ran, or of a pending lead another process's flight overtook, is
+refused (the lead's lease is lost); a frozen joiner still gets its leader's value; the
+reassert's fields are checked.
 
-Driven over raw connections to a coordinator of the test process, so the order of the
-reasserts is the test's; nothing waits on a bare sleep.
+Most are driven over raw connections to a coordinator of the test process, so the order
+of the reasserts is the test's; nothing waits on a bare sleep.
 """
 
 from __future__ import annotations
