@@ -270,7 +270,7 @@ class _Counter:
 
 def _instrument(group: Any, counter: _Counter) -> None:
     """Count the arbiter's requests: its scripts, and its blocking client's XREADs."""
-    arbiter = group._fleet  # the RedisArbiter of a fleet group
+    arbiter = group._scope  # the RedisArbiter of a fleet group
     script = arbiter._script
 
     async def counted_script(name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:

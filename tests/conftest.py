@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-import flightgroup.group as group_module
+import flightgroup.attempts as attempts_module
 
 from .support import LoopThread
 
@@ -53,7 +53,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 def task_start(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run the test with each way a leader's task can start: eagerly (3.12+) and
     through the loop (3.11's only way), so both paths stay covered on any Python."""
-    monkeypatch.setattr(group_module, "_EAGER", request.param == "eager")
+    monkeypatch.setattr(attempts_module, "_EAGER", request.param == "eager")
     return str(request.param)
 
 

@@ -22,7 +22,7 @@ def fleet_group(url: str, namespace: str, **options: Any) -> FlightGroup:
 
 def fleet_of(group: FlightGroup) -> RedisArbiter:
     """The group's fleet arbiter (its private steps are what tests patch)."""
-    arbiter = group._fleet
+    arbiter = group._scope
     assert isinstance(arbiter, RedisArbiter)
     return arbiter
 
@@ -52,13 +52,6 @@ def in_thread_box(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
 
 
 RETRY_NOW = Retry(attempts=2, backoff=0.0, jitter=False)  # one retry, at once
-
-
-def fleet_arbiter(group: FlightGroup) -> RedisArbiter:
-    """The group's fleet arbiter, unchecked beyond its presence."""
-    arbiter = group._fleet
-    assert arbiter is not None
-    return arbiter
 
 
 def hold_script(

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from flightgroup import FlightGroup
+from flightgroup.scope.bridge import Bridge
 
 from .ingroup import Background
 from .support import wait_until
@@ -51,15 +52,15 @@ class HeldLead:
 
     def __init__(self, g: FlightGroup, monkeypatch: pytest.MonkeyPatch) -> None:
         self.reached, self.go = threading.Event(), threading.Event()
-        original = FlightGroup._lead_wide
+        original = Bridge._lead
 
-        def held(of: FlightGroup, *args: Any) -> Any:
-            if of is g:
+        def held(of: Bridge, *args: Any) -> Any:
+            if of is g._bridge:
                 self.reached.set()
                 assert self.go.wait(20)
             return original(of, *args)
 
-        monkeypatch.setattr(FlightGroup, "_lead_wide", held)
+        monkeypatch.setattr(Bridge, "_lead", held)
 
 
 def lead_held(

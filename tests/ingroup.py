@@ -8,6 +8,7 @@ the scope fixtures of conftest.py and engine/test_containment.py make their grou
 from __future__ import annotations
 
 import fcntl
+import inspect
 import os
 import threading
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from flightgroup import (
     GroupClosedError,
     Retry,
 )
+from flightgroup.directory import coordinator as coordinator_module
 from flightgroup.directory import fs as fs_module
 from flightgroup.directory.client import DirectoryArbiter
 
@@ -32,7 +34,7 @@ def group(directory: str, **kwargs: Any) -> FlightGroup:
 
 
 def arbiter(of: FlightGroup) -> DirectoryArbiter:
-    found = of._arbiter
+    found = of._scope
     assert isinstance(found, DirectoryArbiter)
     return found
 
@@ -108,10 +110,14 @@ def hold_key_lock(directory: str, key: str) -> int:
     return fd
 
 
+def _key_locks(directory: str) -> str:
+    return os.path.join(os.path.realpath(directory), "execution-locks") + os.sep
+
+
 def key_files_open(directory: str) -> int:
     """This process's open descriptors of ``directory``'s key-lock files (only its own:
     a test that ran before in this process may still be letting go of others)."""
-    locks = os.path.join(os.path.realpath(directory), "execution-locks") + os.sep
+    locks = _key_locks(directory)
     count = 0
     for name in os.listdir("/proc/self/fd"):
         try:
@@ -122,9 +128,34 @@ def key_files_open(directory: str) -> int:
     return count
 
 
-def lock_waiters() -> int:
-    """Threads of this process blocked in a lead's flock (client.py's key-lock waiter)."""
-    return sum(1 for t in threading.enumerate() if t.name == "flightgroup-keylock")
+def lock_waiters(directory: str) -> int:
+    """Threads of this process blocked in a lead's flock on one of ``directory``'s key
+    files (client.py's key-lock waiter; only its own directory's: one of a test that
+    ran before in this process waits until its own holder lets go)."""
+    locks = _key_locks(directory)
+    count = 0
+    for t in threading.enumerate():
+        # Its wait_for_lock, which closes over its arbiter and lead (None once it ended).
+        target = getattr(t, "_target", None)
+        if t.name != "flightgroup-keylock" or target is None:
+            continue
+        held = inspect.getclosurevars(target).nonlocals
+        path = fs_module.key_lock_path(held["self"].directory, held["lead"].call.key)
+        count += os.path.realpath(path).startswith(locks)
+    return count
+
+
+def key_watchers(directory: str) -> list[threading.Thread]:
+    """The coordinator's watcher threads of this process blocked on ``directory``'s key
+    files (a key's watcher has the same name in every directory)."""
+    locks = _key_locks(directory)
+    return [
+        t for t in threading.enumerate()
+        if t.name.startswith("flightgroup-keylock-")
+        and isinstance(watcher := getattr(getattr(t, "_target", None), "__self__", None),
+                       coordinator_module._Watcher)
+        and os.path.realpath(watcher.path).startswith(locks)
+    ]
 
 
 def closed_leader_holds(directory: str) -> tuple[FlightGroup, threading.Event, list[str]]:
@@ -195,7 +226,7 @@ def scope_groups(
 def live_coordinator(*groups: FlightGroup) -> Any:
     """The coordinator that runs in one of ``groups`` and is not closed, or None."""
     for each in groups:
-        arbiter = each._arbiter
+        arbiter = each._scope
         assert arbiter is not None
         coordinator = arbiter._coordinator
         if coordinator is not None and not coordinator.closed:

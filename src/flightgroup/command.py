@@ -41,7 +41,7 @@ from .command_spool import (
 )
 from .directory import fs
 from .errors import FlightError, FlightFailedError, FlightInterruptedError
-from .group import FlightGroup
+from .group import FlightGroup, internals
 from .lease import current_lease
 
 __all__ = [
@@ -458,7 +458,7 @@ class _Run:
                 sink = SpoolWriter(spool_path(self.scope.directory, self.key, token))
                 value["spool"] = sink.path
             else:
-                limit = self.group._max_value_bytes or _FLEET_DEFAULT_MAX_VALUE
+                limit = internals(self.group).max_value_bytes or _FLEET_DEFAULT_MAX_VALUE
                 sink = Capture((limit - _VALUE_ROOM) * 3 // 4)  # base64 grows it by 4/3
             try:
                 value["exit"] = self._execute(sink)
@@ -574,11 +574,11 @@ class _Run:
     def _flight(self) -> tuple[dict[str, Any] | None, str]:
         """The running flight of our key, from the group's status request; else None
         and why not."""
-        arbiter = self.group._arbiter
-        if arbiter is None:
+        scope = internals(self.group).scope
+        if scope is None:
             return None, "this scope has no status"
         try:
-            flights = arbiter.status()
+            flights = scope.status()
         except Exception as exc:  # the line says so, the run goes on
             text = " ".join(str(exc).split())
             return None, f"the status request failed: {type(exc).__name__}: {text}"

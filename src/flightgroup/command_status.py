@@ -9,7 +9,7 @@ from typing import Any
 
 from .command import Scope, UsageError, open_group
 from .errors import UnavailableError
-from .group import FlightGroup
+from .group import FlightGroup, internals
 
 __all__ = ["status_command"]
 
@@ -22,12 +22,12 @@ def _flights(group: FlightGroup | None, fleet: bool) -> list[dict[str, Any]]:
     """The flights of the group as ``--json`` prints them."""
     if group is None:
         return []
-    arbiter = group._arbiter
-    assert arbiter is not None
+    scope = internals(group).scope
+    assert scope is not None
     end = time.monotonic() + _CONNECT_WAIT
     while True:
         try:
-            raw = arbiter.status()
+            raw = scope.status()
             break
         except OSError as exc:  # a path that is no directory group (/proc, a file)
             raise UsageError(f"cannot read the directory: {exc.strerror or exc}") from None

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
     from .policy import Retention
-    from .wide import KeptCauses
+    from .scope.causes import KeptCauses
 
 __all__ = [
     "Attempt",
@@ -495,6 +495,7 @@ class FlightTable:
         "flights",
         "forgetting",
         "kept",
+        "left_holds",
         "lingering",
         "lock",
         "scope",
@@ -502,9 +503,14 @@ class FlightTable:
         "wide",
     )
 
-    def __init__(self, wide: bool = False, scope: Hashable | None = None) -> None:
+    def __init__(
+        self, wide: bool = False, scope: Hashable | None = None, left_holds: bool = False
+    ) -> None:
         # A wide scope keeps outcomes where every process reaches them, not here.
         self.wide = wide
+        # (wide scopes) a flight that left the table holds its key in the scope while its
+        # work runs (a key lock: Scope.left_flights_hold_keys)
+        self.left_holds = left_holds
         # (wide scopes) what names the scope (its directory, its Redis and namespace):
         # another group of this process with the same scope is the same group (I6)
         self.scope = scope
@@ -570,6 +576,7 @@ class FlightTable:
         self,
         tkey: Hashable,
         key: str,
+        *,
         fresh: bool,
         make_waiter: Callable[[], Waiter],
         chain: Flight | None,
@@ -1146,8 +1153,7 @@ class FlightTable:
         # A flight that left its table holds the key in the directory scope (its key
         # lock); in the fleet only until the scope confirms its forget(): after that a
         # new call leads beside it (its lease is lost).
-        scope = self.scope
-        left_holds = isinstance(scope, tuple) and scope[0] == "directory"
+        left_holds = self.left_holds
         for table in (self, *self._kin()):
             if table is not self:
                 flight = table.flights.get(tkey)

@@ -40,7 +40,7 @@ from .errors import (
     LeaseLostError,
 )
 from .flight import Flight
-from .group import FlightGroup, Result
+from .group import FlightGroup, Result, internals
 from .lease import current_lease
 from .policy import FlightPolicy
 
@@ -157,18 +157,15 @@ def instrument(group: FlightGroup, tracer_provider: TracerProvider | None = None
     if isinstance(group, _Traced):
         return
     tracer = trace.get_tracer(_SCOPE_NAME, tracer_provider=tracer_provider)
-    scope = "process"
-    if group._fleet is not None:
-        scope = "fleet"
-    elif group._arbiter is not None:
-        scope = "directory"
+    wide = internals(group).scope
+    scope = "process" if wide is None else wide.kind
     # A subclass of FlightGroup stays one: the traced class derives from it too (else a
     # subclass with a __dict__ cannot take the swap, and a slotted one loses its methods).
     # It comes first so that the traced class's layout is its own (the swap needs that);
     # its overrides run around the traced methods, which they reach through super().
     base = type(group)
     bases: tuple[type, ...] = (_Traced,) if base is FlightGroup else (base, _Traced)
-    namespace: dict[str, Any] = {"_tracer": tracer, "_scope": scope, "_links": _Links()}
+    namespace: dict[str, Any] = {"_tracer": tracer, "_scope_kind": scope, "_links": _Links()}
     if not base.__dictoffset__:  # slotted like FlightGroup: the same layout, no __dict__
         namespace["__slots__"] = ()
     traced = type(f"Traced{base.__name__}", bases, namespace)
@@ -180,7 +177,7 @@ class _Traced(FlightGroup):
 
     __slots__ = ()
     _tracer: trace.Tracer
-    _scope: str
+    _scope_kind: str
     _links: _Links
 
     def _begin(self, key: str) -> _Call:
@@ -188,7 +185,7 @@ class _Traced(FlightGroup):
             span = self._tracer.start_span(
                 "flightgroup.call",
                 attributes={
-                    "flightgroup.scope": self._scope,
+                    "flightgroup.scope": self._scope_kind,
                     "flightgroup.key_digest": key_digest(key),
                 },
             )

@@ -35,6 +35,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from ._forksafe import renew_after_fork
+from .group import internals
 
 if TYPE_CHECKING:
     from .flight import FlightTable
@@ -155,5 +156,5 @@ def register(
         if collector is None:
             collector = _COLLECTORS[registry] = FlightGroupCollector()
             registry.register(collector)
-    collector.add(name, group._table)
+    collector.add(name, internals(group).table)
     return collector

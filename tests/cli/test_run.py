@@ -553,8 +553,8 @@ FRESH_PROBE = r"""
 import sys, threading, time
 from flightgroup.directory.client import DirectoryArbiter
 submit = DirectoryArbiter.submit
-def probed(self, key, fresh, after=None, *rest):
-    call = submit(self, key, fresh, after, *rest)
+def probed(self, key, **options):
+    call = submit(self, key, **options)
     def probe():
         end = time.monotonic() + 20
         while not call.sent and time.monotonic() < end:
@@ -562,7 +562,7 @@ def probed(self, key, fresh, after=None, *rest):
         tokens = [f["token"] for f in self.status() if f["key"] == key]
         sys.stderr.write(f"probe: run request taken; flights of the key: {tokens}\n")
         sys.stderr.flush()
-    if fresh:
+    if options["fresh"]:
         threading.Thread(target=probe, daemon=True).start()
     return call
 DirectoryArbiter.submit = probed

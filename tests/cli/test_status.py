@@ -66,7 +66,7 @@ def test_fleet_status_shows_a_key_that_is_not_utf8_as_it_was_called(
     try:
         leader = Background(lambda: g.run_sync(key, held([], "v", started, release)))
         assert started.wait(10)
-        [flight] = g._arbiter.status()  # type: ignore[union-attr]
+        [flight] = g._scope.status()  # type: ignore[union-attr]
         assert flight["key"] == key
         release.set()
         assert leader.wait().value == "v"

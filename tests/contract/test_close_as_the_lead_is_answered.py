@@ -1,7 +1,7 @@
 """A wide group closed between the scope's LEAD answer and the work's start: close()
 has returned, so the work must not start after it (API.md: closing makes every waiting
 call raise GroupClosedError); the lead goes back to the scope, and another group of
-the key leads. The window is held open by a patched ``_lead_wide``."""
+the key leads. The window is held open by a patched ``Bridge._lead``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from flightgroup import FlightGroup, GroupClosedError
+from flightgroup.scope.bridge import Bridge
 
 from ..ingroup import Background
 
@@ -24,15 +25,15 @@ def test_a_lead_answered_as_the_group_closes_starts_no_work(
     g, other = pair
     ran: list[str] = []
     reached, closed = threading.Event(), threading.Event()
-    original = FlightGroup._lead_wide
+    original = Bridge._lead
 
-    def held(of: FlightGroup, *args: Any) -> Any:
-        if of is g:
+    def held(of: Bridge, *args: Any) -> Any:
+        if of is g._bridge:
             reached.set()
             assert closed.wait(20)
         return original(of, *args)
 
-    monkeypatch.setattr(FlightGroup, "_lead_wide", held)
+    monkeypatch.setattr(Bridge, "_lead", held)
     if how == "sync":
         caller = Background(lambda: g.run_sync("k", lambda: ran.append("g") or "g"))
     else:

@@ -65,7 +65,7 @@ def test_lambdas_typed_at_a_prompt_never_share_a_flight() -> None:
 
 
 NAMESPACES = """
-from flightgroup.group import _namespace_of
+from flightgroup.decorator import namespace_of
 for cell in (
     "f = lambda s: [x for x in s if x in {'a', 'b', 'c', 'd'}]",
     "f = lambda s: [x for x in s if x in {'a', 'b', 'c', 'e'}]",
@@ -73,7 +73,7 @@ for cell in (
 ):
     here = {"__name__": "__main__"}
     exec(compile(cell, "<cell>", "exec"), here)
-    print(_namespace_of(here["f"]))
+    print(namespace_of(here["f"]))
 """
 
 

@@ -39,7 +39,7 @@ def test_a_call_after_forget_returned_never_joins_the_old_flight(
     in_between: list[Background] = []
     try:
         assert started.wait(20)
-        arbiter = forgetter._arbiter
+        arbiter = forgetter._scope
         real_forget = arbiter.forget
 
         def forget(*args: Any, **kwargs: Any) -> Any:
@@ -132,18 +132,18 @@ def test_a_fresh_caller_promoted_before_its_flight_moved_joins_that_flight(
     join F, the flight that promoted it, never read its signal through F's link to G (a
     GroupClosedError from an open group, or a claim it never held). W's thread is held at
     the entry of signal_of to open the window a descheduled thread has."""
-    import flightgroup.group as group_module
+    import flightgroup.follow as follow_module
     from flightgroup import JSON, FlightGroup
 
     hold = threading.Event()
-    real = group_module.signal_of
+    real = follow_module.signal_of
 
     def held(*args: Any) -> Any:
         if threading.current_thread().name == "W":
             assert hold.wait(30)
         return real(*args)
 
-    monkeypatch.setattr(group_module, "signal_of", held)
+    monkeypatch.setattr(follow_module, "signal_of", held)
     g = FlightGroup(directory=directory, codec=JSON)
     release = {name: threading.Event() for name in ("E", "F", "X", "G")}
     began: set[str] = set()

@@ -4,7 +4,7 @@ it run here, since its work starts after the call; one that comes after the work
 started waits for the end and shares the next flight.
 
 The window between the scope's answer and the work's start is held open by a patched
-``_lead_wide`` that waits for an event, so every order below is forced.
+``Bridge._lead`` that waits for an event, so every order below is forced.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from flightgroup import JSON, FlightGroup, GroupClosedError, LeaseLostError, Una
 from flightgroup.directory.client import DirectoryArbiter
 from flightgroup.flight import FlightTable
 from flightgroup.redis.arbiter import FleetCall, RedisArbiter, _Names
+from flightgroup.scope.bridge import Bridge
 
 from ..infleet import fleet_group, fleet_of, never
 from ..infresh import fresh_waiting, held, lead_held, ran
@@ -212,7 +213,7 @@ class _Gates:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         from flightgroup.directory import client as client_module
-        from flightgroup.wide import Event, Inbox
+        from flightgroup.scope.events import Inbox, Landed, ScopeEvent
 
         gates = self
         self.inboxes: list[Any] = []
@@ -221,29 +222,29 @@ class _Gates:
         class Gated(Inbox):
             def __init__(self) -> None:
                 super().__init__()
-                self.held: list[tuple[Event, tuple[Any, ...]]] = []
+                self.held: list[ScopeEvent] = []
                 self.opened = False
                 gates.inboxes.append(self)
 
-            def put(self, event: Event, *args: Any) -> None:
+            def put(self, event: ScopeEvent) -> None:
                 if not self.opened:
-                    self.held.append((event, args))
-                    if event is Event.LANDED:
+                    self.held.append(event)
+                    if type(event) is Landed:
                         gates.landed.set()
                     return
-                super().put(event, *args)
+                super().put(event)
 
             def open(self) -> None:
                 self.opened = True
-                for event, args in self.held:
-                    super().put(event, *args)
+                for event in self.held:
+                    super().put(event)
 
         monkeypatch.setattr(client_module, "Inbox", Gated)
 
     def joined(self) -> bool:
-        from flightgroup.wide import Event
+        from flightgroup.scope.events import Joined
 
-        return any(event is Event.JOINED for inbox in self.inboxes for event, _ in inbox.held)
+        return any(type(event) is Joined for inbox in self.inboxes for event in inbox.held)
 
     def open(self) -> None:
         for inbox in self.inboxes:
@@ -338,12 +339,10 @@ def test_fresh_callers_of_two_groups_that_came_during_one_flight_share_the_next(
     runs: list[str] = []
     real_submit = DirectoryArbiter.submit
 
-    def submit(
-        self: DirectoryArbiter, key: str, fresh: bool, after: int | None = None, *rest: Any
-    ) -> Any:
-        if self is a._arbiter and fresh and key == "k":
+    def submit(self: DirectoryArbiter, key: str, **options: Any) -> Any:
+        if self is a._scope and options["fresh"] and key == "k":
             assert g_runs.wait(10)  # F's run goes once G leads t2
-        return real_submit(self, key, fresh, after, *rest)
+        return real_submit(self, key, **options)
 
     monkeypatch.setattr(DirectoryArbiter, "submit", submit)
 
@@ -358,7 +357,7 @@ def test_fresh_callers_of_two_groups_that_came_during_one_flight_share_the_next(
         return body
 
     try:
-        coordinator = a._arbiter._coordinator  # type: ignore[union-attr]
+        coordinator = a._scope._coordinator  # type: ignore[union-attr]
         t = Background(lambda: a.run_sync("k", work("t", None, release_t)))
         wait_until(lambda: runs == ["t"], "t runs in a")
         f = Background(lambda: a.run_sync("k", work("F", None, release_g), fresh=True))
@@ -594,18 +593,20 @@ def test_a_fresh_caller_that_comes_after_the_landing_never_joins_the_flight_begu
     f_started, release_f = threading.Event(), threading.Event()
     r_started, release_r = threading.Event(), threading.Event()
     landed, go = threading.Event(), threading.Event()
-    real_land = FlightGroup._land_wide
+    real_land = DirectoryArbiter.land
 
-    def land_wide(self: FlightGroup, flight: Any, *args: Any) -> Any:
-        answer = real_land(self, flight, *args)
-        if self is a and flight.key == "k":
-            landed.set()
-            assert go.wait(20)
-        return answer
+    def land(self: DirectoryArbiter, call: Any, outcome: Any, *, done: Any, **rest: Any) -> None:
+        def handed(answer: Any) -> None:  # handed to the coordinator, not settled here
+            if self is a._scope and call.key == "k":
+                landed.set()
+                assert go.wait(20)
+            done(answer)
 
-    monkeypatch.setattr(FlightGroup, "_land_wide", land_wide)
+        real_land(self, call, outcome, done=handed, **rest)
+
+    monkeypatch.setattr(DirectoryArbiter, "land", land)
     try:
-        coordinator = a._arbiter._coordinator  # type: ignore[union-attr]
+        coordinator = a._scope._coordinator  # type: ignore[union-attr]
         f = Background(lambda: a.run_sync("k", held(runs, "F", f_started, release_f)))
         assert f_started.wait(10)
         r = Background(lambda: b.run_sync("k", held(runs, "R", r_started, release_r),
@@ -646,10 +647,10 @@ def test_a_promoted_caller_whose_flight_ended_before_its_claim_takes_its_outcome
     g, runs, joined = wide, [], []
     lead_reached, lead_go = threading.Event(), threading.Event()
     claim_reached, claim_go = threading.Event(), threading.Event()
-    real_lead, real_claim = FlightGroup._lead_wide, FlightTable.claim
+    real_lead, real_claim = Bridge._lead, FlightTable.claim
 
-    def lead_wide(of: FlightGroup, *args: Any) -> Any:
-        if of is g:
+    def lead_wide(of: Bridge, *args: Any) -> Any:
+        if of is g._bridge:
             lead_reached.set()
             assert lead_go.wait(20)
         return real_lead(of, *args)
@@ -660,7 +661,7 @@ def test_a_promoted_caller_whose_flight_ended_before_its_claim_takes_its_outcome
             assert claim_go.wait(20)
         return real_claim(table, *args, claimed=claimed, **more)
 
-    monkeypatch.setattr(FlightGroup, "_lead_wide", lead_wide)
+    monkeypatch.setattr(Bridge, "_lead", lead_wide)
     monkeypatch.setattr(FlightTable, "claim", claim)
     try:
         leader = Background(lambda: g.run_sync("k", ran(runs, "first")))

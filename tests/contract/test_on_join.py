@@ -32,14 +32,14 @@ class HeldAsk:
 
     def __init__(self, g: FlightGroup, monkeypatch: pytest.MonkeyPatch) -> None:
         self.reached, self.go = threading.Event(), threading.Event()
-        arbiter = g._arbiter
+        arbiter = g._scope
         original = type(arbiter).submit
 
-        def submit(of: Any, *args: Any) -> Any:
+        def submit(of: Any, *args: Any, **options: Any) -> Any:
             if of is arbiter:
                 self.reached.set()
                 assert self.go.wait(20)
-            return original(of, *args)
+            return original(of, *args, **options)
 
         monkeypatch.setattr(type(arbiter), "submit", submit)
 

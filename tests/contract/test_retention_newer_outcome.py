@@ -87,7 +87,7 @@ def test_the_directory_drops_kept_outcomes_that_ran_out_before_evicting_a_live_o
         again = g.run_sync("live", lambda: "ran again")
         # Two slots: the one that ran out goes, the live one stays.
         assert (again.value, again.joined) == ("kept", True)
-        arbiter = g._arbiter
+        arbiter = g._scope
         assert isinstance(arbiter, DirectoryArbiter) and arbiter._coordinator is not None
         assert len(arbiter._coordinator._kept) == 2
     finally:

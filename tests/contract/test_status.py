@@ -40,8 +40,8 @@ def test_status_shows_the_raw_key_of_a_plain_key_that_starts_with_a_nul(
     thread, out = in_thread(g.run_sync, "\x00k", held([], "v", started, release))
     try:
         assert started.wait(10)
-        assert g._arbiter is not None
-        keys = [flight["key"] for flight in g._arbiter.status()]
+        assert g._scope is not None
+        keys = [flight["key"] for flight in g._scope.status()]
     finally:
         release.set()
         thread.join(10)
@@ -73,7 +73,7 @@ if child == 0:
 assert os.read(running_r, 1) == b"r"
 probe = FlightGroup(redis=url, namespace=namespace, codec=JSON)
 try:
-    flights = probe._fleet.status(timeout=10)
+    flights = probe._scope.status(timeout=10)
 finally:
     os.write(go_w, b"g")
     os.waitpid(child, 0)

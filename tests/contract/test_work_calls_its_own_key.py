@@ -140,8 +140,8 @@ def test_a_work_that_calls_its_own_key_through_another_group_of_the_scope_raises
 def _stranger(first: Any, tmp: str) -> Any:
     """A group of the same kind as ``first`` with another scope: another directory (the
     same one under another name is the same scope), or another namespace on its Redis."""
-    fleet = first._fleet
-    if fleet is None:
+    fleet = first._scope
+    if fleet.kind != "fleet":
         return FlightGroup(directory=os.path.join(tmp, "other"), codec=JSON)
     return FlightGroup(redis=fleet.url, namespace=f"{fleet.namespace}-other", codec=JSON)
 
@@ -160,7 +160,7 @@ def test_a_work_of_k_calls_k_in_another_scope_and_it_runs_there(
         assert first.run_sync("k", outer).value == "outer+elsewhere"
     finally:
         stranger.close()
-    if first._fleet is not None:
+    if first._scope.kind == "fleet":
         return
     link = os.path.join(str(tmp_path), "link")
     os.symlink(first._table.scope[1], link)

@@ -29,6 +29,7 @@ from ..ingroup import closed_leader_holds as _closed_leader_holds
 from ..ingroup import coordinating as _coordinating
 from ..ingroup import group as _group
 from ..ingroup import key_lock_free as _key_lock_free
+from ..ingroup import key_watchers as _key_watchers
 from ..ingroup import landed_leader_holds as _landed_leader_holds
 from ..ingroup import lock_waiters as _lock_waiters
 from ..support import wait_until
@@ -82,10 +83,8 @@ def test_calls_of_a_key_a_closed_groups_work_holds_wait_on_the_one_watcher(
                         await g.run("k", work, timeout=0.2)
 
             asyncio.run(main())
-        assert _lock_waiters() == 0  # no lead waits in a key-lock thread
-        watchers = [t for t in threading.enumerate()
-                    if t.name.startswith("flightgroup-keylock-")]
-        assert len(watchers) == 1  # the coordinator's, for k
+        assert _lock_waiters(directory) == 0  # no lead waits in a key-lock thread
+        assert len(_key_watchers(directory)) == 1  # the coordinator's, for k
         release.set()
         b = _group(directory)
         try:
@@ -110,7 +109,7 @@ def test_close_wakes_a_sync_leader_waiting_for_the_key_lock(directory: str) -> N
             return "b"
 
         call = Background(lambda: b.run_sync("k", work_b))
-        arbiter = b._arbiter
+        arbiter = b._scope
         assert arbiter is not None
         wait_until(lambda: len(arbiter._leads) == 1, "b leads k and waits for its lock")
         closing = Background(b.close)
@@ -131,7 +130,7 @@ def test_a_lead_waiting_on_its_key_lock_at_close_never_leaks_the_lock(directory:
     c = _coordinating(directory)
     b = _group(directory)
     a, release, runs = _landed_leader_holds(directory)
-    arbiter = b._arbiter
+    arbiter = b._scope
     assert arbiter is not None
     try:
         async def work_b() -> str:
@@ -145,9 +144,9 @@ def test_a_lead_waiting_on_its_key_lock_at_close_never_leaks_the_lock(directory:
                 assert len(arbiter._leads) == 1  # b leads k and waits for its lock
 
         asyncio.run(main())  # aclose(), then the loop's end cancels the driver task
-        assert _lock_waiters() == 1  # b's lead still waits in flock
+        assert _lock_waiters(directory) == 1  # b's lead still waits in flock
         release.set()  # a's work ends: a frees the key lock, b's waiting flock takes it
-        wait_until(lambda: _lock_waiters() == 0, "b's key-lock thread got the lock")
+        wait_until(lambda: _lock_waiters(directory) == 0, "b's key-lock thread got the lock")
         assert runs == ["a", "a2"]
         assert _key_lock_free(directory, "k"), "nobody runs k, yet its key lock stays held"
     finally:

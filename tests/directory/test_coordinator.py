@@ -38,7 +38,7 @@ from flightgroup.directory import fs, wire
 from flightgroup.directory.coordinator import Coordinator
 
 from ..dirproc import HELLO_OK, RawConn
-from ..ingroup import Background, arbiter, coordinating
+from ..ingroup import Background, arbiter, coordinating, key_watchers
 from ..ingroup import close as close_groups
 from ..ingroup import group as make_group
 from ..support import LoopThread, wait_until
@@ -120,9 +120,10 @@ def served() -> Iterator[Served]:
         made.close()
 
 
-def _watchers(key: str) -> list[threading.Thread]:
+def _watchers(directory: str, key: str) -> list[threading.Thread]:
+    """The watcher threads blocked on ``directory``'s file of ``key``."""
     digest = os.path.basename(fs.key_lock_path("/", key))[:16]
-    return [t for t in threading.enumerate() if t.name == WATCHER + digest]
+    return [t for t in key_watchers(directory) if t.name == WATCHER + digest]
 
 
 def _leading_other(served: Served) -> RawConn:
@@ -183,7 +184,7 @@ def test_a_watcher_that_cannot_open_the_key_file_does_not_lead_beside_the_holder
     caller = served.connect()
     caller.send(wire.run_frame(1, "k"))
     assert tried.wait(10), "no watcher tried to open k's file"
-    wait_until(lambda: not _watchers("k"), "the watcher ended")
+    wait_until(lambda: not _watchers(served.dir, "k"), "the watcher ended")
     monkeypatch.undo()
     served.on_loop(lambda: None)  # whatever the watcher posted has run
     # The holder of the lock, a leader of the earlier term, reasserts its flight.
@@ -275,13 +276,13 @@ def test_past_the_watcher_bound_keys_are_polled_and_lead_when_freed(
         conn.send(wire.run_frame(id, key))
     _status_of(conn, 99)  # every run was handled: each waits
     assert all(served.waiting(key) == 1 for key in keys)
-    assert sum(len(_watchers(key)) for key in keys) == 2
+    assert sum(len(_watchers(served.dir, key)) for key in keys) == 2
     assert served.on_loop(lambda: set(served.coordinator._polled)) == set(keys[2:])
     for id, key in reversed(list(enumerate(keys, 1))):
         served.let_go(held[key])
         header, _ = conn.read_frame()
         assert (header["op"], header["id"]) == ("lead", id), header
-    wait_until(lambda: not any(_watchers(key) for key in keys), "the watchers ended")
+    wait_until(lambda: not any(_watchers(served.dir, key) for key in keys), "the watchers ended")
     assert served.on_loop(lambda: served.coordinator._poll_timer) is None
 
 
@@ -334,14 +335,14 @@ def test_a_cancelled_waiter_is_skipped_and_the_other_leads_when_the_lock_frees(
     one.send(wire.run_frame(1, "k"))
     two.send(wire.run_frame(1, "k"))
     wait_until(lambda: served.waiting("k") == 2, "both wait")
-    assert len(_watchers("k")) == 1
+    assert len(_watchers(served.dir, "k")) == 1
     one.send(wire.cancel_frame(1))
     _status_of(one, 2)  # the cancel was handled
     served.let_go(held)
     header, _ = two.read_frame()
     assert header["op"] == "lead", header
     assert _status_of(one, 3)[0]["key"] == "k"  # the first frame after the cancel
-    wait_until(lambda: not _watchers("k"), "the watcher ended")
+    wait_until(lambda: not _watchers(served.dir, "k"), "the watcher ended")
 
 
 def test_a_waiter_whose_connection_closes_as_the_lock_frees_is_skipped(
@@ -405,11 +406,11 @@ def test_closed_coordinators_leave_no_watcher_threads_behind(directory: str) -> 
             close_groups(g)
             with pytest.raises(GroupClosedError):
                 call.wait()
-        left = len(_watchers("k"))
+        left = len(_watchers(directory, "k"))
         assert left <= 1, f"{left} watcher threads of closed coordinators block on k"
     finally:
         os.close(held)  # the watchers wake and end
-        wait_until(lambda: not _watchers("k"), "the watchers ended")
+        wait_until(lambda: not _watchers(directory, "k"), "the watchers ended")
 
 
 # -----------------------------------------------------------------------------

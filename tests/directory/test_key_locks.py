@@ -37,6 +37,7 @@ from ..ingroup import (
     group,
     hold_key_lock,
     key_files_open,
+    lock_waiters,
     run_of_k_after,
 )
 from ..ingroup import close as _close
@@ -271,7 +272,7 @@ def test_a_lead_overtaken_by_a_newer_flight_of_the_key_runs_with_its_lease_lost(
         call, _, _ = _granted_lead(g, mute, work)
         if lock != "free":
             wait_for(
-                lambda: any(t.name == "flightgroup-keylock" for t in threading.enumerate()),
+                lambda: lock_waiters(h.dir) == 1,
                 "the lead waiting for the key lock",
             )
             os.close(holder)

@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
-import flightgroup.group as group_module
-from flightgroup.directory.client import DirectoryArbiter, Event
+import flightgroup.scope.bridge as bridge_module
+from flightgroup.directory.client import DirectoryArbiter
+from flightgroup.flight import JOINED
+from flightgroup.scope.events import Joined, Landed
 
 from ..ingroup import Background, remote_leader
 from ..ingroup import close as _close
@@ -28,21 +30,19 @@ def test_sync_leading_caller_with_timeout_calls_on_join_when_joined_and_landed_r
     c = _coordinating(directory)
     b = _group(directory)
     a, _, release, leader = remote_leader(directory)
-    real_wake = group_module.wake
+    real_wake = bridge_module.wake
     settled = threading.Event()
     real_submit = DirectoryArbiter.submit
 
-    def submit(
-        self: DirectoryArbiter, key: str, fresh: bool, after: int | None = None, *rest: Any
-    ) -> Any:
-        if self is b._arbiter:  # the caller waits as the leader before the answer comes
+    def submit(self: DirectoryArbiter, key: str, **options: Any) -> Any:
+        if self is b._scope:  # the caller waits as the leader before the answer comes
             wait_until(
                 lambda: b._table.flights["k"].leader_waiter is not None, "the caller waits"
             )
-        return real_submit(self, key, fresh, after, *rest)
+        return real_submit(self, key, **options)
 
     def wake(waiters: Any, signal: Any) -> None:
-        if signal is group_module.JOINED:
+        if signal is JOINED:
             # The woken caller thread is scheduled late: the landing settles first.
             waiters = list(waiters)
             release.set()
@@ -53,7 +53,7 @@ def test_sync_leading_caller_with_timeout_calls_on_join_when_joined_and_landed_r
         real_wake(waiters, signal)
 
     monkeypatch.setattr(DirectoryArbiter, "submit", submit)
-    monkeypatch.setattr(group_module, "wake", wake)
+    monkeypatch.setattr(bridge_module, "wake", wake)
     try:
         joins: list[int] = []
         call = Background(
@@ -82,17 +82,15 @@ def test_async_leading_caller_calls_on_join_when_the_landing_is_already_in(
     a, _, release, leader = remote_leader(directory)
     real_submit = DirectoryArbiter.submit
 
-    def submit(
-        self: DirectoryArbiter, key: str, fresh: bool, after: int | None = None, *rest: Any
-    ) -> Any:
-        call = real_submit(self, key, fresh, after, *rest)
-        if self is b._arbiter:
+    def submit(self: DirectoryArbiter, key: str, **options: Any) -> Any:
+        call = real_submit(self, key, **options)
+        if self is b._scope:
             # The caller's thread is slow to go on (its key file's create, say): the
             # joined answer and then the landing are in its inbox before its first await.
-            wait_until(lambda: len(call.inbox._items) >= 1, "joined")
+            wait_until(lambda: len(call.inbox.pending()) >= 1, "joined")
             release.set()
-            wait_until(lambda: len(call.inbox._items) >= 2, "landed")
-            assert [e for e, _ in call.inbox._items] == [Event.JOINED, Event.LANDED]
+            wait_until(lambda: len(call.inbox.pending()) >= 2, "landed")
+            assert [type(e) for e in call.inbox.pending()] == [Joined, Landed]
         return call
 
     monkeypatch.setattr(DirectoryArbiter, "submit", submit)

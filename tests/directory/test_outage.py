@@ -47,7 +47,7 @@ def test_a_call_made_while_the_leases_are_lost_is_not_failed_with_them(
 
     from flightgroup import LeaseLostError, current_lease
     from flightgroup.directory.client import DirectoryArbiter
-    from flightgroup.wide import Event
+    from flightgroup.scope.events import Lead
 
     allow = threading.Event()  # this process campaigns only once allowed
     campaign, lose = DirectoryArbiter._campaign, DirectoryArbiter._lose
@@ -60,14 +60,14 @@ def test_a_call_made_while_the_leases_are_lost_is_not_failed_with_them(
     def lose_then_call(self: DirectoryArbiter, lead: Any, reason: str) -> None:
         lose(self, lead, reason)
         if not made:
-            made.append(self.submit("after", False))
+            made.append(self.submit("after", fresh=False))
 
     monkeypatch.setattr(DirectoryArbiter, "_campaign", held)
     monkeypatch.setattr(DirectoryArbiter, "_lose", lose_then_call)
     coordinator = subprocess.Popen([sys.executable, "-c", COORDINATOR_PROGRAM, directory],
                                    stdout=subprocess.PIPE)
     group = FlightGroup(directory=directory, codec=JSON, reconnect_timeout=0.5)
-    arbiter = group._arbiter
+    arbiter = group._scope
     assert isinstance(arbiter, DirectoryArbiter)
     running = threading.Event()
     errors: list[BaseException] = []
@@ -102,8 +102,7 @@ def test_a_call_made_while_the_leases_are_lost_is_not_failed_with_them(
         os.close(fd)
         fd = -1
         allow.set()  # this process coordinates: the call is served
-        event, _ = call.inbox.get_sync()
-        assert event is Event.LEAD
+        assert isinstance(call.inbox.get_sync(), Lead)
         arbiter.withdraw(call)
     finally:
         if fd >= 0:
@@ -138,7 +137,7 @@ def test_a_stall_of_this_process_is_not_an_outage(h: Harness, stall: str) -> Non
         ready, _, _ = select.select([frozen], [], [], 10)
         assert ready
         waiting, _ = frozen.accept()
-        arbiter = g._arbiter
+        arbiter = g._scope
         wait_for(lambda: arbiter._loop is not None, "the group's loop")  # type: ignore[union-attr]
         loop = arbiter._loop  # type: ignore[union-attr]
         entered, go_on = threading.Event(), threading.Event()

@@ -72,13 +72,11 @@ def _connected(directory: str, **kwargs: Any) -> FlightGroup:
 
 
 def _settled(group: FlightGroup) -> None:
-    """Wait until the group's landings were acknowledged (their key locks freed)."""
+    """Wait until the group's landings were acknowledged: their calls and leads are
+    gone. Each key file is closed just after, on the group's thread (a check of the
+    files waits for that)."""
     arbiter = _arbiter(group)
     wait_until(lambda: not arbiter._calls and not arbiter._leads, "every landing acked")
-
-
-def _fds_open() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 def _fd_table() -> set[tuple[str, str]]:
@@ -230,7 +228,9 @@ def test_a_lead_withdrawn_as_it_gets_its_key_lock_writes_no_other_file(
         async def main() -> None:
             task = asyncio.ensure_future(b.run("k", work_b))
             await asyncio.to_thread(
-                wait_until, lambda: _lock_waiters() == 1, "b leads k and waits for its lock"
+                wait_until,
+                lambda: _lock_waiters(directory) == 1,
+                "b leads k and waits for its lock",
             )
             release_a.set()  # a's work ends: b's key-lock thread takes the lock
             await asyncio.to_thread(at_pwrite.wait, 20)
@@ -243,7 +243,7 @@ def test_a_lead_withdrawn_as_it_gets_its_key_lock_writes_no_other_file(
         assert _fd_is_key_file(fd)  # the withdrawal waits on the lead's lock, fd still open
         go.set()
         wait_until(lambda: not _fd_is_key_file(fd), "the withdrawal closed the lead's descriptor")
-        wait_until(lambda: _lock_waiters() == 0, "the key-lock thread ended")
+        wait_until(lambda: _lock_waiters(directory) == 0, "the key-lock thread ended")
         assert not arbiter._leads
         with open(fs.key_lock_path(directory, "k"), "rb") as f:
             assert f.read() == b"%-20d\n" % token  # the token went to the key's own file
@@ -316,7 +316,9 @@ def test_close_while_the_caller_opens_its_key_file_before_any_answer(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     coord, x, b, arbiter = _coordinated_beside_x(h)
-    fds = _fds_open()
+    assert arbiter._channel is not None
+    fd = arbiter._channel.sock.fileno()
+    connection = (str(fd), os.readlink(f"/proc/self/fd/{fd}"))  # b's, to the coordinator
     at_open, go = threading.Event(), threading.Event()
     real_open = os.open
 
@@ -342,7 +344,7 @@ def test_close_while_the_caller_opens_its_key_file_before_any_answer(
         # call _OPENING), and nothing else of b is left.
         wait_until(lambda: _key_files_open(h.dir) == 0, "the caller closed the key file")
         assert not arbiter._calls and not arbiter._leads
-        assert _fds_open() < fds  # b's connection is gone too
+        assert connection not in _fd_table()  # b's connection is gone too
         coord.cont()  # it reads b's run, leads it, finds b gone: the flight is interrupted
         x.call("n", "k", h.work(**{"return": "x"}))
         assert_value(x.expect("done", "n"), "x", joined=False)
@@ -457,7 +459,7 @@ def test_a_lead_told_as_the_file_opened_survives_the_coordinators_death(
         assert done["token"] == token
         assert runs == [token] and h.runs_of("k") == []  # x never ran it
         _settled(b)
-        assert _key_files_open(h.dir) == 0
+        wait_until(lambda: _key_files_open(h.dir) == 0, "b closed k's file after the ack")
     finally:
         go.set()
         x_joined.set()
@@ -507,7 +509,7 @@ def test_many_calls_withdrawn_at_each_point_leak_nothing(h: Harness) -> None:
     x.expect("started", "l")
     try:
         # b leads k and waits for its key lock in a thread: withdrawn there.
-        _withdraw_after(b, "k", lambda: _lock_waiters() == 1)
+        _withdraw_after(b, "k", lambda: _lock_waiters(h.dir) == 1)
         for _ in range(10):
             # The coordinator makes b's call wait for k's key lock (b opened the file).
             _withdraw_after(
@@ -518,11 +520,11 @@ def test_many_calls_withdrawn_at_each_point_leak_nothing(h: Harness) -> None:
             # b joined x's flight of j.
             _withdraw_after(b, "j", lambda: any(c.joined for c in list(arbiter._calls.values())))
         assert [entry[0] for entry in h.runs_of("k")] == [a.pid, a.pid]
-        assert _lock_waiters() == 1  # the first withdrawn lead still waits on a copy
+        assert _lock_waiters(h.dir) == 1  # the first withdrawn lead still waits on a copy
         a.release("l")  # a's work ends and frees the key lock
         x.release("l")
         assert_value(x.expect("done", "l"), "j", joined=False)
-        wait_until(lambda: _lock_waiters() == 0, "the key-lock thread ended")
+        wait_until(lambda: _lock_waiters(h.dir) == 0, "the key-lock thread ended")
         wait_until(lambda: not _fd_table() - fds, "no descriptor left but those before")
         wait_until(lambda: not set(threading.enumerate()) - threads, "no thread left")
         assert _key_files_open(h.dir) == 0

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-import flightgroup.group as group_module
+import flightgroup.attempts as attempts_module
 from flightgroup import FlightGroup
 
 from ..ingroup import scope_groups
@@ -47,7 +47,7 @@ def test_work_task_cancelled_before_it_started_still_settles_its_flight(
                  its coroutine ever ran, and the flight still settles.
     (Without eager tasks: Python 3.11. In a wide scope the task is the driver that
     would ask the scope first.)"""
-    monkeypatch.setattr(group_module, "_EAGER", False)
+    monkeypatch.setattr(attempts_module, "_EAGER", False)
     g = any_scope
     ran: list[int] = []
     tasks: list[asyncio.Task[Any]] = []
@@ -149,7 +149,7 @@ def test_leader_whose_work_thread_cannot_start_leaves_nothing_behind(
     no_threads.__dict__.update(vars(threading))
     no_threads.Thread = _NoThread  # type: ignore[attr-defined]
     with monkeypatch.context() as patch:
-        patch.setattr(group_module, "threading", no_threads)
+        patch.setattr(attempts_module, "threading", no_threads)
         with pytest.raises(RuntimeError, match="can't start new thread"):
             g.run_sync("k", lambda: "v", timeout=5)
     flight = g._table.flights.get("k")

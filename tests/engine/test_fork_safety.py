@@ -224,7 +224,7 @@ def test_a_lock_another_thread_held_at_the_fork_is_free_in_the_child(lock: str) 
 
 NOT_STARTED = r'''
 g = group(ARGS["scope"])  # made, not used yet
-arbiter = g._arbiter
+arbiter = g._scope
 real = arbiter._ensure_started
 at_start, forked = threading.Event(), threading.Event()
 def paused():
@@ -389,7 +389,7 @@ import redis
 import flightgroup.redis.arbiter as arbiter_module
 admin = redis.Redis.from_url(ARGS["url"])
 g = group("fleet")
-arbiter = g._arbiter
+arbiter = g._scope
 real = arbiter_module.start_loop
 connected, forked = threading.Event(), threading.Event()
 def paused(name, setup):

@@ -98,7 +98,7 @@ def test_a_keyboard_interrupt_outside_the_work_interrupts_the_flight(
     running with no work for its joiners and every later call to wait on: interrupted
     before the work, as an interrupt in the work does (ADR 0008); with the value after
     it, for every caller but the leader (not kept)."""
-    import flightgroup.group as group_module
+    import flightgroup.attempts as attempts_module
     from flightgroup import Retention
 
     joined = threading.Event()
@@ -107,10 +107,10 @@ def test_a_keyboard_interrupt_outside_the_work_interrupts_the_flight(
         g = FlightGroup()
         # The step that starts the work's attempt raises (once a joiner waits), not
         # the work.
-        _interrupt(monkeypatch, group_module, "_attempt_sync", after=joined)
+        _interrupt(monkeypatch, attempts_module, "attempt_sync", after=joined)
     else:
         g = FlightGroup(retention=Retention(success=60.0, max_bytes=1 << 20))
-        _interrupt(monkeypatch, group_module, "estimate_size")
+        _interrupt(monkeypatch, attempts_module, "estimate_size")
     if where == "measuring the outcome":
         # The joiner must be waiting before the leader lands: the work waits for it.
         def work() -> str:
@@ -178,7 +178,7 @@ def test_an_interrupted_wide_leading_caller_withdraws_only_itself(
     would, in its wait) withdraws that caller alone, never every local joiner of the
     flight: the flight goes on, on a thread of its own, from where it was: it leads here
     and runs the work, or follows the flight led elsewhere."""
-    from flightgroup.wide import Inbox
+    from flightgroup.scope.events import Inbox
 
     here, elsewhere = scope_groups(request, scope, 2, lease=5.0)
     release, running = threading.Event(), threading.Event()
@@ -265,7 +265,7 @@ def test_a_failure_whose_str_is_interrupted_still_lands(
     assert g.stats().in_flight == 0 and "k" not in g._table.flights
     result = g.run_sync("k", lambda: "next", timeout=20)
     assert (result.value, result.joined) == ("next", False)
-    if g._arbiter is not None:  # and a stranger of the scope (as another process is)
+    if g._scope is not None:  # and a stranger of the scope (as another process is)
         [other] = scope_groups(request, request.node.callspec.params["g"], 1, lease=5.0)
         try:
             assert other.run_sync("k", lambda: "other", timeout=20).value == "other"
@@ -462,7 +462,7 @@ def test_an_interrupt_waiting_for_a_retrys_token_withdraws_only_the_caller(
     caller withdraws and the retry goes on, on a thread of its own, as after an interrupt
     in the retry's pause: its local joiners are not interrupted."""
     from flightgroup import JSON, Retry
-    from flightgroup.wide import Inbox
+    from flightgroup.scope.events import Inbox
 
     retry = Retry(attempts=2, backoff=0.0, jitter=False)
     if scope == "directory":

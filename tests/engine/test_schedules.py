@@ -50,7 +50,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 import flightgroup
-import flightgroup.group as group_module
+import flightgroup.attempts as attempts_module
 from flightgroup import FlightFailedError, Result
 
 KEYS = ("a", "b", "c")
@@ -412,12 +412,12 @@ class World:
 @contextlib.contextmanager
 def task_start(eager: bool) -> Iterator[None]:
     """Start a leader's task eagerly (3.12+) or through the loop (3.11's only way)."""
-    old = group_module._EAGER
-    group_module._EAGER = eager
+    old = attempts_module._EAGER
+    attempts_module._EAGER = eager
     try:
         yield
     finally:
-        group_module._EAGER = old
+        attempts_module._EAGER = old
 
 
 def play(schedule: list[Step], n_keys: int, eager: bool, threads: bool) -> World:

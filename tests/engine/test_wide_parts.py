@@ -1,4 +1,4 @@
-"""Parts the wide scopes share (flightgroup.wide), on their own, the kept failure's
+"""Parts the wide scopes share (flightgroup.scope), on their own, the kept failure's
 cause across groups of one directory, and the sync driver both scopes share."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from flightgroup import FlightFailedError, FlightGroup, Retention
-from flightgroup.wide import KeptCauses
+from flightgroup.scope.bridge import Bridge
+from flightgroup.scope.causes import KeptCauses
 
 from ..infleet import never
 from ..infresh import held
@@ -34,7 +35,7 @@ def test_kept_causes_drop_an_error_whose_keep_time_ran_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     now = [1000.0]
-    monkeypatch.setattr("flightgroup.wide.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("flightgroup.scope.causes.time.monotonic", lambda: now[0])
     causes = KeptCauses()
     error = KeyError("gone")
     causes.remember("k", 1, error, 5.0)
@@ -56,7 +57,7 @@ def test_kept_causes_drop_every_expired_error_not_only_the_oldest(
         pass  # (a KeyError takes no weak reference)
 
     now = [1000.0]
-    monkeypatch.setattr("flightgroup.wide.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("flightgroup.scope.causes.time.monotonic", lambda: now[0])
     causes = KeptCauses()
     causes.remember("long", 1, Held("long"), 100.0)
     short = [Held(f"short{i}") for i in range(3)]
@@ -80,11 +81,11 @@ def test_failures_landed_at_once_by_two_leaders_both_keep_their_cause(
     import contextlib
     import threading
 
-    import flightgroup.wide as wide_module
+    import flightgroup.scope.bridge as bridge_module
 
     meet = threading.Barrier(2)
 
-    class Meeting(wide_module.KeptCauses):
+    class Meeting(bridge_module.KeptCauses):
         def __init__(self) -> None:
             # the making is guarded: the other thread waits for this one, and this
             # wait gives up
@@ -92,7 +93,7 @@ def test_failures_landed_at_once_by_two_leaders_both_keep_their_cause(
                 meet.wait(1.0)
             super().__init__()
 
-    monkeypatch.setattr(wide_module, "KeptCauses", Meeting)
+    monkeypatch.setattr(bridge_module, "KeptCauses", Meeting)
     a, b = (group(directory, retention=Retention(success=None, error=60.0)) for _ in "ab")
     try:
         errors = {key: KeyError(key) for key in ("k1", "k2")}
@@ -157,14 +158,14 @@ def test_a_sync_leading_callers_on_join_raising_a_base_exception_withdraws_only_
     leader = Background(lambda: a.run_sync("k", held(runs, "a", started, release)))
     assert started.wait(10)
     second_joined = threading.Event()
-    original = FlightGroup._joined_remote
+    original = Bridge._joined
 
-    def joined_remote(of: FlightGroup, *args: Any) -> Any:
-        if of is b:  # JOINED is held until the second caller joined b's flight
+    def joined_remote(of: Bridge, *args: Any) -> Any:
+        if of is b._bridge:  # JOINED is held until the second caller joined b's flight
             assert second_joined.wait(10)
         return original(of, *args)
 
-    monkeypatch.setattr(FlightGroup, "_joined_remote", joined_remote)
+    monkeypatch.setattr(Bridge, "_joined", joined_remote)
 
     def interrupted() -> None:
         raise KeyboardInterrupt
@@ -191,7 +192,7 @@ def test_a_stopped_group_loop_cancels_the_tasks_its_tasks_start_as_they_end() ->
     pending!")."""
     import asyncio
 
-    from flightgroup.wide import start_loop
+    from flightgroup.scope.loop import start_loop
 
     ended: list[str] = []
     running = threading.Event()
@@ -271,7 +272,7 @@ def test_a_wide_group_dropped_without_close_lets_go_of_its_threads_and_connectio
 
     [g] = scope_groups(request, scope, 1, lease=5.0)
     assert g.run_sync("k", lambda: 1).value == 1
-    arbiter = g._arbiter
+    arbiter = g._scope
     thread = arbiter._thread  # type: ignore[union-attr]
     assert thread is not None and thread.is_alive()
     with warnings.catch_warnings(record=True) as caught:
@@ -289,7 +290,7 @@ def test_a_wide_group_dropped_without_close_lets_go_of_its_threads_and_connectio
     closed, unused, forked = scope_groups(request, scope, 3, lease=5.0)
     closed.close()
     assert forked.run_sync("k", lambda: 1).value == 1
-    forked._arbiter.on_fork("this is a forked child")  # type: ignore[union-attr]
+    forked._scope.on_fork("this is a forked child")  # type: ignore[union-attr]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         del closed, unused, forked

@@ -28,7 +28,6 @@ from flightgroup.redis.arbiter import _Names
 
 from ..infleet import (
     RETRY_NOW,
-    fleet_arbiter,
     fleet_group,
     fleet_of,
     hold_next_reply,
@@ -63,7 +62,7 @@ def test_closing_during_a_retrys_attempt_interrupts_the_joiners_elsewhere_at_onc
                     retry=RETRY_NOW)
     b = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON, lease=30)
     ran, release = threading.Event(), threading.Event()
-    fleet = fleet_arbiter(a)
+    fleet = fleet_of(a)
     hold_script(fleet, "attempt", ran=ran, release=release)
     abandoned = threading.Event()
     original_abandon = fleet._abandon
@@ -114,7 +113,7 @@ def test_closing_during_an_acquire_that_leads_gives_the_lead_back(
     the record goes and the joiners elsewhere never wait a whole lease."""
     a = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON, lease=30)
     b = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON, lease=30)
-    fleet = fleet_arbiter(a)
+    fleet = fleet_of(a)
     ran, release = threading.Event(), threading.Event()
     hold_script(fleet, "acquire", ran=ran, release=release)
     original_close = fleet._close

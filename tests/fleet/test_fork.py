@@ -200,7 +200,7 @@ from flightgroup import JSON, FlightGroup
 warnings.simplefilter("ignore", DeprecationWarning)
 group = FlightGroup(redis=sys.argv[1], namespace=sys.argv[2], codec=JSON)
 inside, go_on = threading.Event(), threading.Event()
-arbiter = group._arbiter
+arbiter = group._scope
 real = arbiter._setup
 def setup(loop):
     inside.set()  # the first call is starting the group: it holds the start lock

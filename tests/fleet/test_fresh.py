@@ -19,7 +19,7 @@ from flightgroup import (
     current_lease,
 )
 
-from ..infleet import RETRY_NOW, fleet_arbiter, fleet_group, fleet_of, hold_script, in_thread_box
+from ..infleet import RETRY_NOW, fleet_group, fleet_of, hold_script, in_thread_box
 from ..redisproc import RedisServer
 from ..support import in_thread, outcome, wait_until
 
@@ -133,7 +133,7 @@ def test_a_fresh_caller_never_takes_the_kept_outcome_of_a_flight_that_retried(
                     retry=RETRY_NOW, retention=Retention(success=30))
     replies: list[Any] = []
     waiting, never = threading.Event(), threading.Event()
-    hold_script(fleet_arbiter(a), "acquire", ran=waiting, release=never, replies=replies,
+    hold_script(fleet_of(a), "acquire", ran=waiting, release=never, replies=replies,
                  after=lambda reply: False)
     gates = [threading.Event(), threading.Event()]
     calls = 0

@@ -31,7 +31,6 @@ from flightgroup.redis.arbiter import RedisArbiter, _Names
 
 from ..infleet import (
     RETRY_NOW,
-    fleet_arbiter,
     fleet_group,
     fleet_of,
     hold_script,
@@ -131,7 +130,7 @@ def test_a_renewal_that_crosses_a_retrys_attempt_does_not_lose_the_lease(
     not lose the lease of a healthy flight."""
     a = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON, lease=1.5,
                     retry=RETRY_NOW)
-    fleet = fleet_arbiter(a)
+    fleet = fleet_of(a)
     ran, release = threading.Event(), threading.Event()
     hold_script(fleet, "attempt", ran=ran, release=release)
     renew_sent, renewed = threading.Event(), threading.Event()

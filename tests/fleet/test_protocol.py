@@ -1032,18 +1032,18 @@ def test_cluster_status_and_lease_renewal(cluster: RedisCluster, namespace: str)
                      lease=0.6) as a, \
             FlightGroup(redis=cluster.url, namespace=namespace, codec=JSON, cluster=True,
                         lease=0.6) as b:
-        assert a._arbiter is not None
+        assert a._scope is not None
         lead_thread, lead = in_thread(a.run_sync, "slow", work)
         assert started.wait(10)
         join_thread, join = in_thread(b.run_sync, "slow", never, on_join=joined.set)
         assert joined.wait(10)
-        flights = a._arbiter.status()
+        flights = a._scope.status()
         assert [f["key"] for f in flights] == ["slow"] and flights[0]["leader_pid"] == os.getpid()
         lead_thread.join(10)
         join_thread.join(10)
         assert joined_value(lead).value == joined_value(join).value == "slow"
         assert joined_value(join).joined and lost == [False]
-        assert a._arbiter.status() == []
+        assert a._scope.status() == []
 
 
 # -- the startup warning, status(), round trips ----------------------------------------------
@@ -1089,15 +1089,15 @@ def test_status_lists_running_flights_with_scan(redis_server: RedisServer, names
     with FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON,
                      retention=Retention(success=30.0)) as a, \
             FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON) as b:
-        assert a._arbiter is not None
+        assert a._scope is not None
         a.run_sync("kept", lambda: "kept")  # a kept outcome is no flight in progress
-        assert a._arbiter.status() == []
+        assert a._scope.status() == []
         threads = [in_thread(a.run_sync, key, work_of(key)) for key in started]
         assert all(event.wait(10) for event in started.values())
         join_thread, join = in_thread(b.run_sync, "s2", never, on_join=joined.set)
         assert joined.wait(10)
         client.config_resetstat()
-        flights = a._arbiter.status()
+        flights = a._scope.status()
         stats = client.info("commandstats")
         assert "cmdstat_scan" in stats and "cmdstat_keys" not in stats
         assert sorted(f["key"] for f in flights) == ["s1", "s2", "s3"]
@@ -1109,10 +1109,10 @@ def test_status_lists_running_flights_with_scan(redis_server: RedisServer, names
             assert flight["host"] == socket.gethostname()
             assert flight["joiners"] == (1 if flight["key"] == "s2" else 0)
             assert isinstance(flight["age_s"], float) and 0 <= flight["age_s"] < 10
-        assert len(a._arbiter.status(limit=2)) <= 2  # bounded
-        assert b._arbiter is not None  # any group of the namespace sees them
+        assert len(a._scope.status(limit=2)) <= 2  # bounded
+        assert b._scope is not None  # any group of the namespace sees them
         ages = {"age_s"}
-        assert [{k: v for k, v in f.items() if k not in ages} for f in b._arbiter.status()] == [
+        assert [{k: v for k, v in f.items() if k not in ages} for f in b._scope.status()] == [
             {k: v for k, v in f.items() if k not in ages} for f in flights
         ]
         release.set()
@@ -1120,7 +1120,7 @@ def test_status_lists_running_flights_with_scan(redis_server: RedisServer, names
             thread.join(10)
         join_thread.join(10)
         assert joined_value(join).value == "s2"
-        assert a._arbiter.status() == []
+        assert a._scope.status() == []
 
 
 class Counter:
@@ -1147,12 +1147,12 @@ class Counter:
         monkeypatch.setattr(arbiter_module.aioredis.Redis, "xread", xread)
 
     def of(self, group: FlightGroup) -> list[str]:
-        arbiter = group._arbiter
+        arbiter = group._scope
         assert isinstance(arbiter, RedisArbiter)
         return [name for who, name, _ in self.log if who is arbiter or who is arbiter._blocking]
 
     def replies(self, group: FlightGroup, name: str) -> list[Any]:
-        return [reply for who, n, reply in self.log if who is group._arbiter and n == name]
+        return [reply for who, n, reply in self.log if who is group._scope and n == name]
 
 
 @pytest.mark.timeout(30)
@@ -1240,6 +1240,6 @@ def test_unreachable_cluster_raises_unavailable_error() -> None:
         assert isinstance(caught.value.__cause__, (redis.RedisError, RedisClusterException))
         with pytest.raises(UnavailableError):
             group.forget("k")
-        assert group._arbiter is not None
+        assert group._scope is not None
         with pytest.raises(UnavailableError):
-            group._arbiter.status()
+            group._scope.status()

@@ -19,7 +19,6 @@ from flightgroup import (
 
 from ..infleet import (
     RETRY_NOW,
-    fleet_arbiter,
     fleet_group,
     fleet_of,
     hold_script,
@@ -45,7 +44,7 @@ def test_a_leaders_loop_stopping_during_a_retry_ends_the_flight_for_everyone(
                     retry=RETRY_NOW)
     b = FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON, lease=30)
     asked, release = threading.Event(), threading.Event()
-    hold_script(fleet_arbiter(a), "attempt", ran=asked, release=release)
+    hold_script(fleet_of(a), "attempt", ran=asked, release=release)
     joined_here, joined_there, fail = threading.Event(), threading.Event(), threading.Event()
     started = threading.Event()
 

@@ -6,3 +6,23 @@ shares flights through a coordinator elected among them.
 - ``coordinator``: the elected server that decides lead or join for the directory.
 - ``client``: the arbiter a group uses: election, connection, key locks, leases.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..scope.interface import Scope
+
+__all__ = ["open_scope"]
+
+
+def open_scope(path: str, *, max_frame: int, reconnect_timeout: float) -> Scope:
+    """The directory scope of ``path`` (its arguments checked by the group): nothing
+    is created or started until its first call."""
+    from . import forked
+    from .client import DirectoryArbiter
+
+    scope = DirectoryArbiter(path, max_frame=max_frame, reconnect_timeout=reconnect_timeout)
+    forked.watch(path)  # a forked child lets go of this directory's locks
+    return scope

@@ -12,9 +12,9 @@ lock while its work runs), joins a flight led elsewhere, or is served a kept
 outcome. Answers reach the flight's driver through an ``Inbox``, on its own
 loop or thread.
 
-Field ownership: ``Call`` and ``Lead`` objects and the arbiter's dicts are
-touched only on the background loop, except ``Lead.fd``/``Lead.attempt``,
-guarded by ``Lead.lock`` (a work ends on its own thread, possibly after close).
+Field ownership: ``Call`` and ``DirectoryLead`` objects and the arbiter's dicts are
+touched only on the background loop, except ``DirectoryLead.fd``/``DirectoryLead.attempt``,
+guarded by ``DirectoryLead.lock`` (a work ends on its own thread, possibly after close).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -42,26 +42,26 @@ from ..errors import (
     ValueTooLargeError,
     renewed,
 )
-from ..wide import (
-    DetachedNotice,
-    Event,
+from ..scope.events import (
     Inbox,
-    LeadState,
-    closed_in_fork,
-    forked_reason,
-    from_wire,
-    key_as_called,
-    post,
-    start_loop,
-    to_wire,
+    Joined,
+    Landed,
+    Lead,
+    LeaseLost,
+    NoOutcome,
+    Refused,
+    ScopeEvent,
 )
+from ..scope.interface import DetachedNotice, Handed, LeadState, key_as_called
+from ..scope.loop import closed_in_fork, forked_reason, post, start_loop
+from ..scope.outcome import Failure, Interrupted, SharedOutcome
 from . import forked, fs, wire
 from .coordinator import Coordinator
 
 if TYPE_CHECKING:
     from ..flight import Attempt
 
-__all__ = ["Call", "DirectoryArbiter", "Event", "Inbox", "from_wire", "to_wire"]
+__all__ = ["Call", "DirectoryArbiter"]
 
 
 
@@ -136,10 +136,10 @@ class Call(DetachedNotice):
         # The flight's tokens heard before ``token`` (it retried), oldest first: a rejoin
         # names them too, in case the next coordinator never heard of ``token``.
         self.earlier: tuple[int, ...] = ()
-        self.lead: Lead | None = None
+        self.lead: DirectoryLead | None = None
 
 
-class Lead(LeadState):
+class DirectoryLead(LeadState):
     """A flight this process leads: its key lock and its landing until acked
     (``lock`` also guards ``fd``)."""
 
@@ -322,7 +322,7 @@ class Channel:
 
 
 class DirectoryArbiter:
-    """Lead or join for the wider scope of a directory group (see the module)."""
+    """DirectoryLead or join for the wider scope of a directory group (see the module)."""
 
     def __init__(
         self,
@@ -349,7 +349,7 @@ class DirectoryArbiter:
         self._refusal: BaseException | None = None  # new calls raise it (another version)
         self._next_id = 0
         self._calls: dict[int, Call] = {}
-        self._leads: dict[int, Lead] = {}
+        self._leads: dict[int, DirectoryLead] = {}
         self._channel: Channel | None = None
         # Guards the channel, call registration and ``Call.sent`` (callers send their
         # own run requests from their threads; the loop resends after a reconnect).
@@ -667,7 +667,7 @@ class DirectoryArbiter:
         """A coordinator of another version holds the election: new calls fail."""
         self._refusal = exc
         for call in self._take_unled(lambda call: not call.joined):
-            _finish(call, Event.FAILED, renewed(exc))
+            _finish(call, Refused(renewed(exc)))
 
     def _give_up(self, down: float) -> None:
         """No coordinator of our version for ``down`` s (over ``reconnect_timeout``):
@@ -682,17 +682,17 @@ class DirectoryArbiter:
             self._lose(lead, "no coordinator could be reached")
         for call in waited:
             if call.joined:
-                _finish(call, Event.INTERRUPTED, "no coordinator could be reached")
+                _finish(call, NoOutcome("no coordinator could be reached"))
             else:
                 error = self._refusal or UnavailableError(
                     f"no coordinator of {self.directory!r} answered for {down:.1f} s "
                     f"(reconnect_timeout={self._reconnect_timeout:g})"
                 )
-                _finish(call, Event.FAILED, renewed(error))
+                _finish(call, Refused(renewed(error)))
 
     def _fail_all(self, exc: BaseException) -> None:
         for call in self._take_unled():
-            _finish(call, Event.FAILED, renewed(exc))
+            _finish(call, Refused(renewed(exc)))
 
     def _take_unled(self, only: Callable[[Call], bool] | None = None) -> list[Call]:
         """Remove the calls that lead nothing (and pass ``only``); under the send lock,
@@ -741,7 +741,7 @@ class DirectoryArbiter:
         call = self._calls.get(id) if id is not None else None
         if call is not None and call.lead is None:
             del self._calls[id]
-            _finish(call, Event.FAILED, ValueTooLargeError(call.key, size, limit))
+            _finish(call, Refused(ValueTooLargeError(call.key, size, limit)))
             return
         waiter = self._waiters.pop(id, None) if id is not None else None
         if waiter is not None and not waiter.done():
@@ -764,16 +764,16 @@ class DirectoryArbiter:
                 if first:
                     log.debug("%s %s: join, token %d (leader pid %d)", self.directory,
                               DigestOf(call.key), answer.token, answer.pid)
-                    call.inbox.put(Event.JOINED, answer.token, answer.pid, answer.age)
+                    call.inbox.put(Joined(answer.token, answer.pid, answer.age))
         elif isinstance(answer, wire.Landed):
             call = self._calls.pop(answer.id, None)
             if call is not None:
                 _drop_fd(call)
-                call.inbox.put(Event.LANDED, answer.token, answer.outcome, answer.kept)
+                call.inbox.put(Landed(answer.token, answer.outcome, answer.kept))
         elif isinstance(answer, wire.InterruptedAnswer):
             call = self._calls.pop(answer.id, None)
             if call is not None:
-                _finish(call, Event.INTERRUPTED, answer.reason)
+                _finish(call, NoOutcome(answer.reason))
         elif isinstance(answer, wire.Detached):
             call = self._calls.get(answer.id)
             if call is not None:
@@ -821,8 +821,11 @@ class DirectoryArbiter:
                 else:
                     _finish(
                         call,
-                        Event.FAILED,
-                        FlightInterruptedError(call.key, f"the coordinator said: {answer.message}"),
+                        Refused(
+                            FlightInterruptedError(
+                                call.key, f"the coordinator said: {answer.message}"
+                            )
+                        ),
                     )
 
     def _over_limit(self, limit: int) -> None:
@@ -838,7 +841,7 @@ class DirectoryArbiter:
             if _request_size(call.key) > limit:
                 if call.lead is None:
                     self._calls.pop(call.id, None)
-                    _finish(call, Event.FAILED, _key_too_long(call.key, limit))
+                    _finish(call, Refused(_key_too_long(call.key, limit)))
                 elif not call.lead.acked:  # its reassert would be refused for ever
                     self._lose(call.lead, str(_key_too_long(call.key, limit)))
 
@@ -861,7 +864,7 @@ class DirectoryArbiter:
                     if lead.locked and lead.fd >= 0:
                         with contextlib.suppress(OSError):
                             os.pwrite(lead.fd, b"%-20d\n" % token, 0)
-                call.inbox.put(Event.LEAD, token)
+                call.inbox.put(Lead(token))
             return
         with call.lock:
             fd = call.fd
@@ -884,7 +887,7 @@ class DirectoryArbiter:
             except OSError as exc:
                 self._calls.pop(call.id, None)
                 self._send(wire.cancel_frame(call.id))
-                _finish(call, Event.FAILED, exc)
+                _finish(call, Refused(exc))
                 return
         # The descriptor is used here only before the lead is published: once it is,
         # close() or a withdrawal may close it (and its number be reused) at any time.
@@ -901,9 +904,9 @@ class DirectoryArbiter:
                 os.close(fd)
                 self._calls.pop(call.id, None)
                 self._send(wire.cancel_frame(call.id))
-                _finish(call, Event.FAILED, exc)
+                _finish(call, Refused(exc))
                 return
-        lead = Lead(call, token, fd)
+        lead = DirectoryLead(call, token, fd)
         # In one step for a reconnect (which reasserts what _leads holds and sends the
         # runs of calls with no lead): between the two, it would do neither. A call
         # failed meanwhile (the group closes, the scope gave up) has nobody to run its
@@ -954,7 +957,7 @@ class DirectoryArbiter:
             return
         self._locked(lead)
 
-    def _locked(self, lead: Lead) -> None:
+    def _locked(self, lead: DirectoryLead) -> None:
         newer = 0
         with lead.lock:
             if lead.abandoned:  # closed or withdrawn while it waited for the lock
@@ -983,16 +986,16 @@ class DirectoryArbiter:
             return
         if newer:  # lost before its work starts: the work hears it when it binds
             self._lose(lead, f"a newer flight of the key (token {newer}) held its key lock first")
-        lead.call.inbox.put(Event.LEAD, lead.token)
+        lead.call.inbox.put(Lead(lead.token))
 
-    def _lock_failed(self, lead: Lead, exc: Exception) -> None:
+    def _lock_failed(self, lead: DirectoryLead, exc: Exception) -> None:
         call = lead.call
         self._leads.pop(call.id, None)
         if self._calls.pop(call.id, None) is not None:
             self._send(wire.cancel_frame(call.id))
-            _finish(call, Event.FAILED, exc)
+            _finish(call, Refused(exc))
 
-    def _abandon(self, lead: Lead) -> bool:
+    def _abandon(self, lead: DirectoryLead) -> bool:
         """Give up a lead still waiting for its key lock (its fd is closed: the lock,
         if the waiting thread gets it, goes with the file). True if it was waiting."""
         with lead.lock:
@@ -1002,7 +1005,7 @@ class DirectoryArbiter:
         lead.release()
         return True
 
-    def _lose(self, lead: Lead, reason: str) -> None:
+    def _lose(self, lead: DirectoryLead, reason: str) -> None:
         if lead.lost or lead.acked:
             return
         log.warning("lost the lease of a flight of %s (token %d): %s",
@@ -1015,10 +1018,10 @@ class DirectoryArbiter:
         lead.call.detached()
         if lead.retrying:
             lead.retrying = False
-            lead.call.inbox.put(Event.LOST, reason)
+            lead.call.inbox.put(LeaseLost(reason))
         self._end_lead(lead)
 
-    def _end_lead(self, lead: Lead) -> None:
+    def _end_lead(self, lead: DirectoryLead) -> None:
         """Free the key lock once the work ended and the flight needs nothing more.
         Called by each side after it set its flag (work_done in the work's thread,
         acked or lost here), so one of them sees both."""
@@ -1031,9 +1034,33 @@ class DirectoryArbiter:
 
     # -- what drivers call (any thread) -----------------------------------------
 
+    @property
+    def identity(self) -> Hashable:
+        """The directory's real path: every spelling of it is one group."""
+        return ("directory", os.path.realpath(self.directory))
+
+    @property
+    def kind(self) -> str:
+        return "directory"
+
+    @property
+    def label(self) -> str:
+        return f"directory {self.directory!r}"
+
+    @property
+    def started(self) -> bool:
+        """True once the first call started the group's thread."""
+        return self._thread is not None
+
+    @property
+    def left_flights_hold_keys(self) -> bool:
+        """True: a flight's key lock is held until its work ends, forgotten or not."""
+        return True
+
     def submit(
         self,
         key: str,
+        *,
         fresh: bool,
         after: int | None = None,
         on_detached: Callable[[], object] | None = None,
@@ -1113,7 +1140,7 @@ class DirectoryArbiter:
         lead = call.lead
         assert lead is not None
         if lead.lost or self._closing:
-            call.inbox.put(Event.LOST, "the group closed" if self._closing else "lost")
+            call.inbox.put(LeaseLost("the group closed" if self._closing else "lost"))
             return
         lead.retrying = True
         self._send(wire.attempt_frame(call.id))
@@ -1123,14 +1150,18 @@ class DirectoryArbiter:
     def land(
         self,
         call: Call,
-        outcome: wire.Outcome | None,
+        outcome: SharedOutcome | None,
+        *,
         stragglers: list[threading.Event] | None = None,
+        done: Callable[[Handed], None] | None = None,
     ) -> None:
         """The flight ended: hand ``outcome`` over (None: nothing to land, the lease
-        was lost). Sent from the work's own thread, like a run request; the key lock
-        is freed once the coordinator acknowledged (kept until then for a resend)
-        and every attempt's work has returned: ``stragglers`` are the ends of sync
-        attempts still running past their deadline (the key never runs beside them)."""
+        was lost). Sent from the work's own thread, like a run request; ``done`` is told
+        once it is handed to the connection (the coordinator resends it to a rejoin, so
+        the flight settles here at once). The key lock is freed once the coordinator
+        acknowledged (kept until then for a resend) and every attempt's work has
+        returned: ``stragglers`` are the ends of sync attempts still running past their
+        deadline (the key never runs beside them)."""
         lead = call.lead
         assert lead is not None
         running = [ended for ended in stragglers or () if not ended.is_set()]
@@ -1141,8 +1172,10 @@ class DirectoryArbiter:
             )
             self._send_landing(call, lead, outcome, work_done=False)
             waiter.start()
-            return
-        self._send_landing(call, lead, outcome, work_done=True)
+        else:
+            self._send_landing(call, lead, outcome, work_done=True)
+        if done is not None:
+            done(Handed())
 
     def _after_stragglers(self, call: Call, running: list[threading.Event]) -> None:
         for ended in running:
@@ -1156,12 +1189,12 @@ class DirectoryArbiter:
             self._post(self._check_closed)
 
     def _send_landing(
-        self, call: Call, lead: Lead, outcome: wire.Outcome | None, *, work_done: bool
+        self, call: Call, lead: DirectoryLead, outcome: SharedOutcome | None, *, work_done: bool
     ) -> None:
         frame = None
         if outcome is not None and not lead.lost:
             frame = wire.land_frame(call.id, lead.token, outcome)  # outside the locks
-            if len(frame) - 4 > self._max_frame and isinstance(outcome, wire.Failure):
+            if len(frame) - 4 > self._max_frame and isinstance(outcome, Failure):
                 # A long message in a small frame: cut to what surely fits (a character
                 # takes at most 12 bytes of ASCII JSON), the joiners still hear the error.
                 keep = max(0, (self._max_frame - 256 - 12 * len(outcome.type + outcome.module))
@@ -1323,20 +1356,20 @@ class DirectoryArbiter:
                 # run yet would make this dead call a leader, and other processes' calls
                 # would join a flight nobody runs until this connection goes.
                 self._send(wire.cancel_frame(call.id))
-            _finish(call, Event.FAILED, GroupClosedError())
+            _finish(call, Refused(GroupClosedError()))
         for lead in list(self._leads.values()):
             if self._abandon(lead):  # still waiting for its key lock: it never starts
                 self._leads.pop(lead.call.id, None)
                 self._calls.pop(lead.call.id, None)
-                _finish(lead.call, Event.FAILED, GroupClosedError())
+                _finish(lead.call, Refused(GroupClosedError()))
                 lead.landing = wire.land_frame(
-                    lead.call.id, lead.token, wire.Interrupted("its leader's group closed")
+                    lead.call.id, lead.token, Interrupted("its leader's group closed")
                 )
                 self._send(lead.landing)
                 continue
             if lead.retrying:  # between attempts: the next one never starts
                 lead.retrying = False
-                lead.call.inbox.put(Event.LOST, "the group closed")
+                lead.call.inbox.put(LeaseLost("the group closed"))
             if lead.lose(only_running=True):
                 # The group closed: its outcome will not be delivered. Its joiners
                 # elsewhere are told now (an interrupted landing), not when a later
@@ -1344,7 +1377,7 @@ class DirectoryArbiter:
                 # work ends (land() frees it then).
                 lead.cut = True
                 lead.landing = wire.land_frame(
-                    lead.call.id, lead.token, wire.Interrupted("its leader's group closed")
+                    lead.call.id, lead.token, Interrupted("its leader's group closed")
                 )
                 self._send(lead.landing)
         self._close_by = time.monotonic() + self._reconnect_timeout
@@ -1504,10 +1537,10 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
-def _finish(call: Call, event: Event, *args: Any) -> None:
+def _finish(call: Call, event: ScopeEvent) -> None:
     """The call ends without leading: tell its driver."""
     _drop_fd(call)
-    call.inbox.put(event, *args)
+    call.inbox.put(event)
 
 
 def _heard(earlier: tuple[int, ...], old: int, new: int) -> tuple[int, ...]:
@@ -1520,7 +1553,7 @@ def _heard(earlier: tuple[int, ...], old: int, new: int) -> tuple[int, ...]:
     return tuple(kept[-wire.MAX_EARLIER :])
 
 
-def _too_large(lead: Lead, size: int, limit: int, whose: str) -> bytes:
+def _too_large(lead: DirectoryLead, size: int, limit: int, whose: str) -> bytes:
     """The landing that replaces one over a frame's limit: no coordinator would read it
     (it closes the connection, and every flight led on it would be interrupted)."""
     log.warning(
@@ -1530,7 +1563,7 @@ def _too_large(lead: Lead, size: int, limit: int, whose: str) -> bytes:
     )
     return wire.land_frame(
         lead.call.id, lead.token,
-        wire.Interrupted(f"its outcome ({size} bytes) is over {whose} max_frame_bytes ({limit})"),
+        Interrupted(f"its outcome ({size} bytes) is over {whose} max_frame_bytes ({limit})"),
     )
 
 

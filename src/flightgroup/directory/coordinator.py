@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..retention import RetentionStore
+from ..scope.outcome import Failure, Interrupted, SharedOutcome, Value, kept_size
 from . import forked, fs, wire
 
 __all__ = ["Coordinator"]
@@ -141,7 +142,7 @@ class _PendingAck:
 class _Ending:
     key: str
     token: int  # the flight's last token (a `landed` carries it)
-    outcome: wire.Outcome
+    outcome: SharedOutcome
     until: float
 
 
@@ -626,7 +627,7 @@ class Coordinator:
         outcome = land.outcome
         written = self._deliver(flight, outcome)
         # A detached flight (forgotten, or older than the key's current one) is never kept.
-        if isinstance(outcome, (wire.Value, wire.Failure)) and outcome.keep and current:
+        if isinstance(outcome, (Value, Failure)) and outcome.keep and current:
             self._keep(key, flight.token, outcome, outcome.keep)
         elif current:
             # A newer outcome that is not kept: the key's older kept one (a fresh call
@@ -637,7 +638,7 @@ class Coordinator:
         # a timeout: a group that closed, or a sync work past its deadline, keeps the
         # lock until its work ends, and each process's next call would wait for it in
         # a thread of its own; they wait here instead, on the key's one watcher.
-        if isinstance(outcome, (wire.Value, wire.Failure)):
+        if isinstance(outcome, (Value, Failure)):
             if len(self._releasing) >= _RELEASING_MAX:
                 self._releasing.clear()  # only an optimisation: the probe takes over
             self._releasing[key] = flight.token
@@ -679,7 +680,7 @@ class Coordinator:
             pending.timer.cancel()
         pending.leader.send(wire.ack_frame(pending.id))
 
-    def _deliver(self, flight: _Flight, outcome: wire.Outcome) -> set[_Session]:
+    def _deliver(self, flight: _Flight, outcome: SharedOutcome) -> set[_Session]:
         """Hand ``outcome`` to every joiner of ``flight`` (which left the table);
         returns the sessions written to."""
         flight.ended = True
@@ -705,8 +706,8 @@ class Coordinator:
             self._purge_endings(now)
         return written
 
-    def _send_ending(self, session: _Session, id: int, token: int, outcome: wire.Outcome) -> None:
-        if isinstance(outcome, wire.Interrupted):
+    def _send_ending(self, session: _Session, id: int, token: int, outcome: SharedOutcome) -> None:
+        if isinstance(outcome, Interrupted):
             session.send(wire.interrupted_frame(id, outcome.reason))
         else:
             session.send(wire.landed_frame(id, token, outcome))
@@ -728,7 +729,7 @@ class Coordinator:
             # Ended without an outcome to keep: as in _land, an older kept outcome (a
             # fresh call led past it) must not be served after it.
             self._drop_kept(flight.key)
-        self._deliver(flight, wire.Interrupted(reason))
+        self._deliver(flight, Interrupted(reason))
         self._after(flight)
 
     def _cancel(self, session: _Session, id: int) -> None:
@@ -1063,7 +1064,7 @@ class Coordinator:
             del self._endings[token]
 
     def _keep(
-        self, key: str, token: int, outcome: wire.Value | wire.Failure, seconds: float
+        self, key: str, token: int, outcome: Value | Failure, seconds: float
     ) -> None:
         """Keep ``outcome`` as ``key``'s for ``seconds``, under the bounds its leader's
         Retention set (absent: the coordinator's own). An outcome over ``max_bytes``
@@ -1073,15 +1074,15 @@ class Coordinator:
         max_bytes = outcome.max_bytes if outcome.max_bytes is not None else _KEPT_MAX_BYTES
         # Expired outcomes leave first; the new one is never evicted by its own keep.
         self._kept.put(
-            key, isinstance(outcome, wire.Value), outcome, token, seconds,
-            wire.kept_size(outcome), (max_items, max_bytes),
+            key, isinstance(outcome, Value), outcome, token, seconds,
+            kept_size(outcome), (max_items, max_bytes),
         )
 
-    def _kept_of(self, key: str) -> tuple[int, wire.Outcome] | None:
+    def _kept_of(self, key: str) -> tuple[int, SharedOutcome] | None:
         entry = self._kept.get(key)  # a hit counts as a use (LRU); an expired one goes
         if entry is None:
             return None
-        outcome: wire.Outcome = entry.payload
+        outcome: SharedOutcome = entry.payload
         return entry.token, outcome
 
     def _drop_kept(self, key: str) -> None:

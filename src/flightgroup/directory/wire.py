@@ -2,7 +2,8 @@
 
 ``docs/directory-protocol.md`` is the spec; this module is its only code. It does no I/O of its
 own beyond reading from an :class:`asyncio.StreamReader`, holds no state, and imports nothing
-from the rest of flightgroup, so the coordinator and the client both build on it.
+from the rest of flightgroup but the scope-neutral outcomes it carries
+(:mod:`flightgroup.scope.outcome`), so the coordinator and the client both build on it.
 
 Design note:
 
@@ -31,6 +32,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeAlias
 
+from ..scope.outcome import Failure, Interrupted, SharedOutcome, Timeout, Value
+
 __all__ = [
     "DEFAULT_MAX_FRAME",
     "FIRST_LINE_LIMIT",
@@ -47,24 +50,19 @@ __all__ = [
     "Cancel",
     "Detached",
     "ErrorAnswer",
-    "Failure",
     "Forget",
     "FrameTooLarge",
-    "Interrupted",
     "InterruptedAnswer",
     "Joined",
     "Land",
     "Landed",
     "Lead",
-    "Outcome",
     "Reassert",
     "Rejected",
     "Request",
     "Run",
     "Status",
     "StatusAnswer",
-    "Timeout",
-    "Value",
     "WireError",
     "ack_frame",
     "attempt_frame",
@@ -77,7 +75,6 @@ __all__ = [
     "forget_frame",
     "interrupted_frame",
     "joined_frame",
-    "kept_size",
     "land_frame",
     "landed_frame",
     "lead_frame",
@@ -452,56 +449,6 @@ class FrameSplitter:
 
 
 @dataclass(frozen=True, slots=True)
-class Value:
-    """A flight's value: the codec's bytes, and how long the coordinator keeps it
-    (seconds); when kept, the leader's Retention bounds on the group's kept outcomes."""
-
-    data: bytes
-    keep: float | None = None
-    max_items: int | None = None
-    max_bytes: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Failure:
-    """A flight whose work raised: the exception's class, module and ``str()``; how long
-    it is kept, and the leader's Retention bounds, as for a :class:`Value`."""
-
-    type: str
-    module: str
-    message: str
-    keep: float | None = None
-    max_items: int | None = None
-    max_bytes: int | None = None
-
-
-def kept_size(outcome: Value | Failure) -> int:
-    """The bytes a kept outcome counts for against Retention.max_bytes, in both wide
-    scopes: a value's encoded bytes; a failure's type, module and message in UTF-8."""
-    if isinstance(outcome, Value):
-        return len(outcome.data)
-    text = outcome.type + outcome.module + outcome.message
-    return len(text.encode("utf-8", "surrogatepass"))
-
-
-@dataclass(frozen=True, slots=True)
-class Timeout:
-    """A flight that ran past its deadline (seconds)."""
-
-    deadline: float
-
-
-@dataclass(frozen=True, slots=True)
-class Interrupted:
-    """A flight that ended without an outcome, and why."""
-
-    reason: str
-
-
-Outcome: TypeAlias = Value | Failure | Timeout | Interrupted
-
-
-@dataclass(frozen=True, slots=True)
 class Run:
     """``run``: lead or join the flight of ``key``; a ``flight`` token makes it a rejoin,
     ``earlier``: the flight's tokens the caller heard before ``flight`` (its retries)."""
@@ -521,7 +468,7 @@ class Land:
 
     id: int
     token: int
-    outcome: Outcome
+    outcome: SharedOutcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -596,7 +543,7 @@ class Landed:
 
     id: int
     token: int
-    outcome: Outcome
+    outcome: SharedOutcome
     kept: bool = False
 
 
@@ -765,7 +712,7 @@ def _request_id(header: Mapping[str, Any]) -> int | None:
 # Outcomes
 
 
-def outcome_fields(outcome: Outcome) -> tuple[dict[str, Any], bytes | None]:
+def outcome_fields(outcome: SharedOutcome) -> tuple[dict[str, Any], bytes | None]:
     """The header fields and payload that carry ``outcome`` (in ``land`` and ``landed``)."""
     fields: dict[str, Any]
     if isinstance(outcome, Value):
@@ -796,7 +743,7 @@ def _retention_fields(fields: dict[str, Any], outcome: Value | Failure) -> None:
         fields["max_bytes"] = outcome.max_bytes
 
 
-def _outcome(header: Mapping[str, Any], payload: bytes | None) -> Outcome:
+def _outcome(header: Mapping[str, Any], payload: bytes | None) -> SharedOutcome:
     kind = header.get("outcome")
     if kind == "value":
         if payload is None:
@@ -826,7 +773,7 @@ def _outcome(header: Mapping[str, Any], payload: bytes | None) -> Outcome:
     _bad("outcome", "one of 'value', 'error', 'timeout', 'interrupted'", header)
 
 
-def parse_outcome(header: dict[str, Any], payload: bytes | None) -> Outcome:
+def parse_outcome(header: dict[str, Any], payload: bytes | None) -> SharedOutcome:
     """The outcome that ``header``'s outcome fields and ``payload`` carry.
 
     Raises :class:`BadRequest` (with the header's integer id, if any) naming the bad field.
@@ -1087,7 +1034,7 @@ def run_frame(
     return _frame(body + b"}")
 
 
-def land_frame(id: int, token: int, outcome: Outcome) -> bytes:
+def land_frame(id: int, token: int, outcome: SharedOutcome) -> bytes:
     """``land``: the outcome of the lead ``id``'s attempt ``token``."""
     if type(outcome) is Value:  # the common landing: no dict, no encoder
         head = b'{"op":"land","id":%d,"token":%d,"outcome":"value"%s}' % (
@@ -1155,7 +1102,7 @@ def joined_frame(id: int, token: int, pid: int, age: float) -> bytes:
     return _frame(head)
 
 
-def landed_frame(id: int, token: int, outcome: Outcome, kept: bool = False) -> bytes:
+def landed_frame(id: int, token: int, outcome: SharedOutcome, kept: bool = False) -> bytes:
     """``landed``: the outcome of the flight ``token`` for the request ``id``."""
     if type(outcome) is Value:  # sent to every joiner: no dict, no encoder
         head = b'{"op":"landed","id":%d,"token":%d,"outcome":"value"%s,"kept":%s}' % (

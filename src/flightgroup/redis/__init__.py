@@ -4,3 +4,29 @@ shares flights, decided by atomic scripts, with leases and fencing tokens.
 - ``scripts``: the Lua scripts (docs/fleet-protocol.md).
 - ``arbiter``: the arbiter a group uses: lead or join, mailboxes, lease renewal.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..scope.interface import Scope
+
+__all__ = ["open_scope"]
+
+
+def open_scope(
+    url: str, namespace: str, *, lease: float, cluster: bool, max_value_bytes: int
+) -> Scope:
+    """The fleet scope of ``namespace`` on the Redis of ``url`` (its arguments checked
+    by the group): no connection is made until its first call. Raises ImportError
+    without redis-py (the ``redis`` extra)."""
+    try:
+        from .arbiter import RedisArbiter
+    except ImportError as exc:
+        raise ImportError(
+            "the fleet scope needs redis-py: pip install 'flightgroup[redis]'"
+        ) from exc
+    return RedisArbiter(
+        url, namespace, lease=lease, cluster=cluster, max_value_bytes=max_value_bytes
+    )

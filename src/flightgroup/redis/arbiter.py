@@ -48,19 +48,20 @@ from redis.crc import key_slot
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from .._log import DigestOf, key_digest, log
-from ..directory import wire
 from ..errors import GroupClosedError, UnavailableError
-from ..wide import (
-    DetachedNotice,
-    Event,
+from ..scope.events import (
     Inbox,
-    LeadState,
-    closed_in_fork,
-    forked_reason,
-    key_as_called,
-    post,
-    start_loop,
+    Joined,
+    Landed,
+    Lead,
+    LeaseLost,
+    NoOutcome,
+    Refused,
+    ScopeEvent,
 )
+from ..scope.interface import DetachedNotice, Handed, LeadState, key_as_called
+from ..scope.loop import closed_in_fork, forked_reason, post, start_loop
+from ..scope.outcome import Failure, Interrupted, SharedOutcome, Timeout, Value, kept_size
 from . import scripts
 
 if TYPE_CHECKING:
@@ -203,44 +204,44 @@ def _entries(reply: Any) -> dict[str, dict[bytes, bytes]]:
     return found
 
 
-def encode_outcome(outcome: wire.Outcome) -> tuple[str, bytes, float]:
+def encode_outcome(outcome: SharedOutcome) -> tuple[str, bytes, float]:
     """(code, payload, seconds to keep) of an outcome, as the mailbox holds it."""
-    if isinstance(outcome, wire.Value):
+    if isinstance(outcome, Value):
         return "ok", outcome.data, outcome.keep or 0.0
-    if isinstance(outcome, wire.Failure):
+    if isinstance(outcome, Failure):
         body = {"type": outcome.type, "module": outcome.module, "message": outcome.message}
         return "err", json.dumps(body).encode(), outcome.keep or 0.0
-    if isinstance(outcome, wire.Timeout):
+    if isinstance(outcome, Timeout):
         return "tmo", repr(outcome.deadline).encode(), 0.0
     return "int", outcome.reason.encode(), 0.0
 
 
-def kept_bounds(outcome: wire.Outcome) -> tuple[int, int, int]:
+def kept_bounds(outcome: SharedOutcome) -> tuple[int, int, int]:
     """(size, max_items, max_bytes) of an outcome for the kept index (0: no bound).
     Size: a value's encoded bytes; a failure's, the UTF-8 bytes of its type, module
     and message (as the directory scope counts them)."""
-    if not isinstance(outcome, (wire.Value, wire.Failure)):
+    if not isinstance(outcome, (Value, Failure)):
         return 0, 0, 0
-    return wire.kept_size(outcome), outcome.max_items or 0, outcome.max_bytes or 0
+    return kept_size(outcome), outcome.max_items or 0, outcome.max_bytes or 0
 
 
-def decode_outcome(code: bytes | None, payload: bytes | None) -> wire.Outcome:
+def decode_outcome(code: bytes | None, payload: bytes | None) -> SharedOutcome:
     """The outcome of a mailbox entry (or a kept record); anything unreadable is an
     interruption, never a wrong value."""
     payload = payload if payload is not None else b""
     try:
         if code == b"ok":
-            return wire.Value(payload)
+            return Value(payload)
         if code == b"err":
             body = json.loads(payload)
-            return wire.Failure(str(body["type"]), str(body["module"]), str(body["message"]))
+            return Failure(str(body["type"]), str(body["module"]), str(body["message"]))
         if code == b"tmo":
-            return wire.Timeout(float(payload))
+            return Timeout(float(payload))
         if code == b"int":
-            return wire.Interrupted(payload.decode(errors="replace") or "its leader stopped")
+            return Interrupted(payload.decode(errors="replace") or "its leader stopped")
     except (KeyError, TypeError, ValueError):
         pass
-    return wire.Interrupted("its outcome in Redis could not be read")
+    return Interrupted("its outcome in Redis could not be read")
 
 
 # Names of this host's loopback interface that a Redis URL commonly uses for one server.
@@ -411,9 +412,35 @@ class RedisArbiter:
 
     # -- what drivers call (any thread) -----------------------------------------
 
+    @property
+    def identity(self) -> Hashable:
+        """The server the URL names (however it is spelt) and the namespace."""
+        return ("fleet", self.server, self.namespace)
+
+    @property
+    def kind(self) -> str:
+        return "fleet"
+
+    @property
+    def label(self) -> str:
+        return f"fleet {self.namespace!r}"
+
+    @property
+    def started(self) -> bool:
+        """True once the first call started the group's thread."""
+        return self._thread is not None
+
+    @property
+    def left_flights_hold_keys(self) -> bool:
+        """False: once Redis confirmed a forget, a new flight leads beside the old one
+        (whose lease is lost)."""
+        return False
+
+
     def submit(
         self,
         key: str,
+        *,
         fresh: bool,
         after: int | None = None,
         on_detached: Callable[[], object] | None = None,
@@ -442,19 +469,21 @@ class RedisArbiter:
     def retry(self, call: FleetCall) -> None:
         """Ask a new token for the next attempt; the inbox hears LEAD or LOST."""
         if not self._post_task(self._attempt(call)):
-            call.inbox.put(Event.LOST, "the group closed")
+            call.inbox.put(LeaseLost("the group closed"))
 
     def land(
         self,
         call: FleetCall,
-        outcome: wire.Outcome | None,
-        done: Callable[[bool, UnavailableError | None], None] | None = None,
+        outcome: SharedOutcome | None,
+        *,
+        stragglers: list[threading.Event] | None = None,
+        done: Callable[[Handed], None] | None = None,
     ) -> None:
         """The flight ended: hand ``outcome`` over (None: nothing to land, the lease
-        was lost). ``done(fenced, unconfirmed)`` is called once Redis took the landing
-        (False, None) or refused it because the flight is no longer this leader's
-        (True, None), or when Redis could not be heard for a lease: (True, the error),
-        since it may have taken it."""
+        was lost). ``done`` is told once Redis took the landing, or refused it because
+        the flight is no longer this leader's (fenced), or could not be heard for a
+        lease (fenced, with the error: it may have taken it). ``stragglers`` are not
+        waited for: Redis holds no key lock for them."""
         lead = call.lead
         assert lead is not None
         # In order with close(): a landing made before it is posted before its _close,
@@ -468,7 +497,7 @@ class RedisArbiter:
                     lead.work_done = True
                 posted = self._post_task(self._land(lead, outcome, done))
         if not posted and done is not None:
-            done(True, None)  # the group closed: nothing can land any more
+            done(Handed(fenced=True))  # the group closed: nothing can land any more
 
     def withdraw(self, call: FleetCall) -> None:
         """The flight's driver stopped before the call ended: give it back."""
@@ -541,7 +570,7 @@ class RedisArbiter:
 
     def _begin(self, call: FleetCall) -> None:
         if self._closing:
-            call.inbox.put(Event.FAILED, GroupClosedError())
+            call.inbox.put(Refused(GroupClosedError()))
             return
         assert self._loop is not None
         self._calls.add(call)
@@ -554,16 +583,16 @@ class RedisArbiter:
         unavailable; it never leaves its caller waiting forever."""
         error = None if task.cancelled() else task.exception()
         if error is not None and call.lead is None and call in self._calls:
-            self._end(call, Event.FAILED, self._unavailable(error))
+            self._end(call, Refused(self._unavailable(error)))
 
-    def _end(self, call: FleetCall, event: Event, *args: Any) -> None:
+    def _end(self, call: FleetCall, event: ScopeEvent) -> None:
         """The call ends without leading (or its lead is given back)."""
         self._calls.discard(call)
-        call.inbox.put(event, *args)
+        call.inbox.put(event)
 
     async def _acquire(self, call: FleetCall) -> None:
         if self._fatal is not None:
-            self._end(call, Event.FAILED, self._unavailable(self._fatal))
+            self._end(call, Refused(self._unavailable(self._fatal)))
             return
         if self._cluster and self._ready is not None and not self._ready.done():
             # A Cluster client's first commands race its discovery (see _startup): wait
@@ -595,7 +624,7 @@ class RedisArbiter:
                     "acquire", [names.record, names.fence, *names.kept], args
                 )
             except _UNREACHABLE as exc:
-                self._end(call, Event.FAILED, self._unavailable(exc))
+                self._end(call, Refused(self._unavailable(exc)))
                 self._undo_later(call.key, names, call.nonce)
                 return
             kind, token = int(reply[0]), int(reply[1])
@@ -608,13 +637,13 @@ class RedisArbiter:
                 self._calls.discard(call)
                 return
             if kind == 3:
-                self._end(call, Event.LANDED, token, decode_outcome(reply[2], reply[3]), True)
+                self._end(call, Landed(token, decode_outcome(reply[2], reply[3]), True))
                 return
             if kind == 2:
                 age = int(reply[5]) / 1e6
-                call.inbox.put(Event.JOINED, token, int(reply[3]), age, reply[4].decode())
+                call.inbox.put(Joined(token, int(reply[3]), age, reply[4].decode()))
                 ended = await self._read_outcome(call, names, token, int(reply[2]), follow=True)
-                self._end(call, *ended)
+                self._end(call, ended)
                 return
             # kind 4 (fresh): the flight that runs began before this call; after its
             # end, the first flight from the next token on is this call's.
@@ -622,19 +651,19 @@ class RedisArbiter:
             if call.withdrawn:
                 self._calls.discard(call)
                 return
-            if ended[0] is Event.LANDED:
+            if isinstance(ended, Landed):
                 # It ended under the token of its last retry: ask from past that one, or
                 # its kept outcome (past the first token) was taken as a newer flight's
                 # (tests/test_fleet_review.py::
                 # test_a_fresh_caller_never_takes_the_kept_outcome_of_a_flight_that_retried).
-                token = max(token, ended[1])
+                token = max(token, ended.token)
             min_token, after = token + 1, None  # the flight it waited for ended after it
 
     async def _read_outcome(
         self, call: FleetCall, names: _Names, token: int, pttl: int, *, follow: bool
-    ) -> tuple[Any, ...]:
-        """Wait for flight ``token``'s outcome: (Event, *args) for the call's inbox.
-        ``follow``: a retry's new token is told to the call (JOINED) and followed."""
+    ) -> Landed | NoOutcome | Refused:
+        """Wait for flight ``token``'s outcome: the event that ends the call.
+        ``follow``: a retry's new token is told to the call (Joined) and followed."""
         deadline = time.monotonic() + max(pttl, 0) / 1000 + _SLACK
         unreachable: BaseException | None = None
         while True:
@@ -642,7 +671,7 @@ class RedisArbiter:
                 # Withdrawn while a CHECK ran (only a read is cancelled): stop here, or
                 # the read went on, holding its connection, to the flight's end, and
                 # close() waited for it.
-                return (Event.INTERRUPTED, "withdrawn")
+                return NoOutcome("withdrawn")
             fields: dict[bytes, bytes] | None = None
             left = deadline - time.monotonic()
             if left > 0:
@@ -688,7 +717,7 @@ class RedisArbiter:
                     )
                 except _UNREACHABLE as exc:
                     if time.monotonic() > deadline + self._lease:
-                        return (Event.FAILED, self._unavailable(exc))
+                        return Refused(self._unavailable(exc))
                     await asyncio.sleep(_RETRY_PAUSE)
                     continue
                 if int(checked[0]) == 0:
@@ -696,7 +725,7 @@ class RedisArbiter:
                         reason = "Redis lost its flight while it was unreachable"
                     else:
                         reason = "its leader stopped renewing its lease"
-                    return (Event.INTERRUPTED, reason)
+                    return NoOutcome(reason)
                 if int(checked[0]) == 2:
                     deadline = time.monotonic() + max(int(checked[1]), 0) / 1000 + _SLACK
                     continue
@@ -705,11 +734,11 @@ class RedisArbiter:
             if code == b"next":  # a retry: the flight goes on under a new token
                 token = int(fields.get(b"v", b"0"))
                 if follow:
-                    call.inbox.put(Event.JOINED, token, 0, 0.0, "")
+                    call.inbox.put(Joined(token, 0, 0.0, ""))
                 # Ask CHECK first: the flight's own lease left (the leader's, not ours).
                 deadline = time.monotonic()
                 continue
-            return (Event.LANDED, token, decode_outcome(code, fields.get(b"v")), False)
+            return Landed(token, decode_outcome(code, fields.get(b"v")), False)
 
     def _lead(self, call: FleetCall, names: _Names, token: int, sent: float) -> None:
         lead = FleetLead(call, token, sent)
@@ -719,13 +748,13 @@ class RedisArbiter:
             lead.work_done = True
             self._spawn(self._abandon(lead, "its leader withdrew before it started"))
             if self._closing:
-                call.inbox.put(Event.FAILED, GroupClosedError())
+                call.inbox.put(Refused(GroupClosedError()))
             return
         self._leads.add(lead)
         if self._renewer is None or self._renewer.done():
             assert self._loop is not None
             self._renewer = self._loop.create_task(self._renew())
-        call.inbox.put(Event.LEAD, token)
+        call.inbox.put(Lead(token))
 
     def _withdraw(self, call: FleetCall) -> None:
         call.withdrawn = True
@@ -879,13 +908,13 @@ class RedisArbiter:
         except Exception as exc:  # unexpected: the retry must not wait forever
             if call.lead is not None:
                 self._lose(call.lead, f"a retry's new token could not be had: {exc!r}")
-            call.inbox.put(Event.LOST, "lost")
+            call.inbox.put(LeaseLost("lost"))
 
     async def _new_attempt(self, call: FleetCall) -> None:
         lead = call.lead
         assert lead is not None
         if lead.lost or self._closing:
-            call.inbox.put(Event.LOST, "the group closed" if self._closing else "lost")
+            call.inbox.put(LeaseLost("the group closed" if self._closing else "lost"))
             return
         names = _Names(self.namespace, call.key, self._cluster)
         old = lead.token
@@ -902,14 +931,14 @@ class RedisArbiter:
                 except _UNREACHABLE as exc:
                     if time.monotonic() - lead.renewed_at > self._lease:
                         self._lose(lead, f"Redis was out of reach for a whole lease ({exc})")
-                        call.inbox.put(Event.LOST, "Redis was out of reach")
+                        call.inbox.put(LeaseLost("Redis was out of reach"))
                         return
                     await asyncio.sleep(_RETRY_PAUSE)
                     continue
                 break
             if int(reply[0]) == 0:
                 self._lose(lead, "Redis no longer holds its flight", gone=True)
-                call.inbox.put(Event.LOST, "lost")
+                call.inbox.put(LeaseLost("lost"))
                 return
             lead.token, lead.renewed_at = int(reply[1]), sent
         finally:
@@ -921,22 +950,22 @@ class RedisArbiter:
             # test_closing_during_a_retrys_attempt_interrupts_the_joiners_elsewhere_at_once).
             self._leads.discard(lead)
             await self._abandon(lead, "its leader stopped during a retry")
-            call.inbox.put(Event.LOST, "the group closed" if self._closing else "withdrawn")
+            call.inbox.put(LeaseLost("the group closed" if self._closing else "withdrawn"))
             return
-        call.inbox.put(Event.LEAD, lead.token)
+        call.inbox.put(Lead(lead.token))
 
     async def _land(
         self,
         lead: FleetLead,
-        outcome: wire.Outcome | None,
-        done: Callable[[bool, UnavailableError | None], None] | None,
+        outcome: SharedOutcome | None,
+        done: Callable[[Handed], None] | None,
     ) -> None:
         call = lead.call
         self._calls.discard(call)
         if outcome is None:  # lost before it landed: its joiners hear it now
             await self._abandon(lead, "its leader lost its lease")
             if done is not None:
-                done(True, None)
+                done(Handed(fenced=True))
             return
         lead.landing = asyncio.current_task()
         names = _Names(self.namespace, call.key, self._cluster)
@@ -1001,7 +1030,7 @@ class RedisArbiter:
             if fenced:
                 self._lose(lead, "its landing was fenced or could not be made")
             if done is not None:
-                done(fenced, unconfirmed)
+                done(Handed(fenced=fenced, unconfirmed=unconfirmed))
 
     async def _status(self, limit: int) -> list[dict[str, Any]]:
         client = self._client
@@ -1085,7 +1114,7 @@ class RedisArbiter:
                 if call.reading and call.task is not None:
                     call.task.cancel()
                 call.withdrawn = True
-                call.inbox.put(Event.FAILED, GroupClosedError())
+                call.inbox.put(Refused(GroupClosedError()))
         for lead in list(self._leads):
             if lead.landing is None and lead.lose(only_running=True):
                 self._spawn(self._abandon(lead, "its leader's group closed"))

@@ -1,0 +1,539 @@
+"""The attempt driver: runs a leader's work, attempt by attempt, and lands its outcome.
+
+Where the work runs (ADR 0002): an async work runs in a task of its own, owned by the
+group, so the leader's caller can be cancelled or time out without cancelling the work.
+On Python 3.12+ that task starts eagerly: a work that finishes without suspending costs
+no trip through the event loop. A sync work runs in the leader's own thread, or, under a
+deadline, each attempt on a thread of its own so the deadline can pass it by (ADR 0008).
+
+Containment: every ending of an attempt (a value, an Exception, a cancellation, any
+other BaseException, a deadline) becomes one outcome; retries follow the flight's policy
+(the leader's); the landing encodes the value (with a codec), hands it to the scope's
+bridge where there is one, and settles the flight in the table, waking every waiter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import random
+import sys
+import threading
+import time
+import types
+import weakref
+from asyncio import events
+from collections.abc import Awaitable, Callable
+from contextvars import copy_context
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from .codec import Codec, encode_bytes
+from .errors import FlightTimeoutError, ValueTooLargeError
+from .flight import (
+    CLOSED,
+    RETRY_PENDING,
+    RUNNING,
+    SETTLED,
+    UNMEASURED,
+    Attempt,
+    Flight,
+    FlightTable,
+    Outcome,
+    new_thread_waiter,
+    wake,
+)
+from .lease import _CURRENT
+from .retention import estimate_size
+
+if TYPE_CHECKING:
+    from .scope.bridge import Bridge
+    from .scope.events import ScopeEvent
+    from .scope.interface import ScopeCall
+
+__all__ = ["Attempts", "Ending", "current_flight", "is_awaitable", "start_thread"]
+
+_CoroutineType = types.CoroutineType
+_EAGER = sys.version_info >= (3, 12)
+"""Start a leader's task eagerly (Python 3.12+). Tests switch it off to cover 3.11's path."""
+
+_WAIT_MAX = threading.TIMEOUT_MAX
+
+Ending: TypeAlias = tuple[Outcome, Any, BaseException | None]
+"""How one attempt ended: its outcome, its value, its error."""
+
+
+class Attempts:
+    """The attempt driver of one group: starts and drives a leader's work, lands its
+    outcome. ``bridge`` is the group's wide scope's, if it has one: a wide flight asks
+    its scope first (``Bridge.start``), takes a token per retry and lands through it."""
+
+    __slots__ = ("bridge", "codec", "max_value_bytes", "table")
+
+    def __init__(
+        self, table: FlightTable, *, codec: Codec | None, max_value_bytes: int | None
+    ) -> None:
+        self.table = table
+        self.codec = codec
+        self.max_value_bytes = max_value_bytes
+        self.bridge: Bridge | None = None
+
+    def start_async(
+        self,
+        flight: Flight,
+        work: Callable[[], Awaitable[Any]],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        """Start the work of ``flight``, which the caller leads, in a task of its own on
+        ``loop`` (a wide flight asks its scope first, in that task)."""
+        flight.loop = loop
+        flight.parent = current_flight()
+        if self.bridge is not None:
+            self.bridge.start_async(flight, work, loop)
+            return
+        coro = self.drive_async(flight, work)
+        if _EAGER:
+            began = loop.time()
+            task = flight.task = asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg, unused-ignore]
+            deadline = flight.policy.deadline
+            attempt = flight.attempt
+            # A work that finished eagerly cannot have run late: the first attempt's
+            # timer is armed only for a work that suspended in it (not one whose first
+            # attempt failed at once and that now pauses before the next: that one's
+            # own timer comes with it).
+            if (
+                deadline is not None
+                and not task.done()
+                and attempt is not None
+                and attempt.timer is None
+                and flight.attempt is attempt
+                and flight.state is RUNNING
+            ):
+                attempt.timer = loop.call_at(began + deadline, time_out, attempt, task)
+        else:
+            task = flight.task = loop.create_task(coro)
+            # Cancelled before its first step (its loop shut down at once), the task
+            # never enters _drive_async: land the flight here instead.
+            # (A weak reference: the callback must not keep a settled flight's value.)
+            task.add_done_callback(functools.partial(self._unstarted, weakref.ref(flight)))
+
+    def _unstarted(self, flight_ref: weakref.ref[Flight], task: asyncio.Task[None]) -> None:
+        flight = flight_ref()
+        if flight is not None and flight.outcome is None and task.cancelled():
+            self.land(flight, Outcome.INTERRUPTED, None, asyncio.CancelledError())
+
+    async def drive_async(
+        self, flight: Flight, work: Callable[[], Awaitable[Any]], call: ScopeCall | None = None
+    ) -> None:
+        """The body of the work's own task: run each attempt, contain every ending,
+        retry as the flight's policy says, land the outcome. ``call``: the wide
+        scope's lead this work runs under."""
+        attempt = flight.attempt
+        assert attempt is not None
+        _CURRENT.set(attempt)  # in this task's own context
+        policy = flight.policy
+        number = 1
+        error: BaseException | None
+        while True:
+            timer = None
+            if policy.deadline is not None and (number > 1 or not _EAGER or call is not None):
+                timer = attempt.timer = events.get_running_loop().call_later(
+                    policy.deadline, time_out, attempt, asyncio.current_task()
+                )
+            try:
+                awaitable = work()
+                if type(awaitable) is not _CoroutineType and not is_awaitable(awaitable):
+                    raise TypeError(
+                        f"the work given to run() returned {type(awaitable).__name__}, not an "
+                        "awaitable; use run_sync() for a plain function"
+                    )
+                value = await awaitable
+            except Exception as exc:
+                outcome, value, error = Outcome.ERROR, None, exc
+            except BaseException as exc:
+                outcome, value, error = Outcome.INTERRUPTED, None, exc
+            else:
+                outcome, error = Outcome.VALUE, None
+            timer = attempt.timer  # the first eager attempt's is set by _start_async
+            if timer is not None:
+                timer.cancel()
+                if attempt.timed_out:  # the deadline cancelled it (or its result is late)
+                    task = asyncio.current_task()
+                    if task is not None and isinstance(error, asyncio.CancelledError):
+                        task.uncancel()
+                    assert policy.deadline is not None
+                    outcome, value = Outcome.TIMEOUT, None
+                    error = FlightTimeoutError(flight.key, policy.deadline)
+            if error is None or not self.will_retry(flight, number, outcome, error):
+                break
+            try:
+                await asyncio.sleep(policy.backoff(number, random.uniform))
+            except BaseException as exc:  # its loop shut down during the pause
+                outcome, value, error = Outcome.INTERRUPTED, None, exc
+                break
+            following = self.table.next_attempt(flight)
+            if following is None:
+                break
+            if call is not None:  # each attempt has its own token from the scope
+                assert self.bridge is not None
+                try:
+                    bound = await self.bridge.retry(flight, call, following)
+                except BaseException as exc:
+                    # Its loop shut down while the scope answers: the flight still lands
+                    # (the scope gives back a token it gets now), or its local joiners
+                    # wait for ever and its lead is renewed on.
+                    following.lose()
+                    outcome, value, error = Outcome.INTERRUPTED, None, exc
+                    break
+                if not bound:
+                    break
+            attempt, number = following, number + 1
+            _CURRENT.set(attempt)
+        stop = self.land(flight, outcome, value, error)
+        # The task's context holds the flight and the flight holds the task: break the
+        # cycle so a settled flight (and its value) goes with its last caller.
+        _CURRENT.set(None)
+        if stop is not None:
+            # CancelledError (its loop shutting down), KeyboardInterrupt, SystemExit:
+            # the joiners are interrupted, the leader gets it from _deliver, and it goes
+            # on up so the task ends cancelled and the loop sees KeyboardInterrupt.
+            # (GeneratorExit: the coroutine is being closed outside any loop.)
+            if events._get_running_loop() is not None:
+                task = asyncio.current_task()
+                if task is not None:  # the leader has it: the task need not log it again
+                    task.add_done_callback(_retrieve)
+            raise stop
+
+    def drive_sync(
+        self,
+        flight: Flight,
+        work: Callable[[], Any],
+        parent: Flight | None,
+        call: ScopeCall | None = None,
+    ) -> None:
+        """Run a sync work's attempts in this thread, retry as the policy says, land
+        the outcome. A BaseException reaches the leader through _deliver, in its own
+        thread. ``call``: the wide scope's lead this work runs under."""
+        flight.parent = parent
+        attempt = flight.attempt
+        assert attempt is not None
+        self.drive_sync_from(flight, work, call, attempt, 1, None)
+    def drive_sync_from(
+        self,
+        flight: Flight,
+        work: Callable[[], Any],
+        call: ScopeCall | None,
+        attempt: Attempt,
+        number: int,
+        paused: tuple[float, Ending] | None,
+    ) -> None:
+        """The loop of _drive_sync from attempt ``number``; ``paused``: the pause before
+        the next attempt still to wait, and the ending of ``attempt`` (a pause that a
+        KeyboardInterrupt cut short in the leader's thread goes on here, on a thread of
+        its own: the leader withdraws, the flight goes on for the others)."""
+        policy = flight.policy
+        error: BaseException | None
+        handed = False  # a cut pause went on on a thread of its own
+        try:
+            while True:
+                if paused is None:
+                    if policy.deadline is None:
+                        outcome, value, error = attempt_sync(attempt, work)
+                    else:
+                        try:
+                            outcome, value, error = attempt_sync_with_deadline(
+                                attempt, work, policy.deadline, self.table.unlinger
+                            )
+                        except BaseException as exc:  # KeyboardInterrupt waiting, no thread
+                            outcome, value, error = Outcome.INTERRUPTED, None, exc
+                    if error is None or not self.will_retry(flight, number, outcome, error):
+                        break
+                    pause = policy.backoff(number, random.uniform)
+                else:
+                    pause, (outcome, value, error) = paused
+                    paused = None
+                resume = time.monotonic() + pause
+                try:
+                    time.sleep(pause)
+                except BaseException as exc:  # KeyboardInterrupt during the pause
+                    rest = (max(0.0, resume - time.monotonic()), (outcome, value, error))
+                    # (An interrupt inside start() once the thread got going leaves it
+                    # handed, and is raised from here.)
+                    handed = True
+                    if start_thread(
+                        f"flightgroup-retry-{flight.token}",
+                        self.drive_sync_from, flight, work, call, attempt, number, rest,
+                    ) is not None:  # no thread to go on with: the flight ends here
+                        handed = False
+                        outcome, value, error = Outcome.INTERRUPTED, None, exc
+                        break
+                    raise
+                following = self.table.next_attempt(flight)
+                if following is None:
+                    break
+                if call is not None:  # each attempt has its own token from the scope
+                    bridge = self.bridge
+                    assert bridge is not None
+                    bridge.scope.retry(call)
+                    got: ScopeEvent | None = None  # read, maybe not taken
+                    try:
+                        got = call.inbox.wait_sync()
+                        call.inbox.take(got)
+                    except BaseException as exc:
+                        # Interrupted waiting for the token (not in the work): this
+                        # caller withdraws, the retry goes on on a thread of its own
+                        # (with the answer, if it was read: see Inbox.wait_sync).
+                        handed = True  # (as for a cut pause, above)
+                        if start_thread(
+                            f"flightgroup-retry-{flight.token}", self.retry_when_bound,
+                            flight, work, call, following, number + 1,
+                            (outcome, value, error), got,
+                        ) is None:
+                            raise
+                        handed = False
+                        following.lose()  # no thread: the flight ends here
+                        outcome, value, error = Outcome.INTERRUPTED, None, exc
+                        break
+                    if not bridge.bind_retry(flight, call, following, got):
+                        break
+                attempt, number = following, number + 1
+            self.land(flight, outcome, value, error)
+        except BaseException as exc:
+            # Stopped outside the work (a signal between two steps, or in user code the
+            # landing calls): the flight must still end, or its joiners wait for ever
+            # and every later call joins it. It ends interrupted, as an interrupt in
+            # the work does (ADR 0008), unless it settled or is settling already.
+            if not handed and (flight.state is RUNNING or flight.state is RETRY_PENDING):
+                self.land(flight, Outcome.INTERRUPTED, None, exc)
+            raise
+
+    def retry_when_bound(
+        self,
+        flight: Flight,
+        work: Callable[[], Any],
+        call: ScopeCall,
+        following: Attempt,
+        number: int,
+        ending: Ending,
+        got: ScopeEvent | None,
+    ) -> None:
+        """(On a thread of its own) the retry whose token its leader's caller stopped
+        waiting for (``got``: the answer, if it had read it): wait for it, then go on
+        with the attempts (or land ``ending``, the last attempt's, if the lease was lost
+        meanwhile)."""
+        bridge = self.bridge
+        assert bridge is not None
+        if got is None:
+            got = call.inbox.wait_sync()
+        call.inbox.take(got)
+        if bridge.bind_retry(flight, call, following, got):
+            self.drive_sync_from(flight, work, call, following, number, None)
+        else:
+            self.land(flight, *ending)
+
+    def will_retry(
+        self, flight: Flight, number: int, outcome: Outcome, error: BaseException | None
+    ) -> bool:
+        """True if attempt ``number``, which just ended so, is followed by another; the
+        flight is then RETRY_PENDING until ``next_attempt``."""
+        if error is None or outcome is Outcome.INTERRUPTED:  # (callers test None first)
+            return False
+        if not flight.policy.retries(number, error, outcome is Outcome.TIMEOUT):
+            return False
+        return self.table.retry_pending(flight)
+
+    def land(
+        self, flight: Flight, outcome: Outcome, value: Any, error: BaseException | None
+    ) -> BaseException | None:
+        """The landing: encode (with a codec), hand the outcome to the table, wake
+        every waiter. Never raises; returns the BaseException that stopped the
+        flight (the work's, or the codec's), which an async driver re-raises."""
+        data = None
+        codec = self.codec
+        if codec is not None and outcome is Outcome.VALUE:
+            try:
+                data = encode_bytes(codec, value)
+                limit = self.max_value_bytes
+                if limit is not None and len(data) > limit:
+                    raise ValueTooLargeError(flight.key, len(data), limit)
+            except Exception as exc:
+                outcome, value, error, data = Outcome.ERROR, None, exc, None
+            except BaseException as exc:
+                outcome, value, error, data = Outcome.INTERRUPTED, None, exc, None
+            else:
+                value = None
+        # What stopped the work (an interrupt) stops the driver too, even when the lease
+        # turns out lost and the callers get LeaseLostError instead.
+        stop = error if outcome is Outcome.INTERRUPTED else None
+        if flight.wide is not None:  # settled once the scope has the landing
+            assert self.bridge is not None
+            self.table.handing(flight)
+            outcome, error = self.bridge.land(
+                flight, flight.wide, outcome=outcome, data=data, error=error
+            )
+            return error if outcome is Outcome.INTERRUPTED else stop
+        retention = flight.policy.retention
+        if retention is None or retention.max_bytes is None:  # no size to measure
+            self.settle(flight, outcome, value, error, data)
+        else:
+            self.settle_landed(flight, outcome, value, error, data)
+        return error if outcome is Outcome.INTERRUPTED else stop
+
+    def settle_landed(
+        self,
+        flight: Flight,
+        outcome: Outcome,
+        value: Any,
+        error: BaseException | None,
+        data: bytes | None,
+    ) -> None:
+        """Settle the flight this process led with its outcome."""
+        size = 0
+        retention = flight.policy.retention
+        if retention is not None and retention.max_bytes is not None:
+            # Measured here, outside the lock: __sizeof__ is user code (I5). Only when
+            # the outcome may be kept and a byte bound needs its size.
+            try:
+                if outcome is Outcome.VALUE and retention.success:
+                    size = len(data) if data is not None else estimate_size(value)
+                elif outcome is Outcome.ERROR and retention.error:
+                    size = estimate_size(error)
+            except BaseException:
+                # Interrupted while measuring (a signal in user code): every caller
+                # still gets the outcome, which is not kept; the leader gets the
+                # interrupt.
+                self.settle(flight, outcome, value, error, data, UNMEASURED)
+                raise
+        self.settle(flight, outcome, value, error, data, size)
+
+    def settle(
+        self,
+        flight: Flight,
+        outcome: Outcome,
+        value: Any,
+        error: BaseException | None,
+        data: bytes | None,
+        size: int = 0,
+    ) -> None:
+        """Record the outcome in the table and wake every waiter: the joiners to read
+        it, the fresh callers to claim the next flight."""
+        detached = self.table.settle(flight, outcome, value, error, data, size)
+        if detached is not None:
+            waiters, fresh = detached
+            if waiters:
+                wake(waiters, SETTLED)
+            if fresh:
+                following = flight.next
+                wake(fresh, following if following is not None else CLOSED)
+
+
+def time_out(attempt: Attempt, task: asyncio.Task[None] | None) -> None:
+    """The deadline of an async attempt: its lease is lost and its work cancelled."""
+    attempt.timed_out = True
+    attempt.lose()
+    if task is not None:
+        task.cancel()
+
+
+def attempt_sync(attempt: Attempt, work: Callable[[], Any]) -> Ending:
+    """One attempt of a sync work in this thread: every ending becomes an outcome."""
+    reset = _CURRENT.set(attempt)
+    try:
+        value = work()
+        if is_awaitable(value):
+            if inspect.iscoroutine(value):
+                value.close()  # never awaited: close it quietly
+            named = getattr(work, "func", work)  # a decorated plain def: its partial
+            raise TypeError(
+                f"the work {getattr(named, '__qualname__', type(named).__name__)} returned "
+                f"{type(value).__name__}, an awaitable, to a sync call (run_sync(), or a "
+                "decorated plain def); use await run(), or decorate an async def"
+            )
+    except Exception as exc:
+        return Outcome.ERROR, None, exc
+    except BaseException as exc:
+        return Outcome.INTERRUPTED, None, exc
+    finally:
+        _CURRENT.reset(reset)
+    return Outcome.VALUE, value, None
+
+
+def attempt_sync_with_deadline(
+    attempt: Attempt,
+    work: Callable[[], Any],
+    deadline: float,
+    returned: Callable[[Flight], None],
+) -> Ending:
+    """One attempt on a thread of its own, waited for until the deadline. A sync
+    work cannot be stopped: past the deadline its lease is lost and it runs on,
+    detached; its late ending goes to this attempt's own box, which nobody reads.
+    ``returned(flight)`` is called on that thread once the work returned."""
+    box: list[Ending] = []
+    done = new_thread_waiter()
+    ended = threading.Event()  # the work itself returned (for a wide scope's key lock)
+
+    def body() -> None:
+        try:
+            box.append(attempt_sync(attempt, work))
+        finally:
+            done.release()
+            ended.set()
+            returned(attempt.flight)
+
+    threading.Thread(
+        target=copy_context().run, args=(body,), name=f"flightgroup-work-{attempt.token}",
+        daemon=True,
+    ).start()
+    if done.acquire(timeout=min(deadline, _WAIT_MAX)):
+        return box[0]
+    attempt.timed_out = True
+    attempt.lose()
+    flight = attempt.flight
+    if flight.wide is not None:  # it still runs: its key lock must outlive it
+        flight.stragglers = [*(flight.stragglers or ()), ended]
+    return Outcome.TIMEOUT, None, FlightTimeoutError(flight.key, deadline)
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+
+def start_thread(name: str, run: Callable[..., object], *args: Any) -> BaseException | None:
+    """Start a daemon thread that calls ``run(*args)`` in a copy of this context.
+
+    None once started. When ``start()`` raises (no thread to be had, or a
+    KeyboardInterrupt handled inside it), the new thread and this one race for a gate:
+    if this one wins, ``run`` never runs and the error is returned; if the thread got
+    going first, ``run`` runs and the error is raised here."""
+    gate = threading.Lock()
+
+    def body() -> None:
+        if gate.acquire(blocking=False):
+            run(*args)
+
+    thread = threading.Thread(target=copy_context().run, args=(body,), name=name, daemon=True)
+    try:
+        thread.start()
+    except BaseException as exc:
+        if gate.acquire(blocking=False):
+            return exc
+        raise
+    return None
+
+
+def current_flight() -> Flight | None:
+    """The flight whose work runs here, if any (the chain of I6)."""
+    current = _CURRENT.get()
+    return None if current is None else current.flight
+
+
+def is_awaitable(value: object) -> bool:
+    """inspect.isawaitable without its ABC check (the hot path of run_sync)."""
+    kind = type(value)
+    if hasattr(kind, "__await__"):
+        return True
+    return kind is types.GeneratorType and bool(
+        value.gi_code.co_flags & inspect.CO_ITERABLE_COROUTINE  # type: ignore[attr-defined]
+    )
