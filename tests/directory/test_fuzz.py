@@ -28,8 +28,8 @@ else once the example's connections are closed, and the child's stderr holds no
 traceback. The last test releases ``"held"``: the joiner gets the leader's value and
 the work ran exactly once.
 
-The ``test_bug_*`` tests pin the coordinator bugs this fuzzing found (docs/fuzzing.md);
-each runs on a coordinator of its own.
+The tests after the fuzz pin, each on a coordinator of its own, the cases docs/fuzzing.md
+lists under Findings.
 
 ``scripts/fuzz_coordinator.py`` drives the same strategies and checks for a long run.
 """
@@ -2039,10 +2039,10 @@ def _expect_status(live: Live, timeout: float = 3.0) -> None:
         )
 
 
-def test_bug_a_key_with_a_lone_surrogate_breaks_status_for_everyone(solo: Live) -> None:
-    """`{"op":"run","id":1,"key":"\\ud800"}` leads a flight whose key the coordinator
-    cannot encode: every later `status`, from any connection, dies in
-    UnicodeEncodeError (a traceback, and the asker's connection aborted)."""
+def test_a_key_with_a_lone_surrogate_leaves_status_working_for_everyone(solo: Live) -> None:
+    """`{"op":"run","id":1,"key":"\\ud800"}` leads a flight whose key has no UTF-8 form:
+    every later `status`, from any connection, is still answered (never a
+    UnicodeEncodeError, a traceback, and the asker's connection aborted)."""
     with solo.connect() as conn:
         assert conn.handshake()
         conn.send(length_prefixed(b'{"op":"run","id":1,"key":"\\ud800"}'))
@@ -2052,10 +2052,10 @@ def test_bug_a_key_with_a_lone_surrogate_breaks_status_for_everyone(solo: Live) 
     solo.check_process()
 
 
-def test_bug_a_landing_with_a_lone_surrogate_leaves_its_joiners_hanging(solo: Live) -> None:
-    """A leader lands `"outcome":"error"` whose message is `"\\ud800"`: encoding the
-    joiner's `landed` raises UnicodeEncodeError in the middle of `_land`; the flight has
-    left the table, the joiner never hears again, the leader gets no ack."""
+def test_a_landing_with_a_lone_surrogate_reaches_its_joiners(solo: Live) -> None:
+    """A leader lands `"outcome":"error"` whose message is `"\\ud800"`: the joiner's
+    answer is encoded and sent: never a UnicodeEncodeError in the middle of `_land`, the
+    flight gone from the table and its joiner never hearing again."""
     with solo.connect() as leader, solo.connect() as joiner:
         assert leader.handshake() and joiner.handshake()
         leader.send(length_prefixed(b'{"op":"run","id":1,"key":"k"}'))
@@ -2080,11 +2080,11 @@ def test_bug_a_landing_with_a_lone_surrogate_leaves_its_joiners_hanging(solo: Li
     solo.check_process()
 
 
-def test_bug_reassert_reusing_a_live_id_orphans_a_flight(solo: Live) -> None:
-    """`reassert` does not check that its id is free (`run` does): a second reassert
-    with the id of the connection's first lead replaces it in `session.leads`, so when
-    the connection closes the first flight is never interrupted. It stays in the table
-    with a dead leader, and every later call of its key joins it and waits forever."""
+def test_a_reassert_reusing_a_live_id_orphans_no_flight(solo: Live) -> None:
+    """`reassert` checks that its id is free, as `run` does: a second reassert with the
+    id of the connection's first lead never replaces it in `session.leads`, so when the
+    connection closes the first flight is interrupted, not left in the table with a dead
+    leader for every later call of its key to join and wait on forever."""
     with solo.connect() as conn:
         assert conn.handshake()
         conn.send(length_prefixed(b'{"op":"reassert","id":7,"key":"orphan-a","token":5}'))
@@ -2103,11 +2103,11 @@ def test_bug_reassert_reusing_a_live_id_orphans_a_flight(solo: Live) -> None:
     solo.check_process()
 
 
-def test_bug_reassert_of_one_flight_under_two_ids_loses_its_kept_ending(solo: Live) -> None:
-    """A flight reasserted twice on one connection (ids 1 and 2) lands under id 1; when
-    the connection closes, id 2 interrupts the flight again and its outcome, kept for
-    the rejoin window, is replaced by "interrupted": a joiner that rejoins in the window
-    gets FlightInterruptedError instead of the value."""
+def test_a_reassert_of_one_flight_under_a_second_id_keeps_its_ending(solo: Live) -> None:
+    """A flight reasserted twice on one connection (ids 1 and 2, the second may be
+    refused) lands under id 1; when the connection closes, its outcome kept for the
+    rejoin window stays the value: a joiner that rejoins in the window gets it, not
+    "interrupted"."""
     with solo.connect() as conn:
         assert conn.handshake()
         conn.send(length_prefixed(b'{"op":"reassert","id":1,"key":"twice","token":5}'))
@@ -2115,7 +2115,7 @@ def test_bug_reassert_of_one_flight_under_two_ids_loses_its_kept_ending(solo: Li
         conn.send(frame_of({"op": "land", "id": 1, "token": 5, "outcome": "value"}, b'"v"'))
         got = conn.read_frame()
         if got is not None and got[0]["op"] == "error" and got[0]["id"] == 2:
-            got = conn.read_frame()  # a coordinator may refuse the second reassert: a fix
+            got = conn.read_frame()  # a coordinator may refuse the second reassert
         assert got is not None and got[0] == {"op": "ack", "id": 1}, got
     time.sleep(0.2)
     with solo.connect() as conn:
@@ -2128,16 +2128,14 @@ def test_bug_reassert_of_one_flight_under_two_ids_loses_its_kept_ending(solo: Li
     solo.check_process()
 
 
-def test_bug_a_bad_field_nested_at_the_decoders_limit_escapes_as_recursion_error(
+def test_a_bad_field_nested_at_the_decoders_limit_is_answered_error(
     solo: Live,
 ) -> None:
     """On Python 3.11 (which counts Python frames against the recursion limit): a bad
     field nested just under the decoder's limit, e.g. `{"op":"status","id":[[...]]}` at
-    depth 983, decodes, but `wire._show` quotes it with `repr()` a few frames deeper, and
-    the RecursionError escapes `parse_request` (it catches only BadRequest) and the
-    protocol callback: asyncio logs "Fatal error: protocol.data_received() call failed"
-    with a traceback and aborts the connection, where the spec wants an `error` answer
-    and the connection kept. (3.12+ count C recursion apart: it passes there.)"""
+    depth 983, decodes, and quoting it (`wire._show`, a few frames deeper) never lets a
+    RecursionError escape `parse_request` and the protocol callback: it gets the `error`
+    answer the spec wants, and the connection is kept. (3.12+ count C recursion apart.)"""
     low = _decoding_limit(solo)
     for depth in range(low - 12, low + 1):
         assert _served(solo, _nest(depth, in_bad_field=True)), (
