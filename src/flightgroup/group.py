@@ -1,7 +1,7 @@
 """FlightGroup: the public face of single flight.
 
 Every call goes first through the group's in-process flight table
-(``flight.FlightTable``): the first caller of a key leads and runs the work, every
+(``engine.table.FlightTable``): the first caller of a key leads and runs the work, every
 caller that comes while it runs joins and gets the same outcome. Async and sync callers
 share one table, from any thread and any event loop.
 
@@ -28,25 +28,17 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
-from .attempts import Attempts, current_flight, start_thread
 from .codec import Codec
-from .configure import MAX_FRAME, check_call, check_key, configure
+from .configure import MAX_FRAME, check_call, check_key, check_policies, configure
 from .decorator import BoundCoalesced as BoundCoalesced
 from .decorator import Coalesced as Coalesced
 from .decorator import _Coalesce, make_coalesce
-from .errors import (
-    FlightFailedError,
-    FlightInterruptedError,
-    FlightTimeoutError,
-    GroupClosedError,
-    renewed,
-)
-from .flight import (
+from .engine.attempts import Attempts
+from .engine.flight import (
     CLOSED,
     EXPIRED,
     SETTLED,
     Flight,
-    FlightTable,
     Outcome,
     Result,
     Role,
@@ -56,7 +48,15 @@ from .flight import (
     new_thread_waiter,
     wake,
 )
-from .follow import DELIVER, START, Follower, signal_for
+from .engine.follow import DELIVER, START, Follower, WideRules, signal_for
+from .engine.table import FlightTable
+from .errors import (
+    FlightFailedError,
+    FlightInterruptedError,
+    FlightTimeoutError,
+    GroupClosedError,
+    renewed,
+)
 from .lease import _CURRENT
 from .policy import FlightPolicy, Limits, Retention, Retry, check_seconds
 from .stats import Stats
@@ -136,6 +136,7 @@ class FlightGroup:
         self._closed_why: str | None = None  # why, when not by close(): a forked child
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._bridge: Bridge | None = None
+        self._table: FlightTable[Any]
         if scope is None:
             self._table = FlightTable()
             self._attempts = Attempts(
@@ -143,12 +144,11 @@ class FlightGroup:
             )
             return
         from .scope.bridge import Bridge
+        from .scope.table import WideTable
 
         # Two groups of this process with the same scope are one group: I6 must see the
-        # other's flights (FlightTable.scope).
-        self._table = FlightTable(
-            wide=True, scope=scope.identity, left_holds=scope.left_flights_hold_keys
-        )
+        # other's flights (WideTable.scope).
+        self._table = WideTable(scope.identity, left_holds=scope.left_flights_hold_keys)
         self._attempts = Attempts(
             self._table, codec=made.codec, max_value_bytes=made.max_value_bytes
         )
@@ -233,7 +233,7 @@ class FlightGroup:
         if role is Role.LEAD:
             self._attempts.start_async(flight, work, loop)
             if flight.outcome is not None:  # the work finished eagerly: no waiting
-                if flight.joined_remote and on_join is not None:
+                if on_join is not None and self._bridge is not None and flight.joined_remote:
                     on_join()  # (wide scopes) it joined elsewhere, and the outcome came
                 return self._deliver(flight, True)
             role = Role.LEADING
@@ -311,7 +311,7 @@ class FlightGroup:
         at = None if timeout is None or math.isinf(timeout) else loop.time() + timeout
         follower = Follower(
             self._table, role, flight, waiter, on_join=on_join, policy=policy,
-            make_waiter=loop.create_future, decided=self._scope is None,
+            make_waiter=loop.create_future, wide=self._wide_rules(),
             closed_error=self._closed_error,
         )
         while True:
@@ -433,7 +433,7 @@ class FlightGroup:
         at = monotonic() + timeout if limited and timeout is not None else None
         follower = Follower(
             self._table, role, flight, waiter, on_join=on_join, policy=policy,
-            make_waiter=new_thread_waiter, decided=self._scope is None,
+            make_waiter=new_thread_waiter, wide=self._wide_rules(),
             closed_error=self._closed_error,
         )
         while True:
@@ -441,7 +441,7 @@ class FlightGroup:
             if step is DELIVER:
                 return self._deliver(follower.flight, follower.leader)
             if step is START:
-                if self._lead_sync(follower, work, own=at is None):
+                if self._attempts.start_sync(follower, work, own=at is None):
                     return self._deliver(follower.flight, True)
                 follower.role = Role.LEADING
                 continue
@@ -456,47 +456,17 @@ class FlightGroup:
                 follower.abandon()
                 raise
             signal = (
-                signal_for(follower.flight, follower.fresh_of, waiter, follower.leader)
+                signal_for(
+                    self._table, follower.flight, follower.fresh_of, waiter, follower.leader
+                )
                 if taken else EXPIRED
             )
             if follower.woken(signal) is DELIVER:
                 return self._deliver(follower.flight, follower.leader)
 
-    def _lead_sync(self, follower: Follower, work: Callable[[], Any], *, own: bool) -> bool:
-        """Start the work of the flight this sync caller leads. True if it settled here
-        already (the work ran in this thread: deliver it); else the caller waits for it.
-
-        The work runs in this thread, and a KeyboardInterrupt in it stops it for all;
-        unless each attempt runs on a thread of its own (a deadline): then the flight is
-        driven on a thread of its own, as with a timeout (``own`` False), and an
-        interrupt of this caller's wait withdraws this caller only."""
-        flight = follower.flight
-        own = own and flight.policy.deadline is None
-        bridge = self._bridge
-        if own and bridge is None:
-            self._attempts.drive_sync(flight, work, current_flight())
-            return True
-        if own:
-            assert bridge is not None
-            # The driver calls on_join when the flight joins one led elsewhere.
-            failed = bridge.drive_sync(flight, work, current_flight(), follower.take_on_join())
-            if failed is not None:  # on_join raised while the flight ran
-                raise failed
-            return False  # settled, or (fleet) settling once the scope has the landing
-        drive: Callable[..., Any] = (
-            bridge.drive_sync if bridge is not None else self._attempts.drive_sync
-        )
-        # A failed start ("can't start new thread", or a KeyboardInterrupt that landed
-        # inside start() before the thread got going): nothing ran. An interrupt once it
-        # got going re-raises here: this caller withdraws, the flight goes on for the
-        # others.
-        failed = start_thread(
-            f"flightgroup-work-{flight.token}", drive, flight, work, current_flight()
-        )
-        if failed is not None:
-            self._attempts.land(flight, Outcome.INTERRUPTED, None, failed)
-            raise failed
-        return False
+    def _wide_rules(self) -> WideRules | None:
+        """The wide table's rules for a waiting call (None in the process scope)."""
+        return None if self._bridge is None else self._bridge.table
 
     # -- the outcome --------------------------------------------------------------
 
@@ -509,7 +479,9 @@ class FlightGroup:
             data = flight.data
             if data is not None:
                 assert self._codec is not None
-                return Result(self._codec.decode(data), not leader or flight.remote, flight.token)
+                bridge = self._bridge
+                joined = not leader or (bridge is not None and bridge.ran_elsewhere(flight))
+                return Result(self._codec.decode(data), joined, flight.token)
             if leader:
                 return Result(flight.value, False, flight.token)
             # One Result for every joiner (ADR 0003); setdefault is atomic, so two
@@ -523,7 +495,8 @@ class FlightGroup:
             return result
         error = flight.error
         assert error is not None
-        if flight.remote:  # from the wide scope: every caller here is a joiner
+        if self._bridge is not None and self._bridge.ran_elsewhere(flight):
+            # (its outcome came from the scope: every caller here is a joiner)
             raise renewed(error)
         if leader:
             raise error
@@ -568,13 +541,7 @@ class FlightGroup:
         if name is not None and (not isinstance(name, str) or not name or "\x00" in name):
             raise ValueError("name must be a non-empty str without NUL characters")
         check_seconds("deadline", deadline, allow_zero=False, allow_inf=False)
-        for field, given, kind in (
-            ("retry", retry, Retry),
-            ("retention", retention, Retention),
-            ("limits", limits, Limits),
-        ):
-            if given is not None and not isinstance(given, kind):
-                raise TypeError(f"{field} must be a {kind.__name__}, not {type(given).__name__}")
+        check_policies(retry=retry, retention=retention, limits=limits)
         policy = self._policy.override(deadline, retry, retention, limits)
         decorator: _Coalesce = make_coalesce(self, key, name, policy)
         return decorator
@@ -709,7 +676,10 @@ def _forget_flights(ref: weakref.ref[FlightGroup], why: str) -> None:
     A new table, so every call reaches the arbiter, which raises."""
     group = ref()
     if group is not None:
-        group._table = FlightTable(wide=True)
+        from .scope.table import WideTable
+
+        # (Its own identity: it must not be taken for the parent's group's kin.)
+        group._table = WideTable(object(), left_holds=False)
         group._attempts.table = group._table
         if group._bridge is not None:
             group._bridge.table = group._table
@@ -726,7 +696,7 @@ class Internals:
     encoded outcome."""
 
     scope: Scope | None
-    table: FlightTable
+    table: FlightTable[Any]
     max_value_bytes: int | None
 
 

@@ -132,18 +132,18 @@ def test_a_fresh_caller_promoted_before_its_flight_moved_joins_that_flight(
     join F, the flight that promoted it, never read its signal through F's link to G (a
     GroupClosedError from an open group, or a claim it never held). W's thread is held at
     the entry of signal_of to open the window a descheduled thread has."""
-    import flightgroup.follow as follow_module
     from flightgroup import JSON, FlightGroup
+    from flightgroup.scope.table import WideTable
 
     hold = threading.Event()
-    real = follow_module.signal_of
+    real = WideTable.signal_of
 
     def held(*args: Any) -> Any:
         if threading.current_thread().name == "W":
             assert hold.wait(30)
         return real(*args)
 
-    monkeypatch.setattr(follow_module, "signal_of", held)
+    monkeypatch.setattr(WideTable, "signal_of", held)
     g = FlightGroup(directory=directory, codec=JSON)
     release = {name: threading.Event() for name in ("E", "F", "X", "G")}
     began: set[str] = set()

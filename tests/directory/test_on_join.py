@@ -13,7 +13,7 @@ import pytest
 
 import flightgroup.scope.bridge as bridge_module
 from flightgroup.directory.client import DirectoryArbiter
-from flightgroup.flight import JOINED
+from flightgroup.engine.flight import JOINED
 from flightgroup.scope.events import Joined, Landed
 
 from ..ingroup import Background, remote_leader

@@ -15,7 +15,8 @@ import pytest
 
 import flightgroup.group as group_module
 from flightgroup import FlightGroup, GroupClosedError, Lease, current_lease
-from flightgroup.flight import CLOSED, FlightTable, wake
+from flightgroup.engine.flight import CLOSED, wake
+from flightgroup.engine.table import FlightTable
 
 from ..support import run, until, wait_until
 

@@ -98,7 +98,7 @@ def test_a_keyboard_interrupt_outside_the_work_interrupts_the_flight(
     running with no work for its joiners and every later call to wait on: interrupted
     before the work, as an interrupt in the work does (ADR 0008); with the value after
     it, for every caller but the leader (not kept)."""
-    import flightgroup.attempts as attempts_module
+    import flightgroup.engine.attempts as attempts_module
     from flightgroup import Retention
 
     joined = threading.Event()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .flight import (
     CLOSED,
@@ -31,19 +31,28 @@ from .flight import (
     JOINED,
     SETTLED,
     Flight,
-    FlightTable,
     Role,
     Signal,
     Waiter,
-    signal_of,
-    waited_on,
 )
 
 if TYPE_CHECKING:
-    from .errors import GroupClosedError
-    from .policy import FlightPolicy
+    from ..errors import GroupClosedError
+    from ..policy import FlightPolicy
+    from .table import FlightTable
 
 __all__ = ["Follower", "Step", "signal_for"]
+
+
+class WideRules(Protocol):
+    """What a wide scope's table adds to a waiting call's decisions."""
+
+    def defer_on_join(self, flight: Any, waiter: Waiter) -> bool | None:
+        """Whether a joiner's on_join runs now: True; None, it waits for the scope's
+        answer; False, never (the flight ended before it was decided)."""
+
+    def joined_elsewhere(self, flight: Any) -> bool:
+        """``flight`` joined a flight led elsewhere (its leading caller is a joiner)."""
 
 
 class Step(Enum):
@@ -60,14 +69,15 @@ DELIVER = Step.DELIVER
 
 
 def signal_for(
-    flight: Flight, fresh_of: Flight | None, waiter: Waiter, leader: bool
+    table: FlightTable[Any], flight: Flight, fresh_of: Flight | None, waiter: Waiter,
+    leader: bool,
 ) -> Signal | Flight:
     """The signal ``waiter`` was handed, read from the flight (I3: valid once it was
     detached). A leading caller whose waiter is no longer the flight's leader waiter was
-    detached by ``joined_remote``: its flight joined one led elsewhere (JOINED)."""
+    detached by a wide table's ``joined_remote``: its flight joined one led elsewhere."""
     if leader and flight.leader_waiter is not waiter:
         return JOINED
-    return signal_of(flight, fresh_of, waiter)
+    return table.signal_of(flight, fresh_of, waiter)
 
 
 class Follower:
@@ -78,8 +88,8 @@ class Follower:
 
     __slots__ = (
         "_closed_error",
-        "_decided",
         "_make_waiter",
+        "_wide",
         "deferred",
         "flight",
         "fresh_of",
@@ -93,7 +103,7 @@ class Follower:
 
     def __init__(
         self,
-        table: FlightTable,
+        table: FlightTable[Any],
         role: Role,
         flight: Flight,
         waiter: Waiter | None,
@@ -101,7 +111,7 @@ class Follower:
         on_join: Callable[[], object] | None,
         policy: FlightPolicy,
         make_waiter: Callable[[], Waiter],
-        decided: bool,
+        wide: WideRules | None,
         closed_error: Callable[[], GroupClosedError],
     ) -> None:
         self.table = table
@@ -111,9 +121,9 @@ class Follower:
         self.on_join = on_join
         self.policy = policy
         self._make_waiter = make_waiter
-        # The process scope's flights are always decided: a joiner's on_join runs at
-        # once, without asking the table (a wide flight's may wait for its scope).
-        self._decided = decided
+        # None in the process scope: its flights are always decided, a joiner's on_join
+        # runs at once (a wide flight's may wait for its scope's answer).
+        self._wide = wide
         self._closed_error = closed_error
         self.leader = False
         self.fresh_of: Flight | None = None  # the flight whose end this caller waits for
@@ -135,10 +145,10 @@ class Follower:
             self.leader = True
             waiter = self.waiter = self._make_waiter()
             if not self.table.wait_as_leader(flight, waiter):
-                if flight.joined_remote and self.on_join is not None:
-                    self.on_join()  # (wide scopes) it joined elsewhere, and the outcome came
+                if self.on_join is not None and self._joined_elsewhere():
+                    self.on_join()  # it joined elsewhere, and the outcome came
                 return DELIVER
-            if flight.joined_remote and self.on_join is not None:
+            if self.on_join is not None and self._joined_elsewhere():
                 self._on_join_or_withdraw()
             return WAIT
         if role is Role.TAKE:  # joined a flight that already ended
@@ -148,7 +158,8 @@ class Follower:
             return DELIVER
         if role is Role.JOIN and self.on_join is not None:
             assert self.waiter is not None
-            now = True if self._decided else self.table.defer_on_join(flight, self.waiter)
+            wide = self._wide
+            now = True if wide is None else wide.defer_on_join(flight, self.waiter)
             if now is None:
                 self.deferred = True
             elif now:
@@ -169,7 +180,7 @@ class Follower:
             if table.withdraw(flight, waiter):
                 raise self._gave_up()
             # A signal reached it first: read it from the flight.
-            signal = signal_for(flight, self.fresh_of, waiter, self.leader)
+            signal = signal_for(table, flight, self.fresh_of, waiter, self.leader)
             if isinstance(signal, Flight):  # out of time: hand the claim back (I4)
                 table.release_claim(signal)
                 raise self._gave_up()
@@ -185,7 +196,7 @@ class Follower:
             else:  # a fresh caller that ran_here made a joiner of the flight it waited on,
                 # or a joiner whose on_join waited for the scope's answer
                 self.fresh_of = None
-                self.flight = waited_on(flight, waiter)
+                self.flight = table.waited_on(flight, waiter)
                 self.role, self.waiter = table.claim(
                     self.flight, self._make_waiter, self.policy, claimed=False,
                     counted=self.deferred,
@@ -211,7 +222,7 @@ class Follower:
         flight, waiter, fresh_of = self.flight, self.waiter, self.fresh_of
         assert waiter is not None
         if not self.table.withdraw(flight, waiter) and fresh_of is not None:
-            signal = signal_of(flight, fresh_of, waiter)
+            signal = self.table.signal_of(flight, fresh_of, waiter)
             if isinstance(signal, Flight):
                 self.table.release_claim(signal)
 
@@ -225,6 +236,11 @@ class Follower:
         except BaseException:
             self.abandon()
             raise
+
+    def _joined_elsewhere(self) -> bool:
+        """(A wide flight's) this leading caller's flight joined one led elsewhere: the
+        caller is a joiner now, its on_join is due. Read after its waiter registered."""
+        return self._wide is not None and self._wide.joined_elsewhere(self.flight)
 
     def _gave_up(self) -> TimeoutError:
         return TimeoutError(f"gave up waiting for the flight of {self.flight.key!r}")
