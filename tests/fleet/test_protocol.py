@@ -1054,19 +1054,34 @@ def test_cluster_status_and_lease_renewal(cluster: RedisCluster, namespace: str)
 def test_startup_warns_when_redis_may_evict(
     caplog: pytest.LogCaptureFixture, policy: str
 ) -> None:
+    """The check runs beside the group's first calls, on its own thread: the group stays
+    open until the server has answered it (and, when it warns, until the warning is in)."""
     server = RedisServer(None, "--maxmemory-policy", policy)
+    client = server.client()
+
+    def warnings() -> list[logging.LogRecord]:
+        return [r for r in caplog.records
+                if r.name == "flightgroup" and "maxmemory-policy" in r.getMessage()]
+
+    def asked() -> bool:
+        stats = client.info("commandstats")
+        return any(name.startswith("cmdstat_config") for name in stats)
+
     try:
         caplog.set_level(logging.WARNING, logger="flightgroup")
         with FlightGroup(redis=server.url, namespace="n", codec=JSON) as group:
             assert group.run_sync("k", lambda: 1).value == 1
-        warnings = [r for r in caplog.records
-                    if r.name == "flightgroup" and "maxmemory-policy" in r.getMessage()]
+            wait_until(asked, "the group asked the server's maxmemory-policy")
+            if policy != "noeviction":
+                wait_until(lambda: bool(warnings()), "the warning is logged")
         if policy == "noeviction":
-            assert warnings == []
+            assert warnings() == []
         else:
-            assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
-            assert "allkeys-lru" in warnings[0].getMessage()
+            (warned,) = warnings()
+            assert warned.levelno == logging.WARNING
+            assert "allkeys-lru" in warned.getMessage()
     finally:
+        client.close()
         server.close()
 
 
