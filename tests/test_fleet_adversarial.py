@@ -71,7 +71,8 @@ from flightgroup import (
     UnavailableError,
     current_lease,
 )
-from flightgroup.redis.arbiter import RedisArbiter, _Names
+from flightgroup.redis.arbiter import RedisArbiter
+from flightgroup.redis.names import Names
 
 from .infleet import fleet_group, fleet_of, never
 from .infresh import held
@@ -330,7 +331,7 @@ def test_a_landing_made_before_close_is_handed_over(
 
     fleet._background.post_task = paused_post_task  # type: ignore[method-assign]
     fleet._close = watched_close  # type: ignore[method-assign]
-    names = _Names(namespace, "k", False)
+    names = Names(namespace, "k", False)
     client = redis_server.client()
     tokens: list[int] = []
 
@@ -488,7 +489,7 @@ def test_a_joiner_that_followed_a_retry_hears_its_leaders_death_within_the_leade
         if len(tokens) == 1:
             assert fail.wait(10)
             raise ValueError("first attempt")
-        fleet._renew_some = no_renewal  # type: ignore[method-assign]  # "dies" here
+        fleet._renewal.renew_some = no_renewal  # type: ignore[method-assign]  # "dies" here
         release.wait(20)
         return "late"
 
@@ -591,7 +592,7 @@ def test_a_resent_attempt_keeps_the_flight_and_its_joiners(
     re-send answers the same new token, the joiner follows `next` to it, and the work
     runs once per attempt."""
     key = f"attempt-{uuid.uuid4().hex}"
-    names = _Names(namespace, key, False)
+    names = Names(namespace, key, False)
     a = fleet_group(proxy.url, namespace, retry=_RETRY_NOW)
     b = fleet_group(redis_server.url, namespace)
     tokens: list[int] = []
@@ -775,5 +776,5 @@ def test_odd_keys_and_a_namespace_of_glob_characters(
             g.close()
     assert got.value == "v" and got.joined and got.token == outcome(led).token
     digest = hashlib.sha256(key.encode()).hexdigest()
-    assert _Names(globby, key, False).record == f"fg:{{{globby}:{digest}}}"
+    assert Names(globby, key, False).record == f"fg:{{{globby}:{digest}}}"
     assert keys_without_ttl(redis_server.client(), "fg:*") == []

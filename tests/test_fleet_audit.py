@@ -39,7 +39,8 @@ from flightgroup import (
     current_lease,
 )
 from flightgroup.redis import scripts
-from flightgroup.redis.arbiter import RedisArbiter, _Names
+from flightgroup.redis.arbiter import RedisArbiter
+from flightgroup.redis.names import Names
 
 from .dirproc import assert_value, harness
 from .infleet import fleet_group, fleet_of
@@ -68,7 +69,7 @@ def test_a_resent_forget_leaves_the_next_flight_alone(
     reaches Redis another process leads t2 (and, "kept", lands it with retention).
     The re-send must answer as the first send did and leave t2 alone."""
     key = f"forget-{uuid.uuid4().hex}"
-    names = _Names(namespace, key, False)
+    names = Names(namespace, key, False)
     client = redis_server.client()
     gate1, gate2 = threading.Event(), threading.Event()
     started1, started2 = threading.Event(), threading.Event()
@@ -166,7 +167,7 @@ def test_forget_remembers_its_nonce_with_a_ttl_and_answers_once(
     and acts on nothing; every key it writes has a TTL."""
     client = redis_server.client()
     run = {name: client.register_script(body) for name, body in scripts.SCRIPTS.items()}
-    names = _Names(namespace, "k", False)
+    names = Names(namespace, "k", False)
     seen = names.forgot("n-1")
 
     def forget(nonce_key: str) -> int:
@@ -211,7 +212,7 @@ def test_a_landing_before_the_joiners_first_read_is_not_lost(
     returns the outcome at once (no CHECK, no lost wake-up)."""
     key = f"level-{uuid.uuid4().hex}"
     client = redis_server.client()
-    names = _Names(namespace, key, False)
+    names = Names(namespace, key, False)
     a, b = fleet_group(redis_server.url, namespace), fleet_group(redis_server.url, namespace)
     started, want_read, landed = threading.Event(), threading.Event(), threading.Event()
     reads: list[Any] = []
@@ -279,7 +280,7 @@ def test_the_xread_the_arbiter_sends_reads_a_mailbox_written_before_it(
     ID 0, COUNT 1, BLOCK): it returns the entry at once."""
     client = redis_server.client()
     run = {name: client.register_script(body) for name, body in scripts.SCRIPTS.items()}
-    names = _Names(namespace, "k", False)
+    names = Names(namespace, "k", False)
     lead = run["acquire"](keys=[names.record, names.fence],
                           args=["n1", 10_000, 86_400_000, 0, 1, "h", "k"])
     join = run["acquire"](keys=[names.record, names.fence],
@@ -308,7 +309,7 @@ def test_flights_led_at_once_are_renewed_in_one_call_per_tick(
     redis_server: RedisServer, namespace: str
 ) -> None:
     keys = [f"renew-{i}-{uuid.uuid4().hex}" for i in range(3)]
-    records = {_Names(namespace, key, False).record for key in keys}
+    records = {Names(namespace, key, False).record for key in keys}
     client = redis_server.client()
     renewals: list[set[str]] = []  # the records each RENEW carried
     server_calls: list[int] = []  # the server's EVALSHA count, at each joint renewal
@@ -381,7 +382,7 @@ def test_the_default_lease_is_ten_seconds(redis_server: RedisServer, namespace: 
         thread, out = in_thread(g.run_sync, "k", work)
         assert started.wait(10)
         # The record of a running flight lives a lease: 10 s (minus the time since).
-        pttl = redis_server.client().pttl(_Names(namespace, "k", False).record)
+        pttl = redis_server.client().pttl(Names(namespace, "k", False).record)
         assert 9_000 < pttl <= 10_000, pttl
         release.set()
         thread.join(10)

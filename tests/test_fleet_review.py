@@ -18,7 +18,8 @@ from flightgroup import (
     Retention,
     Retry,
 )
-from flightgroup.redis.arbiter import RedisArbiter, _Names
+from flightgroup.redis.arbiter import RedisArbiter
+from flightgroup.redis.names import Names
 
 from .support import wait_until
 
@@ -165,7 +166,7 @@ async def _never() -> Any:
 def _record(server: Any, namespace: str, key: str) -> dict[bytes, bytes]:
     client = redis.Redis.from_url(server.url)
     try:
-        found: dict[bytes, bytes] = client.hgetall(_Names(namespace, key, False).record)
+        found: dict[bytes, bytes] = client.hgetall(Names(namespace, key, False).record)
         return found
     finally:
         client.close()

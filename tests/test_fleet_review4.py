@@ -179,8 +179,8 @@ def test_run_sync_on_the_loop_of_a_flight_lost_only_here_still_raises(
         [lead] = list(scope._leads)
         lost = threading.Event()
 
-        def lose() -> None:  # on the group's loop, as _renew does
-            scope._lose(lead, "no renewal reached Redis for a whole lease")
+        def lose() -> None:  # on the group's loop, as Renewal.run does
+            scope._renewal.lose(lead, "no renewal reached Redis for a whole lease")
             lost.set()
 
         scope._background.loop.call_soon_threadsafe(lose)
