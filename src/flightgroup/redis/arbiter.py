@@ -247,9 +247,8 @@ class RedisArbiter:
         lead = call.lead
         assert lead is not None
         # In order with close(): a landing made before it is posted before its _close,
-        # which waits for it; one made after is not posted, and the work left running
-        # is interrupted by _close (marked done first, it was neither landed nor
-        # interrupted: its joiners waited out the lease).
+        # which waits for it; one made after is not posted, and its lead is not marked
+        # done, so _close interrupts it. Every lead is landed or interrupted.
         with self._background.lock:
             posted = not self._closing
             if posted:
@@ -294,7 +293,8 @@ class RedisArbiter:
         try:
             loop = self._ensure_started()
             # In order with close(), as submit() is: posted before its _close, or not
-            # at all (posted after, it was dropped with the loop: a wait of `timeout`).
+            # at all (one posted after is dropped with the loop: its caller would wait
+            # `timeout` for nothing).
             with self._background.lock:
                 if self._closing:
                     raise self._closed()
@@ -503,16 +503,15 @@ class RedisArbiter:
             return
         future: Future[None] = asyncio.run_coroutine_threadsafe(self._close(), loop)
         with contextlib.suppress(Exception):
-            # (A lease past threading.TIMEOUT_MAX made result() raise at once.)
+            # (bound is at most threading.TIMEOUT_MAX: past it, result() raises at once.)
             future.result(bound)
         self._background.stop()
 
     async def _close(self) -> None:
         # Steps already sent (an ACQUIRE, a retry's ATTEMPT) may still win a lead; each
         # gives it back itself once it hears (the call is withdrawn, the group closing).
-        # Wait for them and for what they spawn, or the loop stopped under them and the
-        # lead stayed for its joiners to wait a lease out (tests/test_fleet_review.py::
-        # test_closing_during_an_acquire_that_leads_gives_the_lead_back).
+        # Wait for them and for what they spawn before the loop stops: a lead won and
+        # never given back would hold its joiners elsewhere for a lease.
         pending = {call.task for call in self._calls if call.task is not None}
         for call in list(self._calls):
             if call.lead is None:
