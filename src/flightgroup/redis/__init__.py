@@ -5,9 +5,9 @@ shares flights, decided by atomic scripts, with leases and fencing tokens.
 - ``arbiter``: the arbiter a group uses (the Scope): its calls and leads, closing, a fork.
 - ``calls``, ``names``, ``outcomes``, ``clients``: what it keeps of a call and a lead,
   the keys and TTLs, an outcome as Redis holds it, the redis-py clients.
-- ``delivery``, ``renewal``, ``landing``, ``undo``, ``status``: the steps it runs on its
-  loop: a joiner's wait for the outcome, a lead's lease, COMPLETE, undoing an
-  unanswered ACQUIRE, the running flights.
+- ``acquire``, ``delivery``, ``renewal``, ``landing``, ``undo``, ``status``: the steps it
+  runs on its loop: ACQUIRE, a joiner's wait for the outcome, a lead's lease, COMPLETE,
+  undoing an unanswered ACQUIRE, the running flights.
 """
 
 from __future__ import annotations

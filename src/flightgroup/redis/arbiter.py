@@ -6,16 +6,16 @@ machinery never depends on a caller's loop. A local flight asks once (``submit``
 answer comes in one round trip from the ACQUIRE script (:mod:`.scripts`): lead, join,
 a kept outcome, or (fresh) wait for the running flight's end and ask again.
 
-This module owns a group's calls and leads (:mod:`.calls`) from the Scope methods to
-their end: ACQUIRE and what its answer starts, a withdrawal, a lead given back, the
-landing's bookkeeping (the engine settles the flight here only once Redis took it, or
-fenced it: then the leader gets LeaseLostError), closing, and a forked child's let-go.
-The steps it starts live beside it: a joiner's wait for the outcome
-(:mod:`.delivery`), a lead's lease and a retry's new token (:mod:`.renewal`), COMPLETE
-(:mod:`.landing`), undoing an unanswered ACQUIRE (:mod:`.undo`), ``status()``
-(:mod:`.status`); the keys (:mod:`.names`) and an outcome's encoding
-(:mod:`.outcomes`). Those take the arbiter and call its ``_script``, so that one
-wrapper sees every script a group runs.
+This module owns a group's calls and leads (:mod:`.calls`), from the Scope methods to
+their end: a call begun and ended, a lead taken, withdrawn or given back, the landing's
+bookkeeping (the engine settles the flight here only once Redis took it, or fenced it:
+then the leader gets LeaseLostError), closing, and a forked child's let-go. The steps
+it runs on its loop live beside it: ACQUIRE and what its answer starts
+(:mod:`.acquire`), a joiner's wait for the outcome (:mod:`.delivery`), a lead's lease
+and a retry's new token (:mod:`.renewal`), COMPLETE (:mod:`.landing`), undoing an
+unanswered ACQUIRE (:mod:`.undo`), ``status()`` (:mod:`.status`); and the keys
+(:mod:`.names`) and an outcome's encoding (:mod:`.outcomes`). The steps take the
+arbiter and call its ``_script``, so that one wrapper sees every script a group runs.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import contextlib
 import os
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable, Coroutine, Hashable, Sequence
 from concurrent.futures import Future
@@ -35,22 +34,19 @@ from typing import TYPE_CHECKING, Any
 from redis.connection import parse_url
 from redis.exceptions import RedisClusterException, RedisError
 
-from .._log import DigestOf, log
 from ..errors import GroupClosedError, UnavailableError
-from ..scope.events import Joined, Landed, Lead, LeaseLost, Refused, ScopeEvent
+from ..scope.events import Lead, LeaseLost, Refused, ScopeEvent
 from ..scope.interface import Handed
 from ..scope.loop import BackgroundLoop, closed_in_fork
 from ..scope.outcome import SharedOutcome
 from . import clients, scripts
+from .acquire import acquire
 from .calls import FleetCall, FleetLead
 from .clients import COMMAND_TIMEOUT, MAX_BLOCK, UNREACHABLE
-from .delivery import read_outcome
 from .landing import complete
-from .names import FENCE_TTL_MS, FORGET_MEMORY_MS, Names, ms, safe_url, server_of
-from .outcomes import decode_outcome
+from .names import FORGET_MEMORY_MS, Names, ms, safe_url, server_of
 from .renewal import Renewal
 from .status import running_flights
-from .undo import undo_later
 
 if TYPE_CHECKING:
     from redis.commands.core import AsyncScript
@@ -58,10 +54,6 @@ if TYPE_CHECKING:
     from ..flight import Attempt
 
 __all__ = ["RedisArbiter"]
-
-
-_NO_FLIGHT_YET = 2**53  # a fresh call's first ACQUIRE: no flight that exists now is new
-_ANSWERS = {1: "lead", 2: "join", 3: "kept", 4: "wait for the next flight"}
 
 
 class RedisArbiter:
@@ -101,7 +93,7 @@ class RedisArbiter:
         self._leads: set[FleetLead] = set()
         self._renewal = Renewal(self)  # the leads' leases
         # Per key's record: the one task that undoes the ACQUIREs of the key that got
-        # no answer, and their nonces (see _undo).
+        # no answer, and their nonces (see undo.py).
         self._undoing: dict[str, asyncio.Task[None]] = {}
         self._undo_nonces: dict[str, list[str]] = {}
         self._closing = False
@@ -137,7 +129,7 @@ class RedisArbiter:
             self._scripts = {
                 name: self._client.register_script(body) for name, body in scripts.SCRIPTS.items()
             }
-        except Exception as exc:  # every call reports it (see _acquire)
+        except Exception as exc:  # every call reports it (see acquire)
             self._fatal = exc
         else:
             self._ready = loop.create_task(self._startup())
@@ -322,7 +314,7 @@ class RedisArbiter:
             call.inbox.put(Refused(GroupClosedError()))
             return
         self._calls.add(call)
-        call.task = asyncio.get_running_loop().create_task(self._acquire(call))
+        call.task = asyncio.get_running_loop().create_task(acquire(self, call))
         call.task.add_done_callback(lambda task: self._acquire_ended(call, task))
 
     def _acquire_ended(self, call: FleetCall, task: asyncio.Task[None]) -> None:
@@ -337,79 +329,6 @@ class RedisArbiter:
         """The call ends without leading (or its lead is given back)."""
         self._calls.discard(call)
         call.inbox.put(event)
-
-    async def _ready_for(self, names: Names) -> None:
-        """Wait (bounded) for what an ACQUIRE of ``names`` must not run before."""
-        if self._cluster and self._ready is not None and not self._ready.done():
-            # A Cluster client's first commands race its discovery (see clients.startup):
-            # wait for it, at most a command timeout. A single server's scripts need no
-            # wait (a missing one costs a NOSCRIPT round trip): a frozen server fails
-            # the first call in 4 command timeouts, as any other, not in 8.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._ready), self._timeout)
-        undo = self._undoing.get(names.record)
-        if undo is not None and not undo.done():
-            # A flight an unanswered ACQUIRE of the key may have led: this call would
-            # join it and wait its lease out. Redis out of reach: the ACQUIRE says so.
-            await asyncio.wait({undo}, timeout=self._timeout)
-
-    async def _acquire(self, call: FleetCall) -> None:
-        """Ask Redis to lead or join ``call``'s key, and follow the answer to the
-        event that ends the call (or to its lead)."""
-        if self._fatal is not None:
-            self._end(call, Refused(self._unavailable(self._fatal)))
-            return
-        names = Names(self.namespace, call.key, self._cluster)
-        await self._ready_for(names)
-        # A fresh call takes a flight from min_token on: one newer than the flight its
-        # callers waited for here, else one newer than every flight there is now.
-        min_token, after = 0, None
-        if call.fresh:
-            after = call.after  # (if Redis knows it forgotten, none that exists will do)
-            min_token = _NO_FLIGHT_YET if after is None else after + 1
-        while True:
-            sent = time.monotonic()
-            args = [call.nonce, self._lease_ms, FENCE_TTL_MS, min_token, self._pid,
-                    self._host, call.key.encode("utf-8", "surrogatepass")]
-            if after is not None:
-                args.append(after)
-            try:
-                reply = await self._script(
-                    "acquire", [names.record, names.fence, *names.kept], args
-                )
-            except UNREACHABLE as exc:
-                self._end(call, Refused(self._unavailable(exc)))
-                undo_later(self, call.key, names, call.nonce)
-                return
-            kind, token = int(reply[0]), int(reply[1])
-            log.debug("%s %s: %s, token %d", self.namespace, DigestOf(call.key),
-                      _ANSWERS.get(kind, "?"), token)
-            if kind == 1:
-                self._lead(call, names, token, sent)
-                return
-            if call.withdrawn:
-                self._calls.discard(call)
-                return
-            if kind == 3:
-                self._end(call, Landed(token, decode_outcome(reply[2], reply[3]), True))
-                return
-            if kind == 2:
-                age = int(reply[5]) / 1e6
-                call.inbox.put(Joined(token, int(reply[3]), age, reply[4].decode()))
-                ended = await read_outcome(self, call, names, token, int(reply[2]), follow=True)
-                self._end(call, ended)
-                return
-            # kind 4 (fresh): the flight that runs began before this call; after its
-            # end, the first flight from the next token on is this call's.
-            ended = await read_outcome(self, call, names, token, int(reply[2]), follow=False)
-            if call.withdrawn:
-                self._calls.discard(call)
-                return
-            if isinstance(ended, Landed):
-                # It may have ended under a retry's token: ask from past that one, so
-                # that its kept outcome is never taken for a newer flight's.
-                token = max(token, ended.token)
-            min_token, after = token + 1, None  # the flight it waited for ended after it
 
     def _lead(self, call: FleetCall, names: Names, token: int, sent: float) -> None:
         lead = FleetLead(call, token, sent)
