@@ -18,7 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from flightgroup import FlightGroup, LeaseLostError, UnavailableError
 from flightgroup.directory.client import DirectoryArbiter
-from flightgroup.flight import FlightTable
+from flightgroup.engine.table import FlightTable
 from flightgroup.redis.arbiter import RedisArbiter
 from flightgroup.redis.calls import FleetCall
 from flightgroup.redis.names import Names

@@ -59,7 +59,7 @@ from . import forked, fs, wire
 from .coordinator import Coordinator
 
 if TYPE_CHECKING:
-    from ..flight import Attempt
+    from ..engine.flight import Attempt
 
 __all__ = ["Call", "DirectoryArbiter"]
 

@@ -51,7 +51,7 @@ from .status import running_flights
 if TYPE_CHECKING:
     from redis.commands.core import AsyncScript
 
-    from ..flight import Attempt
+    from ..engine.flight import Attempt
 
 __all__ = ["RedisArbiter"]
 
