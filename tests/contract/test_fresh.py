@@ -21,7 +21,9 @@ import flightgroup.group as group_module
 from flightgroup import JSON, FlightGroup, GroupClosedError, LeaseLostError, UnavailableError
 from flightgroup.directory.client import DirectoryArbiter
 from flightgroup.engine.table import FlightTable
-from flightgroup.redis.arbiter import FleetCall, RedisArbiter, _Names
+from flightgroup.redis.arbiter import RedisArbiter
+from flightgroup.redis.calls import FleetCall
+from flightgroup.redis.names import Names
 from flightgroup.scope.bridge import Bridge
 
 from ..infleet import fleet_group, fleet_of, never
@@ -483,7 +485,7 @@ def test_a_fresh_caller_after_a_flight_that_lost_its_lease_takes_no_older_flight
     async def no_renewal(batch: Any) -> None:
         return None
 
-    real_lose = fleet_of(a)._lose
+    real_lose = fleet_of(a)._renewal.lose
 
     def unnoticed(lead: Any, reason: str) -> None:
         # Frozen, a process does not notice that its lease ran out (its flight would
@@ -493,13 +495,13 @@ def test_a_fresh_caller_after_a_flight_that_lost_its_lease_takes_no_older_flight
 
     def frozen() -> str:
         runs.append("F")
-        fleet_of(a)._renew_some = no_renewal  # type: ignore[method-assign]
-        fleet_of(a)._lose = unnoticed  # type: ignore[method-assign]
+        fleet_of(a)._renewal.renew_some = no_renewal  # type: ignore[method-assign]
+        fleet_of(a)._renewal.lose = unnoticed  # type: ignore[method-assign]
         f_started.set()
         assert release_f.wait(20)
         return "F"
 
-    record = _Names(namespace, "k", False).record
+    record = Names(namespace, "k", False).record
     client = redis_server.client()
     try:
         f = Background(lambda: a.run_sync("k", frozen))

@@ -244,7 +244,7 @@ def test_a_fresh_run_resent_after_a_failover_admits_only_flights_after_it(
     calls = [Background(lambda: g.run_sync("w", lambda: "w"))]
     first = mute.accept()
     frames_until(first, "run", "w")
-    loop = g._scope._loop  # type: ignore[union-attr]
+    loop = g._scope._background.loop  # type: ignore[union-attr]
     entered, go_on = threading.Event(), threading.Event()
     if written == "to its dead socket":
         # The group's loop is held (as in a frozen process): it cannot see the close.

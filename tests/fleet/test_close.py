@@ -24,7 +24,7 @@ from flightgroup import (
     UnavailableError,
     current_lease,
 )
-from flightgroup.redis.arbiter import _Names
+from flightgroup.redis.names import Names
 
 from ..infleet import (
     RETRY_NOW,
@@ -45,7 +45,7 @@ pytestmark = pytest.mark.timeout(40)
 def _record(server: Any, namespace: str, key: str) -> dict[bytes, bytes]:
     client = redis.Redis.from_url(server.url)
     try:
-        found: dict[bytes, bytes] = client.hgetall(_Names(namespace, key, False).record)
+        found: dict[bytes, bytes] = client.hgetall(Names(namespace, key, False).record)
         return found
     finally:
         client.close()
@@ -155,7 +155,7 @@ def test_a_forget_posted_as_the_loop_shuts_down_does_not_wait_out_its_timeout(
     g = fleet_group(redis_server.url, namespace, lease=1.0)  # forget's own bound: 5 s
     g.run_sync("warm-up", lambda: 0)
     fleet = fleet_of(g)
-    loop = fleet._loop
+    loop = fleet._background.loop
     assert loop is not None
     in_forget, loop_closing, posted = threading.Event(), threading.Event(), threading.Event()
     forget_thread: list[int] = []
@@ -343,7 +343,7 @@ def test_a_landing_made_before_close_is_handed_over(
     fleet = fleet_of(a)
     a.run_sync("warm-up", lambda: 0)
     posting, release, closed = threading.Event(), threading.Event(), threading.Event()
-    post_task, close_steps = fleet._post_task, fleet._close
+    post_task, close_steps = fleet._background.post_task, fleet._close
 
     def paused_post_task(coro: Any) -> bool:
         if getattr(coro, "__name__", "") == "_land":
@@ -355,9 +355,9 @@ def test_a_landing_made_before_close_is_handed_over(
         await close_steps()
         closed.set()
 
-    fleet._post_task = paused_post_task  # type: ignore[method-assign]
+    fleet._background.post_task = paused_post_task  # type: ignore[method-assign]
     fleet._close = watched_close  # type: ignore[method-assign]
-    names = _Names(namespace, "k", False)
+    names = Names(namespace, "k", False)
     client = redis_server.client()
     tokens: list[int] = []
 

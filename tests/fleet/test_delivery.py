@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from flightgroup.redis import scripts
-from flightgroup.redis.arbiter import _Names
+from flightgroup.redis.names import Names
 
 from ..infleet import fleet_group, fleet_of, never_runs, result_of
 from ..redisproc import RedisServer
@@ -30,7 +30,7 @@ def test_a_landing_before_the_joiners_first_read_is_not_lost(
     returns the outcome at once (no CHECK, no lost wake-up)."""
     key = f"level-{uuid.uuid4().hex}"
     client = redis_server.client()
-    names = _Names(namespace, key, False)
+    names = Names(namespace, key, False)
     a, b = fleet_group(redis_server.url, namespace), fleet_group(redis_server.url, namespace)
     started, want_read, landed = threading.Event(), threading.Event(), threading.Event()
     reads: list[Any] = []
@@ -100,7 +100,7 @@ def test_the_xread_the_arbiter_sends_reads_a_mailbox_written_before_it(
     ID 0, COUNT 1, BLOCK): it returns the entry at once."""
     client = redis_server.client()
     run = {name: client.register_script(body) for name, body in scripts.SCRIPTS.items()}
-    names = _Names(namespace, "k", False)
+    names = Names(namespace, "k", False)
     lead = run["acquire"](keys=[names.record, names.fence],
                           args=["n1", 10_000, 86_400_000, 0, 1, "h", "k"])
     join = run["acquire"](keys=[names.record, names.fence],

@@ -27,7 +27,8 @@ from flightgroup import (
     UnavailableError,
     current_lease,
 )
-from flightgroup.redis.arbiter import RedisArbiter, _Names
+from flightgroup.redis.arbiter import RedisArbiter
+from flightgroup.redis.names import Names
 
 from ..infleet import (
     RETRY_NOW,
@@ -102,11 +103,11 @@ def test_run_sync_on_the_loop_of_a_flight_lost_only_here_still_raises(
         [lead] = list(scope._leads)
         lost = threading.Event()
 
-        def lose() -> None:  # on the group's loop, as _renew does
-            scope._lose(lead, "no renewal reached Redis for a whole lease")
+        def lose() -> None:  # on the group's loop, as Renewal.run does
+            scope._renewal.lose(lead, "no renewal reached Redis for a whole lease")
             lost.set()
 
-        scope._loop.call_soon_threadsafe(lose)
+        scope._background.loop.call_soon_threadsafe(lose)
         assert await asyncio.to_thread(lost.wait, 10)
         refused = raised(g.run_sync, "k", lambda: "new", timeout=10)
         go.set()
@@ -203,7 +204,7 @@ def test_flights_led_at_once_are_renewed_in_one_call_per_tick(
 ) -> None:
     """The flights one process leads at once are renewed in one RENEW per tick."""
     keys = [f"renew-{i}-{uuid.uuid4().hex}" for i in range(3)]
-    records = {_Names(namespace, key, False).record for key in keys}
+    records = {Names(namespace, key, False).record for key in keys}
     client = redis_server.client()
     renewals: list[set[str]] = []  # the records each RENEW carried
     server_calls: list[int] = []  # the server's EVALSHA count, at each joint renewal
@@ -277,7 +278,7 @@ def test_the_default_lease_is_ten_seconds(redis_server: RedisServer, namespace: 
         thread, out = in_thread(g.run_sync, "k", work)
         assert started.wait(10)
         # The record of a running flight lives a lease: 10 s (minus the time since).
-        pttl = redis_server.client().pttl(_Names(namespace, "k", False).record)
+        pttl = redis_server.client().pttl(Names(namespace, "k", False).record)
         assert 9_000 < pttl <= 10_000, pttl
         release.set()
         thread.join(10)

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from flightgroup.redis.arbiter import _Names
+from flightgroup.redis.names import Names
 
 from ..infleet import fleet_group, fleet_of, never
 from ..infresh import held
@@ -115,5 +115,5 @@ def test_odd_keys_and_a_namespace_of_glob_characters(
             g.close()
     assert got.value == "v" and got.joined and got.token == outcome(led).token
     digest = hashlib.sha256(key.encode()).hexdigest()
-    assert _Names(globby, key, False).record == f"fg:{{{globby}:{digest}}}"
+    assert Names(globby, key, False).record == f"fg:{{{globby}:{digest}}}"
     assert keys_without_ttl(redis_server.client(), "fg:*") == []

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.exceptions import RedisClusterException, ResponseError
@@ -35,9 +36,9 @@ from flightgroup import (
     UnavailableError,
     current_lease,
 )
-from flightgroup.redis import arbiter as arbiter_module
 from flightgroup.redis import scripts
-from flightgroup.redis.arbiter import RedisArbiter, _Names
+from flightgroup.redis.arbiter import RedisArbiter
+from flightgroup.redis.names import Names
 
 from ..infleet import fleet_of
 from ..redisproc import CutProxy, RedisCluster, RedisServer, free_port, keys_without_ttl
@@ -64,8 +65,8 @@ class Lua:
         self.s = {name: client.register_script(body) for name, body in scripts.SCRIPTS.items()}
         self.calls = 0
 
-    def names(self, key: str) -> _Names:
-        return _Names(self.ns, key, self.cluster)
+    def names(self, key: str) -> Names:
+        return Names(self.ns, key, self.cluster)
 
     def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
         reply = self.s[name](keys=keys, args=args)
@@ -786,7 +787,7 @@ def test_a_retried_landing_is_the_leaders_and_lands_once(
         assert led.value == marker and not led.joined
         assert got.value == marker and got.joined and got.token == led.token
         client = redis_server.client()
-        mailbox = _Names(namespace, key, False).mailbox(led.token)
+        mailbox = Names(namespace, key, False).mailbox(led.token)
         assert client.xlen(mailbox) == 1
         if retention is not None:
             kept = other.run_sync(key, never)
@@ -861,10 +862,10 @@ def test_calls_of_a_key_that_get_no_answer_share_one_undo() -> None:
         for _ in range(4):
             with pytest.raises(UnavailableError):
                 g.run_sync("k", lambda: "never")
-        undos = [t for t in fleet._tasks if t.get_coro().__name__ == "_undo"]  # type: ignore[union-attr]
+        undos = [t for t in fleet._background.tasks if t.get_coro().__name__ == "_undo"]  # type: ignore[union-attr]
         assert len(undos) == 1
         [(record, nonces)] = fleet._undo_nonces.items()
-        assert record == _Names("undo", "k", False).record and len(nonces) == 4
+        assert record == Names("undo", "k", False).record and len(nonces) == 4
         server = RedisServer(port)  # Redis answers now: each nonce is undone, twice
         wait_until(lambda: not fleet._undoing and not fleet._undo_nonces, "the undo ended")
         assert all(t.done() for t in undos)
@@ -909,7 +910,7 @@ def test_an_acquire_a_frozen_server_ran_after_its_call_gave_up_is_undone() -> No
         got = g.run_sync("k", work("k"))  # before: FlightInterruptedError
         assert (got.value, got.joined, ran) == ("k", False, ["k"])
         wait_until(lambda: not fleet_of(g)._undoing, "the undos end")
-        client, names = server.client(), _Names("ghost", "k2", False)
+        client, names = server.client(), Names("ghost", "k2", False)
         assert client.exists(names.record) == 0
         [mailbox] = client.keys(f"{names.record}:m:*")  # it did run, and was undone
         [(_, entry)] = client.xrange(mailbox)
@@ -1007,7 +1008,7 @@ def test_cluster_runs_many_keys_from_two_groups(cluster: RedisCluster, namespace
     assert runs == dict.fromkeys(keys, 1)
     owners = slot_owners(cluster)
     used = {owners[int(cluster.servers[0].client().execute_command(
-        "CLUSTER KEYSLOT", _Names(namespace, key, True).record))] for key in keys}
+        "CLUSTER KEYSLOT", Names(namespace, key, True).record))] for key in keys}
     assert used == {s.port for s in cluster.servers}
     for server in cluster.servers:  # every master holds some of the records
         client = server.client()
@@ -1145,7 +1146,7 @@ class Counter:
         self.log: list[tuple[Any, str, Any]] = []
         self.reading = threading.Event()
         original_script = RedisArbiter._script
-        original_xread = arbiter_module.aioredis.Redis.xread
+        original_xread = aioredis.Redis.xread
         counter = self
 
         async def script(self: RedisArbiter, name: str, keys: Any, args: Any) -> Any:
@@ -1159,7 +1160,7 @@ class Counter:
             return await original_xread(self, *args, **kwargs)
 
         monkeypatch.setattr(RedisArbiter, "_script", script)
-        monkeypatch.setattr(arbiter_module.aioredis.Redis, "xread", xread)
+        monkeypatch.setattr(aioredis.Redis, "xread", xread)
 
     def of(self, group: FlightGroup) -> list[str]:
         arbiter = group._scope

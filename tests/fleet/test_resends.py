@@ -18,7 +18,7 @@ from flightgroup import (
     current_lease,
 )
 from flightgroup.redis import scripts
-from flightgroup.redis.arbiter import _Names
+from flightgroup.redis.names import Names
 
 from ..infleet import RETRY_NOW, fleet_group, never, never_runs, result_of
 from ..redisproc import CutProxy, HoldingCutProxy, RedisServer, keys_without_ttl
@@ -98,7 +98,7 @@ def test_a_resent_forget_leaves_the_next_flight_alone(
     reaches Redis another process leads t2 (and, "kept", lands it with retention).
     The re-send must answer as the first send did and leave t2 alone."""
     key = f"forget-{uuid.uuid4().hex}"
-    names = _Names(namespace, key, False)
+    names = Names(namespace, key, False)
     client = redis_server.client()
     gate1, gate2 = threading.Event(), threading.Event()
     started1, started2 = threading.Event(), threading.Event()
@@ -198,7 +198,7 @@ def test_forget_remembers_its_nonce_with_a_ttl_and_answers_once(
     and acts on nothing; every key it writes has a TTL."""
     client = redis_server.client()
     run = {name: client.register_script(body) for name, body in scripts.SCRIPTS.items()}
-    names = _Names(namespace, "k", False)
+    names = Names(namespace, "k", False)
     seen = names.forgot("n-1")
 
     def forget(nonce_key: str) -> int:
@@ -296,7 +296,7 @@ def test_a_resent_attempt_keeps_the_flight_and_its_joiners(
     re-send answers the same new token, the joiner follows `next` to it, and the work
     runs once per attempt."""
     key = f"attempt-{uuid.uuid4().hex}"
-    names = _Names(namespace, key, False)
+    names = Names(namespace, key, False)
     a = fleet_group(proxy.url, namespace, retry=RETRY_NOW)
     b = fleet_group(redis_server.url, namespace)
     tokens: list[int] = []

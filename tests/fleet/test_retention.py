@@ -21,7 +21,7 @@ import redis
 from flightgroup import FlightFailedError, Retention
 from flightgroup.directory import wire
 from flightgroup.redis import scripts
-from flightgroup.redis.arbiter import _Names
+from flightgroup.redis.names import Names
 
 from ..infleet import fleet_group, never
 from ..redisproc import RedisCluster, RedisServer, keys_without_ttl
@@ -43,8 +43,8 @@ class Kept:
         self.ns = namespace
         self.s = {name: client.register_script(body) for name, body in scripts.SCRIPTS.items()}
 
-    def n(self, key: str) -> _Names:
-        return _Names(self.ns, key, False)
+    def n(self, key: str) -> Names:
+        return Names(self.ns, key, False)
 
     def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
         reply = self.s[name](keys=keys, args=args)
@@ -130,7 +130,7 @@ def test_complete_evicts_past_max_bytes_and_keeps_nothing_over_it_alone(kept: Ke
 
 
 def test_a_failure_is_sized_by_its_type_module_and_message() -> None:
-    from flightgroup.redis.arbiter import kept_bounds
+    from flightgroup.redis.outcomes import kept_bounds
 
     failure = wire.Failure("ValueError", "builtins", "é", 1.0, 5, 20)
     assert kept_bounds(failure) == (10 + 8 + 2, 5, 20)

@@ -108,7 +108,7 @@ def test_a_joiner_that_followed_a_retry_hears_its_leaders_death_within_the_leade
         if len(tokens) == 1:
             assert fail.wait(10)
             raise ValueError("first attempt")
-        fleet._renew_some = no_renewal  # type: ignore[method-assign]  # "dies" here
+        fleet._renewal.renew_some = no_renewal  # type: ignore[method-assign]  # "dies" here
         release.wait(20)
         return "late"
 
