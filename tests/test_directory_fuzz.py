@@ -2133,7 +2133,7 @@ def test_bug_a_bad_field_nested_at_the_decoders_limit_escapes_as_recursion_error
 ) -> None:
     """On Python 3.11 (which counts Python frames against the recursion limit): a bad
     field nested just under the decoder's limit, e.g. `{"op":"status","id":[[...]]}` at
-    depth 983, decodes, but `wire._show` quotes it with `repr()` a few frames deeper, and
+    depth 983, decodes, but `wire.messages._show` quotes it with `repr()` a few frames deeper, and
     the RecursionError escapes `parse_request` (it catches only BadRequest) and the
     protocol callback: asyncio logs "Fatal error: protocol.data_received() call failed"
     with a traceback and aborts the connection, where the spec wants an `error` answer
