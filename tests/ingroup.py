@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from flightgroup import JSON, FlightGroup, GroupClosedError, Retry
-from flightgroup.directory import coordinator as coordinator_module
 from flightgroup.directory import fs as fs_module
+from flightgroup.directory import lockwatch
 from flightgroup.directory.client import DirectoryArbiter
 
 from .support import wait_until
@@ -148,7 +148,7 @@ def key_watchers(directory: str) -> list[threading.Thread]:
         t for t in threading.enumerate()
         if t.name.startswith("flightgroup-keylock-")
         and isinstance(watcher := getattr(getattr(t, "_target", None), "__self__", None),
-                       coordinator_module._Watcher)
+                       lockwatch._Watcher)
         and os.path.realpath(watcher.path).startswith(locks)
     ]
 

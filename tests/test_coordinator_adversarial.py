@@ -37,6 +37,7 @@ import pytest
 from flightgroup import GroupClosedError
 from flightgroup.directory import fs, wire
 from flightgroup.directory.coordinator import Coordinator
+from flightgroup.directory.lockwatch import KeyLockWatch
 
 from .dirproc import HELLO_OK, RawConn
 from .ingroup import Background, arbiter, coordinating, key_watchers
@@ -98,7 +99,7 @@ class Served:
         return int(self.on_loop(lambda: len(self.coordinator._waiting.get(key, ()))))
 
     def sessions(self) -> int:
-        return int(self.on_loop(lambda: len(self.coordinator._sessions)))
+        return int(self.on_loop(lambda: len(self.coordinator._server.sessions)))
 
     def close(self) -> None:
         for conn in self._conns:
@@ -269,9 +270,9 @@ def test_past_the_watcher_bound_keys_are_polled_and_lead_when_freed(
     """A frozen process holds more keys than the process may have watcher threads:
     the keys past the bound are probed on a timer, never reported free while held,
     and each call leads once its key is let go."""
-    from flightgroup.directory import coordinator as coordinator_module
+    from flightgroup.directory import lockwatch
 
-    monkeypatch.setattr(coordinator_module, "_WATCHERS_MAX", 2)
+    monkeypatch.setattr(lockwatch, "_WATCHERS_MAX", 2)
     keys = [f"k{i}" for i in range(5)]
     held = {key: served.hold(key) for key in keys}
     conn = served.connect()
@@ -280,13 +281,13 @@ def test_past_the_watcher_bound_keys_are_polled_and_lead_when_freed(
     _status_of(conn, 99)  # every run was handled: each waits
     assert all(served.waiting(key) == 1 for key in keys)
     assert sum(len(_watchers(served.dir, key)) for key in keys) == 2
-    assert served.on_loop(lambda: set(served.coordinator._polled)) == set(keys[2:])
+    assert served.on_loop(lambda: set(served.coordinator._key_locks.polled)) == set(keys[2:])
     for id, key in reversed(list(enumerate(keys, 1))):
         served.let_go(held[key])
         header, _ = conn.read_frame()
         assert (header["op"], header["id"]) == ("lead", id), header
     wait_until(lambda: not any(_watchers(served.dir, key) for key in keys), "the watchers ended")
-    assert served.on_loop(lambda: served.coordinator._poll_timer) is None
+    assert served.on_loop(lambda: served.coordinator._key_locks.poll_timer) is None
 
 
 def test_a_key_whose_lock_cannot_be_probed_fails_that_call_only(
@@ -352,14 +353,14 @@ def test_a_waiter_whose_connection_closes_as_the_lock_frees_is_skipped(
     served: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The watcher reports the lock free while the first waiting run's connection is
-    closing: _key_freed is held until that session is closed, then runs; the next
-    waiter (a run on another connection) leads, and no flight is left led by the
-    closed one."""
+    closing: its report (KeyLockWatch.freed) is held until that session is closed, then
+    runs; the next waiter (a run on another connection) leads, and no flight is left
+    led by the closed one."""
     coordinator = served.coordinator
-    real = Coordinator._key_freed
+    real = KeyLockWatch.freed
     posted, go = threading.Event(), asyncio.Event()
 
-    def key_freed(self: Coordinator, key: str) -> None:
+    def key_freed(self: KeyLockWatch, key: str) -> None:
         posted.set()
 
         async def later() -> None:
@@ -368,7 +369,7 @@ def test_a_waiter_whose_connection_closes_as_the_lock_frees_is_skipped(
 
         asyncio.get_running_loop().create_task(later())
 
-    monkeypatch.setattr(Coordinator, "_key_freed", key_freed)
+    monkeypatch.setattr(KeyLockWatch, "freed", key_freed)
     held = served.hold("k")
     first, second = served.connect(), served.connect()
     first.send(wire.run_frame(1, "k"))

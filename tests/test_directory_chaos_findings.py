@@ -377,13 +377,13 @@ def test_frames_to_a_peer_that_died_are_not_written_past_its_transport(
     broken: asyncio closes the transport and runs connection_lost a loop turn later.
     The writes made meanwhile made asyncio log "socket.send() raised exception." from
     the fifth on (found by a soak, on the coordinator's stderr)."""
-    from flightgroup.directory.coordinator import _Session
+    from flightgroup.directory.server import Session
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, ours)
-        session = _Session(transport, os.getpid())
+        session = Session(transport, os.getpid())
         theirs.close()  # the peer's process died
         for _ in range(10):  # one loop turn: connection_lost has not run yet
             session.send(wire.detached_frame(1))
