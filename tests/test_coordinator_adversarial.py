@@ -434,7 +434,7 @@ def test_a_term_out_of_tokens_hands_over_to_a_new_term(directory: str) -> None:
     try:
         coordinator = arbiter(a)._coordinator
         assert coordinator is not None
-        loop = arbiter(a)._loop
+        loop = arbiter(a)._background.loop
         assert loop is not None
         done = threading.Event()
 

@@ -109,7 +109,7 @@ def test_a_fresh_run_resent_after_a_failover_admits_only_flights_after_it(
     calls = [Background(lambda: g.run_sync("w", lambda: "w"))]
     first = mute.accept()
     _frames_until(first, "run", "w")
-    loop = g._scope._loop  # type: ignore[union-attr]
+    loop = g._scope._background.loop  # type: ignore[union-attr]
     entered, go_on = threading.Event(), threading.Event()
     if written == "to its dead socket":
         # The group's loop is held (as in a frozen process): it cannot see the close.
@@ -267,8 +267,8 @@ def test_a_stall_of_this_process_is_not_an_outage(h: Harness, stall: str) -> Non
         assert ready
         waiting, _ = frozen.accept()
         arbiter = g._scope
-        wait_for(lambda: arbiter._loop is not None, "the group's loop")  # type: ignore[union-attr]
-        loop = arbiter._loop  # type: ignore[union-attr]
+        wait_for(lambda: arbiter._background.loop is not None, "the group's loop")  # type: ignore[union-attr]
+        loop = arbiter._background.loop  # type: ignore[union-attr]
         entered, go_on = threading.Event(), threading.Event()
         loop.call_soon_threadsafe(lambda: (entered.set(), go_on.wait(30)))
         assert entered.wait(10)

@@ -114,7 +114,7 @@ def test_a_late_notice_leaves_the_keys_next_local_flight_alone(
         )
         following = b._table.flights["k"]
         read = threading.Event()
-        arbiter(b)._post(lambda: (answer(arbiter(b), held[0]), read.set()))
+        arbiter(b)._background.post(lambda: (answer(arbiter(b), held[0]), read.set()))
         assert read.wait(10)
         assert b._table.flights.get("k") is following
         third = Background(lambda: b.run_sync("k", work("never", second_may_end)))

@@ -316,7 +316,7 @@ def test_a_landing_made_before_close_is_handed_over(
     fleet = fleet_of(a)
     a.run_sync("warm-up", lambda: 0)
     posting, release, closed = threading.Event(), threading.Event(), threading.Event()
-    post_task, close_steps = fleet._post_task, fleet._close
+    post_task, close_steps = fleet._background.post_task, fleet._close
 
     def paused_post_task(coro: Any) -> bool:
         if getattr(coro, "__name__", "") == "_land":
@@ -328,7 +328,7 @@ def test_a_landing_made_before_close_is_handed_over(
         await close_steps()
         closed.set()
 
-    fleet._post_task = paused_post_task  # type: ignore[method-assign]
+    fleet._background.post_task = paused_post_task  # type: ignore[method-assign]
     fleet._close = watched_close  # type: ignore[method-assign]
     names = _Names(namespace, "k", False)
     client = redis_server.client()

@@ -137,7 +137,7 @@ def test_a_forget_posted_as_the_loop_shuts_down_does_not_wait_out_its_timeout(
     g = fleet_group(redis_server.url, namespace, lease=1.0)  # forget's own bound: 5 s
     g.run_sync("warm-up", lambda: 0)
     fleet = fleet_of(g)
-    loop = fleet._loop
+    loop = fleet._background.loop
     assert loop is not None
     in_forget, loop_closing, posted = threading.Event(), threading.Event(), threading.Event()
     forget_thread: list[int] = []

@@ -862,7 +862,7 @@ def test_calls_of_a_key_that_get_no_answer_share_one_undo() -> None:
         for _ in range(4):
             with pytest.raises(UnavailableError):
                 g.run_sync("k", lambda: "never")
-        undos = [t for t in fleet._tasks if t.get_coro().__name__ == "_undo"]  # type: ignore[union-attr]
+        undos = [t for t in fleet._background.tasks if t.get_coro().__name__ == "_undo"]  # type: ignore[union-attr]
         assert len(undos) == 1
         [(record, nonces)] = fleet._undo_nonces.items()
         assert record == _Names("undo", "k", False).record and len(nonces) == 4

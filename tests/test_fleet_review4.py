@@ -183,7 +183,7 @@ def test_run_sync_on_the_loop_of_a_flight_lost_only_here_still_raises(
             scope._lose(lead, "no renewal reached Redis for a whole lease")
             lost.set()
 
-        scope._loop.call_soon_threadsafe(lose)
+        scope._background.loop.call_soon_threadsafe(lose)
         assert await asyncio.to_thread(lost.wait, 10)
         refused = raised(g.run_sync, "k", lambda: "new", timeout=10)
         go.set()

@@ -387,11 +387,11 @@ def test_a_fork_between_a_sockets_creation_and_its_connect_or_bind(
 
 FLEET_MID_START = r'''
 import redis
-import flightgroup.redis.arbiter as arbiter_module
+import flightgroup.scope.loop as loop_module
 admin = redis.Redis.from_url(ARGS["url"])
 g = group("fleet")
 arbiter = g._scope
-real = arbiter_module.start_loop
+real = loop_module.start_loop
 connected, forked = threading.Event(), threading.Event()
 def paused(name, setup):
     loop, thread = real(name, setup)
@@ -400,7 +400,7 @@ def paused(name, setup):
     connected.set()
     forked.wait(20)  # the group's loop is not stored yet when the fork comes
     return loop, thread
-arbiter_module.start_loop = paused
+loop_module.start_loop = paused
 before = {c["id"] for c in admin.client_list()}
 starting = threading.Thread(target=lambda: g.run_sync("k", lambda: "v"))
 starting.start()

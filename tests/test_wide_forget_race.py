@@ -104,7 +104,7 @@ def test_fresh_callers_of_a_flight_forgotten_elsewhere_wait_for_the_keys_next_fl
         arbiter = fleet_of(a)
         [lead] = list(arbiter._leads)
         asyncio.run_coroutine_threadsafe(
-            arbiter._renew_some([(lead, lead.token, lead.moves)]), arbiter._loop
+            arbiter._renew_some([(lead, lead.token, lead.moves)]), arbiter._background.loop
         ).result(10)
         wait_until(lambda: a._table.flights.get("k") is not flight, "A dropped t1")
         plain = Background(lambda: a.run_sync("k", work("never")))

@@ -232,17 +232,17 @@ def test_a_closing_directory_group_leaves_no_task_pending_on_its_loop(
     import gc
 
     from flightgroup import JSON
-    from flightgroup.directory.client import DirectoryArbiter
+    from flightgroup.scope.loop import BackgroundLoop
 
-    post = DirectoryArbiter._post
+    post = BackgroundLoop.post
     seen: list[list[str]] = []
 
-    def probing(self: DirectoryArbiter, fn: Any, *args: Any) -> bool:
+    def probing(self: BackgroundLoop, fn: Any, *args: Any) -> bool:
         if getattr(fn, "__name__", "") == "stop":
             done: concurrent.futures.Future[list[str]] = concurrent.futures.Future()
 
             def probe() -> None:
-                tasks = asyncio.all_tasks(self._loop)
+                tasks = asyncio.all_tasks(self.loop)
                 done.set_result([t.get_coro().__qualname__ for t in tasks])
                 del tasks
                 gc.collect()
@@ -251,7 +251,7 @@ def test_a_closing_directory_group_leaves_no_task_pending_on_its_loop(
             seen.append(done.result(10))
         return post(self, fn, *args)
 
-    monkeypatch.setattr(DirectoryArbiter, "_post", probing)
+    monkeypatch.setattr(BackgroundLoop, "post", probing)
     g = FlightGroup(directory=directory, codec=JSON)
     assert g.run_sync("k", lambda: 1).value == 1
     g.close()
@@ -274,7 +274,7 @@ def test_a_wide_group_dropped_without_close_lets_go_of_its_threads_and_connectio
     [g] = scope_groups(request, scope, 1, lease=5.0)
     assert g.run_sync("k", lambda: 1).value == 1
     arbiter = g._scope
-    thread = arbiter._thread  # type: ignore[union-attr]
+    thread = arbiter._background.thread  # type: ignore[union-attr]
     assert thread is not None and thread.is_alive()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

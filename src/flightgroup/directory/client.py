@@ -27,12 +27,12 @@ import os
 import socket
 import threading
 import time
-import weakref
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from .._forksafe import renew_after_fork
 from .._log import DigestOf, log
 from ..errors import (
     FlightInterruptedError,
@@ -53,7 +53,7 @@ from ..scope.events import (
     ScopeEvent,
 )
 from ..scope.interface import DetachedNotice, Handed, LeadState, key_as_called
-from ..scope.loop import closed_in_fork, forked_reason, post, start_loop
+from ..scope.loop import BackgroundLoop, closed_in_fork
 from ..scope.outcome import Failure, Interrupted, SharedOutcome
 from . import forked, fs, wire
 from .coordinator import Coordinator
@@ -336,10 +336,9 @@ class DirectoryArbiter:
         self._max_frame = max_frame
         self._reconnect_timeout = reconnect_timeout
         self._rejoin_window = rejoin_window
-        self._start_lock = threading.Lock()
         self._campaign_lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        # The group's thread; its lock also orders close() with a start.
+        self._background = BackgroundLoop("directory", self._forked)
         self._fatal: BaseException | None = None  # every call raises it (bad directory)
         # This process's last election failed (the epoch could not be written or told,
         # the socket not served): while no coordinator is connected, calls raise it at
@@ -373,38 +372,40 @@ class DirectoryArbiter:
         self._finishing = False
         # Called in a forked child of a started group (its group drops its flights).
         self.on_fork: Callable[[str], None] | None = None
-        _arbiters.add(self)
+        # Held by another thread at a fork, a copied lock would stay held in the child.
+        renew_after_fork(self, "_send_lock")
+        renew_after_fork(self, "_campaign_lock")
 
     # -- starting ---------------------------------------------------------------
 
     def _ensure_started(self) -> asyncio.AbstractEventLoop:
-        loop = self._loop
-        if loop is not None and self._fatal is None:
-            return loop
-        with self._start_lock:
-            if self._fatal is not None:
-                raise renewed(self._fatal)
-            if self._closing:
-                raise GroupClosedError()
-            if self._loop is not None:
-                return self._loop
-            try:
-                fs.check_local(self.directory)
-                fs.ensure_directory(self.directory)
-            except BaseException as exc:
-                self._fatal = exc
-                raise
-            loop, self._thread = start_loop("flightgroup-directory", self._setup)
-            self._loop = loop
-            _campaign_for(self)
-            return loop
+        """The group's loop, started (and the election begun) by the first call."""
+        return self._background.ensure_started(
+            self._setup,
+            check=self._check_startable,
+            prepare=self._check_directory,
+            started=lambda: _campaign_for(self),
+        )
+
+    def _check_startable(self) -> None:
+        if self._fatal is not None:
+            raise renewed(self._fatal)
+        if self._closing:
+            raise GroupClosedError()
+
+    def _check_directory(self) -> None:
+        """A directory that cannot serve (a network file system, no permission) fails
+        every call of the group, this one first."""
+        try:
+            fs.check_local(self.directory)
+            fs.ensure_directory(self.directory)
+        except BaseException as exc:
+            self._fatal = exc
+            raise
 
     def _setup(self, loop: asyncio.AbstractEventLoop) -> None:
         self._kick = asyncio.Event()
         self._maintainer = loop.create_task(self._maintain())
-
-    def _post(self, fn: Callable[..., object], *args: Any) -> bool:
-        return post(self._loop, fn, *args)
 
     # -- the election -----------------------------------------------------------
 
@@ -430,7 +431,7 @@ class DirectoryArbiter:
             os.close(fd)  # the next process may fare better: let it try
             self._election_failed(exc)
             return
-        if not self._post(self._serve, epoch, fd):
+        if not self._background.post(self._serve, epoch, fd):
             os.close(fd)
 
     def _election_failed(self, exc: BaseException) -> None:
@@ -445,7 +446,7 @@ class DirectoryArbiter:
         )
         with self._send_lock:  # see submit(): its second check is under this lock too
             self._election_error = exc
-        self._post(self._fail_all, exc)
+        self._background.post(self._fail_all, exc)
         self._retry_campaign()
 
     def _retry_campaign(self) -> None:
@@ -455,9 +456,9 @@ class DirectoryArbiter:
             if not self._closing:
                 _campaign_for(self)
 
-        loop = self._loop
+        loop = self._background.loop
         if loop is not None and not self._closing:
-            self._post(loop.call_later, _ELECTION_RETRY, campaign)
+            self._background.post(loop.call_later, _ELECTION_RETRY, campaign)
 
     def _serve(self, epoch: int, fd: int) -> None:
         if self._closing:
@@ -940,7 +941,7 @@ class DirectoryArbiter:
                     with lead.lock:
                         lead.abandoned = True
                     lead.release()
-                    self._post(self._lock_failed, lead, exc)
+                    self._background.post(self._lock_failed, lead, exc)
                     return
                 self._locked(lead)
 
@@ -953,7 +954,7 @@ class DirectoryArbiter:
                 with lead.lock:
                     lead.abandoned = True
                 lead.release()
-                self._post(self._lock_failed, lead, exc)
+                self._background.post(self._lock_failed, lead, exc)
             return
         self._locked(lead)
 
@@ -1050,7 +1051,7 @@ class DirectoryArbiter:
     @property
     def started(self) -> bool:
         """True once the first call started the group's thread."""
-        return self._thread is not None
+        return self._background.started
 
     @property
     def left_flights_hold_keys(self) -> bool:
@@ -1097,7 +1098,7 @@ class DirectoryArbiter:
         if channel is None:
             # Disconnected (maybe refused by another version): try again now; the
             # answer decides this call (ProtocolVersionError while refused).
-            self._post(self._kick_now)
+            self._background.post(self._kick_now)
         with call.lock:
             if call.fd is not None:
                 return call  # answered already
@@ -1134,7 +1135,7 @@ class DirectoryArbiter:
 
     def retry(self, call: Call) -> None:
         """Ask a new token for the next attempt; the inbox hears LEAD or LOST."""
-        self._post(self._retry, call)
+        self._background.post(self._retry, call)
 
     def _retry(self, call: Call) -> None:
         lead = call.lead
@@ -1186,7 +1187,7 @@ class DirectoryArbiter:
             lead.work_done = True
         self._end_lead(lead)
         if self._closing:
-            self._post(self._check_closed)
+            self._background.post(self._check_closed)
 
     def _send_landing(
         self, call: Call, lead: DirectoryLead, outcome: SharedOutcome | None, *, work_done: bool
@@ -1217,11 +1218,11 @@ class DirectoryArbiter:
                   lead.token, "sent" if frame is not None else "lost, nothing to land")
         self._end_lead(lead)
         if self._closing:
-            self._post(self._check_closed)
+            self._background.post(self._check_closed)
 
     def withdraw(self, call: Call) -> None:
         """The flight's driver stopped before the call ended: give it back."""
-        if not self._post(self._withdraw, call):
+        if not self._background.post(self._withdraw, call):
             self._withdraw(call)  # the group's loop is gone: nothing else runs here
 
     def _withdraw(self, call: Call) -> None:
@@ -1301,7 +1302,7 @@ class DirectoryArbiter:
             self._waiters[id] = waiter
             self._send(wire.status_frame(id))
 
-        if not self._post(ask):
+        if not self._background.post(ask):
             raise GroupClosedError()
         try:
             flights: list[dict[str, Any]] = waiter.result(timeout)
@@ -1321,11 +1322,13 @@ class DirectoryArbiter:
         """Wait (at most ``reconnect_timeout``) until every landing made here was
         acknowledged, then disconnect; stop coordinating if this group does. Works
         still running keep their key locks until they end."""
-        with self._start_lock, self._send_lock:  # submit() checks it under the send lock
+        # (Under the start lock: no call starts the group once it closes. Under the send
+        # lock: submit() checks it there.)
+        with self._background.lock, self._send_lock:
             again = self._closing
             self._closing = True
         if again:
-            if self._thread is not threading.current_thread():
+            if not self._background.on_its_thread():
                 self._close_returned.wait(self._reconnect_timeout + 10)
             return
         try:
@@ -1338,16 +1341,11 @@ class DirectoryArbiter:
             pass
         if self._campaigner is not None:
             _park(self._campaigner, self)
-        loop = self._loop
-        if loop is None:
-            return
-        if not self._post(self._begin_close):
-            return
+        if not self._background.post(self._begin_close):
+            return  # never started (or a forked child's copy): nothing runs to close
         with contextlib.suppress(Exception):
             self._closed_future.result(self._reconnect_timeout + 5)
-        self._post(loop.stop)
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(5)
+        self._background.stop()
 
     def _begin_close(self) -> None:
         for call in self._take_unled():
@@ -1387,8 +1385,7 @@ class DirectoryArbiter:
         """Finish closing once no landing waits for an ack (or time is up)."""
         waiting = [lead for lead in list(self._leads.values()) if lead.landing and not lead.acked]
         if waiting and time.monotonic() < self._close_by and not self._given_up:
-            assert self._loop is not None
-            self._loop.call_later(0.01, self._check_closed)
+            asyncio.get_running_loop().call_later(0.01, self._check_closed)
             return
         if self._finishing:
             return
@@ -1418,6 +1415,20 @@ class DirectoryArbiter:
             self._closed_future.set_result(None)
 
         asyncio.get_running_loop().create_task(finish())
+
+    def _forked(self, why: str, inherited: BackgroundLoop) -> None:
+        """(In a forked child of a started group, see BackgroundLoop) the group's threads
+        were not copied: it raises at once here, instead of waiting on a loop that never
+        runs (its descriptors were let go, see forked.py)."""
+        self._fatal = closed_in_fork(why)
+        self._closing = True  # close() has nothing to wait for
+        self._close_returned = threading.Event()
+        self._close_returned.set()
+        self._kick = None
+        self._channel = self._coordinator = None
+        self._campaigner = None
+        if self.on_fork is not None:
+            self.on_fork(why)
 
 
 class _Resign(Exception):
@@ -1501,37 +1512,12 @@ def _park(campaign: _Campaign, closing: DirectoryArbiter) -> None:
         _parked.setdefault(closing.directory, []).append(campaign)
 
 
-_arbiters: weakref.WeakSet[DirectoryArbiter] = weakref.WeakSet()  # every one made here
-
-
 def _after_fork() -> None:
-    """(In a forked child) the parked campaigns' threads were not copied, nor were the
-    started groups' threads: such a group raises at once here, instead of waiting on a
-    loop that never runs (its descriptors were let go, see forked.py). A group that had
-    not started (made at import, first used here) works as new."""
+    """(In a forked child) the parked campaigns' threads were not copied: no group here
+    adopts one (a started group's own let-go is ``DirectoryArbiter._forked``)."""
     global _parked_lock
     _parked.clear()
     _parked_lock = threading.Lock()
-    parent = os.getppid()
-    for arbiter in list(_arbiters):
-        # Held at the fork: a thread was starting (or closing) it; it is the parent's.
-        started = arbiter._loop is not None or arbiter._start_lock.locked()
-        # Locks another thread held at the fork would stay held here for ever.
-        arbiter._start_lock = threading.Lock()
-        arbiter._send_lock = threading.Lock()
-        arbiter._campaign_lock = threading.Lock()
-        if not started:
-            continue
-        why = forked_reason("directory", parent)
-        arbiter._fatal = closed_in_fork(why)
-        arbiter._closing = True  # close() has nothing to wait for
-        arbiter._close_returned = threading.Event()
-        arbiter._close_returned.set()
-        arbiter._loop = arbiter._thread = arbiter._kick = None
-        arbiter._channel = arbiter._coordinator = None
-        arbiter._campaigner = None
-        if arbiter.on_fork is not None:
-            arbiter.on_fork(why)
 
 
 os.register_at_fork(after_in_child=_after_fork)

@@ -34,7 +34,6 @@ import socket
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Callable, Coroutine, Hashable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -60,7 +59,7 @@ from ..scope.events import (
     ScopeEvent,
 )
 from ..scope.interface import DetachedNotice, Handed, LeadState, key_as_called
-from ..scope.loop import closed_in_fork, forked_reason, post, start_loop
+from ..scope.loop import BackgroundLoop, closed_in_fork
 from ..scope.outcome import Failure, Interrupted, SharedOutcome, Timeout, Value, kept_size
 from . import scripts
 
@@ -286,12 +285,9 @@ class RedisArbiter:
         self._max_value_bytes = max_value_bytes
         self._pid = os.getpid()
         self._host = socket.gethostname()
-        self._start_lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        # The loop as soon as its thread runs, before any connection is made: a fork
-        # while another thread starts the group must let go of it too (_after_fork).
-        self._booting: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        # The group's thread; its lock also orders close() with a start and with what
+        # callers post (submit, land, forget, status).
+        self._background = BackgroundLoop("fleet", self._forked)
         self._client: Any = None  # Redis | RedisCluster: scripts and commands
         self._blocking: Any = None  # Redis | RedisCluster: the joiners' XREADs
         self._scripts: dict[str, AsyncScript] = {}
@@ -299,39 +295,35 @@ class RedisArbiter:
         self._calls: set[FleetCall] = set()
         self._leads: set[FleetLead] = set()
         self._renewer: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
         # Per key's record: the one task that undoes the ACQUIREs of the key that got
         # no answer, and their nonces (see _undo).
         self._undoing: dict[str, asyncio.Task[None]] = {}
         self._undo_nonces: dict[str, list[str]] = {}
         self._closing = False
         self._close_returned = threading.Event()  # the first close() is done
-        self._closed_why: str | None = None  # set in a forked child (see _after_fork)
+        self._closed_why: str | None = None  # set in a forked child (see _forked)
         self._fatal: Exception | None = None  # the clients could not be made
         # Called in a forked child of a started group (its group drops its flights).
         self.on_fork: Callable[[str], None] | None = None
-        _arbiters.add(self)
 
     # -- starting ---------------------------------------------------------------
 
     def _ensure_started(self) -> asyncio.AbstractEventLoop:
-        loop = self._loop
-        if loop is not None:
-            return loop
-        with self._start_lock:
-            if self._closing:
-                raise self._closed()
-            if self._loop is not None:
-                return self._loop
-            # This process leads from now on (a group made before a fork starts in
-            # the child: its pid, not the parent's, is the one status() shows).
-            self._pid = os.getpid()
-            loop, self._thread = start_loop("flightgroup-fleet", self._setup)
-            self._loop = loop
-            return loop
+        """The group's loop, started by the first call."""
+        return self._background.ensure_started(
+            self._setup, check=self._check_open, prepare=self._take_pid
+        )
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise self._closed()
+
+    def _take_pid(self) -> None:
+        # This process leads from now on (a group made before a fork starts in the
+        # child: its pid, not the parent's, is the one status() shows).
+        self._pid = os.getpid()
 
     def _setup(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._booting = loop
         try:
             self._client = self._make_client(self._timeout, retries=3)
             # Blocking reads: a socket timeout past the longest block, and no silent
@@ -399,9 +391,6 @@ class RedisArbiter:
             return GroupClosedError()
         return closed_in_fork(self._closed_why)
 
-    def _post(self, fn: Callable[..., object], *args: Any) -> bool:
-        return post(self._loop, fn, *args)
-
     async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return await self._scripts[name](keys=keys, args=args, client=self._client)
 
@@ -428,7 +417,7 @@ class RedisArbiter:
     @property
     def started(self) -> bool:
         """True once the first call started the group's thread."""
-        return self._thread is not None
+        return self._background.started
 
     @property
     def left_flights_hold_keys(self) -> bool:
@@ -454,7 +443,7 @@ class RedisArbiter:
             raise self._closed()
         loop = self._ensure_started()
         call = FleetCall(key, fresh, after, on_detached)
-        with self._start_lock:  # in order with close(): a call posted here is seen by it
+        with self._background.lock:  # in order with close(): a call posted here is seen by it
             if self._closing:
                 raise self._closed()
             loop.call_soon_threadsafe(self._begin, call)
@@ -468,7 +457,7 @@ class RedisArbiter:
 
     def retry(self, call: FleetCall) -> None:
         """Ask a new token for the next attempt; the inbox hears LEAD or LOST."""
-        if not self._post_task(self._attempt(call)):
+        if not self._background.post_task(self._attempt(call)):
             call.inbox.put(LeaseLost("the group closed"))
 
     def land(
@@ -490,18 +479,18 @@ class RedisArbiter:
         # which waits for it; one made after is not posted, and the work left running
         # is interrupted by _close (marked done first, it was neither landed nor
         # interrupted: its joiners waited out the lease).
-        with self._start_lock:
+        with self._background.lock:
             posted = not self._closing
             if posted:
                 with lead.lock:
                     lead.work_done = True
-                posted = self._post_task(self._land(lead, outcome, done))
+                posted = self._background.post_task(self._land(lead, outcome, done))
         if not posted and done is not None:
             done(Handed(fenced=True))  # the group closed: nothing can land any more
 
     def withdraw(self, call: FleetCall) -> None:
         """The flight's driver stopped before the call ended: give it back."""
-        self._post(self._withdraw, call)
+        self._background.post(self._withdraw, call)
 
     def check_key(self, key: str) -> None:
         """Any str key fits: Redis keys and stream fields take any bytes."""
@@ -532,7 +521,7 @@ class RedisArbiter:
             loop = self._ensure_started()
             # In order with close(), as submit() is: posted before its _close, or not
             # at all (posted after, it was dropped with the loop: a wait of `timeout`).
-            with self._start_lock:
+            with self._background.lock:
                 if self._closing:
                     raise self._closed()
                 future = asyncio.run_coroutine_threadsafe(coro, loop)
@@ -554,27 +543,12 @@ class RedisArbiter:
 
     # -- on the background loop ----------------------------------------------------
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        assert self._loop is not None
-        task = self._loop.create_task(coro)
-        self._tasks.add(task)  # the loop keeps only a weak reference
-        task.add_done_callback(self._tasks.discard)
-        return task
-
-    def _post_task(self, coro: Coroutine[Any, Any, None]) -> bool:
-        """Run ``coro`` on the background loop (from any thread); False if closed."""
-        if self._post(self._spawn, coro):
-            return True
-        coro.close()
-        return False
-
     def _begin(self, call: FleetCall) -> None:
         if self._closing:
             call.inbox.put(Refused(GroupClosedError()))
             return
-        assert self._loop is not None
         self._calls.add(call)
-        call.task = self._loop.create_task(self._acquire(call))
+        call.task = asyncio.get_running_loop().create_task(self._acquire(call))
         call.task.add_done_callback(lambda task: self._acquire_ended(call, task))
 
     def _acquire_ended(self, call: FleetCall, task: asyncio.Task[None]) -> None:
@@ -746,14 +720,13 @@ class RedisArbiter:
         if call.withdrawn or self._closing:
             self._calls.discard(call)
             lead.work_done = True
-            self._spawn(self._abandon(lead, "its leader withdrew before it started"))
+            self._background.spawn(self._abandon(lead, "its leader withdrew before it started"))
             if self._closing:
                 call.inbox.put(Refused(GroupClosedError()))
             return
         self._leads.add(lead)
         if self._renewer is None or self._renewer.done():
-            assert self._loop is not None
-            self._renewer = self._loop.create_task(self._renew())
+            self._renewer = asyncio.get_running_loop().create_task(self._renew())
         call.inbox.put(Lead(token))
 
     def _withdraw(self, call: FleetCall) -> None:
@@ -764,7 +737,7 @@ class RedisArbiter:
             self._leads.discard(lead)
             with lead.lock:
                 lead.work_done = True
-            self._spawn(self._abandon(lead, "its leader withdrew"))
+            self._background.spawn(self._abandon(lead, "its leader withdrew"))
         elif call.reading and call.task is not None:
             call.task.cancel()  # a read only; a script in flight finishes and sees withdrawn
 
@@ -774,7 +747,7 @@ class RedisArbiter:
         running = self._undoing.get(record)
         if running is not None and not running.done():
             return  # it undoes this nonce too: one task per key, however many calls failed
-        task = self._undoing[record] = self._spawn(self._undo(key, names))
+        task = self._undoing[record] = self._background.spawn(self._undo(key, names))
 
         def ended(task: asyncio.Task[None]) -> None:
             if self._undoing.get(record) is task:
@@ -1075,12 +1048,12 @@ class RedisArbiter:
         elsewhere hear it at once), end the calls still waiting, wait for landings
         already made, then disconnect. Works still running run on to their end."""
         bound = min(threading.TIMEOUT_MAX, 2 * _COMMAND_TIMEOUT + self._lease)
-        with self._start_lock:
+        with self._background.lock:
             again = self._closing
             self._closing = True
         if again:
             # A second close() returns when the first did: the landings are handed over.
-            if self._thread is not threading.current_thread():
+            if not self._background.on_its_thread():
                 self._close_returned.wait(min(threading.TIMEOUT_MAX, bound + 10))
             return
         try:
@@ -1089,17 +1062,14 @@ class RedisArbiter:
             self._close_returned.set()
 
     def _close_now(self, bound: float) -> None:
-        loop = self._loop
+        loop = self._background.loop
         if loop is None:
             return
         future: Future[None] = asyncio.run_coroutine_threadsafe(self._close(), loop)
         with contextlib.suppress(Exception):
             # (A lease past threading.TIMEOUT_MAX made result() raise at once.)
             future.result(bound)
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(loop.stop)
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(5)
+        self._background.stop()
 
     async def _close(self) -> None:
         # Steps already sent (an ACQUIRE, a retry's ATTEMPT) may still win a lead; each
@@ -1117,54 +1087,43 @@ class RedisArbiter:
                 call.inbox.put(Refused(GroupClosedError()))
         for lead in list(self._leads):
             if lead.landing is None and lead.lose(only_running=True):
-                self._spawn(self._abandon(lead, "its leader's group closed"))
-        pending |= self._tasks
+                self._background.spawn(self._abandon(lead, "its leader's group closed"))
+        pending |= self._background.tasks
         while pending := {task for task in pending if not task.done()}:
             await asyncio.wait(pending)
-            pending = set(self._tasks)
+            pending = set(self._background.tasks)
         if self._renewer is not None:
             self._renewer.cancel()
         for client in (self._client, self._blocking):
             with contextlib.suppress(Exception):
                 await client.aclose()
 
+    def _forked(self, why: str, inherited: BackgroundLoop) -> None:
+        """(In a forked child of a started group, see BackgroundLoop) no thread of the
+        parent was copied: the group raises at once here, its copies of the parent's
+        loop and connections are kept from acting (see ``_let_go``), and its group drops
+        the flights copied from the parent's table (ADR 0018)."""
+        _inherited.append(dict(vars(self), _background=inherited))
+        loop = inherited.loop or inherited.booting
+        if loop is not None:
+            _let_go(loop)
+        self._closing = True  # close() has nothing to wait for
+        self._close_returned = threading.Event()  # (a copy's lock may be held)
+        self._close_returned.set()
+        self._closed_why = why
+        self._ready = self._renewer = None
+        self._client = self._blocking = None
+        self._scripts = {}
+        self._calls, self._leads = set(), set()
+        self._undoing, self._undo_nonces = {}, {}
+        if self.on_fork is not None:
+            self.on_fork(why)
 
-_arbiters: weakref.WeakSet[RedisArbiter] = weakref.WeakSet()  # every one made here
+
 # What forked children keep of their parents' started groups, for good: collected there,
 # a copied redis-py connection would close itself through the copied loop, whose epoll
 # instance is the parent's own (an unregister from here unwatches the parent's socket).
 _inherited: list[dict[str, Any]] = []
-
-
-def _after_fork() -> None:
-    """(In a forked child) no thread of the parent was copied: a group started there
-    would wait on a loop that never runs again. It raises at once here, its copies of
-    the parent's loop and connections are kept from acting (see ``_let_go``), and its
-    group drops the flights copied from the parent's table. A group that had not
-    started (made at import, first used here) works as new (ADR 0018)."""
-    parent = os.getppid()
-    for arbiter in list(_arbiters):
-        # Held at the fork: a thread was starting (or closing) it; it is the parent's.
-        started = arbiter._loop is not None or arbiter._start_lock.locked()
-        arbiter._start_lock = threading.Lock()  # held at the fork, it stays held here
-        if not started:
-            continue
-        _inherited.append(dict(vars(arbiter)))
-        loop = arbiter._loop or arbiter._booting
-        if loop is not None:
-            _let_go(loop)
-        arbiter._closing = True  # close() has nothing to wait for
-        arbiter._close_returned = threading.Event()  # (a copy's lock may be held)
-        arbiter._close_returned.set()
-        arbiter._closed_why = forked_reason("fleet", parent)
-        arbiter._loop = arbiter._booting = arbiter._thread = None
-        arbiter._ready = arbiter._renewer = None
-        arbiter._client = arbiter._blocking = None
-        arbiter._scripts = {}
-        arbiter._calls, arbiter._leads, arbiter._tasks = set(), set(), set()
-        arbiter._undoing, arbiter._undo_nonces = {}, {}
-        if arbiter.on_fork is not None:
-            arbiter.on_fork(arbiter._closed_why)
 
 
 def _let_go(loop: asyncio.AbstractEventLoop) -> None:
@@ -1188,9 +1147,6 @@ def _let_go(loop: asyncio.AbstractEventLoop) -> None:
                 os.dup2(null, fd)
     finally:
         os.close(null)
-
-
-os.register_at_fork(after_in_child=_after_fork)
 
 
 def _refused_as_too_large(exc: BaseException) -> bool:
