@@ -59,12 +59,11 @@ from . import fs, keylocks, wire
 from .calls import Call, DirectoryLead, heard
 from .connection import (
     Channel,
-    Reconnects,
+    Connection,
     handshake,
     key_too_long,
     landing_frame,
     request_size,
-    resend,
     send_run,
     too_large_landing,
 )
@@ -127,6 +126,7 @@ class DirectoryArbiter:
         self._close_returned = threading.Event()
         self._campaigner: _Campaign | None = None  # its election thread's state
         self._election = Election(self)
+        self._key_locks = keylocks.KeyLocks(self)
         self._close_by = 0.0  # closing waits for acks until then
         self._finishing = False
         # Called in a forked child of a started group (its group drops its flights).
@@ -178,57 +178,12 @@ class DirectoryArbiter:
 
     async def _maintain(self) -> None:
         """Keep a connection to the coordinator of the moment, until closed (see
-        connection.Reconnects)."""
-        await Reconnects(self).run()
+        connection.Connection)."""
+        await Connection(self).run()
 
     async def _connect(self, wait: float = wire.HANDSHAKE_TIMEOUT) -> socket.socket:
         """Connect and shake hands, waiting up to ``wait`` s for the coordinator's line."""
         return await handshake(self.directory, wait)
-
-    def _connected(self, sock: socket.socket, lost: asyncio.Future[None]) -> Channel:
-        def on_lost(channel: Channel, reason: str) -> None:
-            log.info("lost the coordinator of %s: %s", self.directory, reason)
-            self._disconnected(channel)
-            if not lost.done():
-                lost.set_result(None)
-
-        channel = Channel(
-            sock, asyncio.get_running_loop(), self._max_frame, self._on_frames, on_lost
-        )
-        self._refusal = None
-        self._given_up = False
-        with self._send_lock:
-            self._channel = channel
-            self._election_error = None  # a coordinator serves: the directory works
-            self._connected_now.set()
-            resend(channel, self._leads.values(), self._calls.values(), self.directory,
-                   self._max_frame)
-        return channel
-
-    def _disconnected(self, channel: Channel) -> None:
-        with self._send_lock:
-            if self._channel is channel:
-                self._channel = None
-                self._connected_now.clear()
-            for call in list(self._calls.values()):  # (a work's thread may pop one)
-                # Only a request the gone coordinator's socket took was made before the
-                # next term began. One written to a socket already dead (this process
-                # was frozen through the failover, say) may be newer than that term's
-                # flights: it goes to the next coordinator as a new fresh call.
-                if (
-                    call.sent
-                    and call.fresh
-                    and not call.joined
-                    and call.lead is None
-                    and channel.took(call.sent_end)
-                ):
-                    call.outlived = True
-                call.sent = False
-                call.sent_end = -1
-        for id, waiter in list(self._waiters.items()):
-            del self._waiters[id]
-            if not waiter.done():
-                waiter.set_exception(UnavailableError("the coordinator went away"))
 
     def _send(self, frame: bytes) -> None:
         channel = self._channel
@@ -268,7 +223,7 @@ class DirectoryArbiter:
 
     def _take_unled(self, only: Callable[[Call], bool] | None = None) -> list[Call]:
         """Remove the calls that lead nothing (and pass ``only``); under the send lock,
-        so that none of them is published as a lead meanwhile (see _take_lead)."""
+        so that none of them is published as a lead meanwhile (see KeyLocks.take)."""
         with self._send_lock:
             calls = [
                 call for call in self._calls.values()
@@ -314,17 +269,7 @@ class DirectoryArbiter:
         if isinstance(answer, wire.Lead):
             self._on_lead(answer.id, answer.token)
         elif isinstance(answer, wire.Joined):
-            call = self._calls.get(answer.id)
-            if call is not None and call.lead is None:
-                keylocks.drop_fd(call)
-                first = not call.joined
-                if not first and answer.token != call.token:  # its flight retried
-                    call.earlier = heard(call.earlier, call.token, answer.token)
-                call.joined, call.token = True, answer.token
-                if first:
-                    log.debug("%s %s: join, token %d (leader pid %d)", self.directory,
-                              DigestOf(call.key), answer.token, answer.pid)
-                    call.inbox.put(Joined(answer.token, answer.pid, answer.age))
+            self._on_joined(answer)
         elif isinstance(answer, wire.Landed):
             call = self._calls.pop(answer.id, None)
             if call is not None:
@@ -349,44 +294,59 @@ class DirectoryArbiter:
                     lead.acked = True
                 self._end_lead(lead)
         elif isinstance(answer, wire.Rejected):
-            with self._send_lock:  # in one step with _take_lead's publishing
-                lead = self._leads.get(answer.id)
-                call = self._calls.get(answer.id) if lead is None else None
-                if call is not None and call.lead is None:
-                    # A lead told while its caller opened the key's file, reasserted
-                    # (see _connected) and refused: it is lost as soon as it is taken.
-                    call.refused = answer.reason
-            if lead is not None and lead.cut:
-                # Its group closed and its interrupted landing names a token the flight
-                # no longer has (a retry moved it): nothing to resend. Its joiners hear
-                # when this connection closes.
-                with lead.lock:
-                    lead.acked = True
-                self._end_lead(lead)
-            elif lead is not None:
-                self._lose(lead, answer.reason)
+            self._on_rejected(answer)
         elif isinstance(answer, wire.StatusAnswer):
             waiter = self._waiters.pop(answer.id, None)
             if waiter is not None and not waiter.done():
                 waiter.set_result(answer.flights)
         elif isinstance(answer, wire.ErrorAnswer):
-            log.warning("the coordinator of %s did not understand: %s", self.directory,
-                        answer.message)
-            if answer.limit is not None:
-                self._over_limit(answer.limit)
-            call = self._calls.pop(answer.id, None) if answer.id is not None else None
-            if call is not None:
-                if call.lead is not None:
-                    self._lose(call.lead, answer.message)
-                else:
-                    _finish(
-                        call,
-                        Refused(
-                            FlightInterruptedError(
-                                call.key, f"the coordinator said: {answer.message}"
-                            )
-                        ),
-                    )
+            self._on_error(answer)
+
+    def _on_joined(self, answer: wire.Joined) -> None:
+        call = self._calls.get(answer.id)
+        if call is None or call.lead is not None:
+            return
+        keylocks.drop_fd(call)
+        first = not call.joined
+        if not first and answer.token != call.token:  # its flight retried
+            call.earlier = heard(call.earlier, call.token, answer.token)
+        call.joined, call.token = True, answer.token
+        if first:
+            log.debug("%s %s: join, token %d (leader pid %d)", self.directory,
+                      DigestOf(call.key), answer.token, answer.pid)
+            call.inbox.put(Joined(answer.token, answer.pid, answer.age))
+
+    def _on_rejected(self, answer: wire.Rejected) -> None:
+        with self._send_lock:  # in one step with KeyLocks.take's publishing
+            lead = self._leads.get(answer.id)
+            call = self._calls.get(answer.id) if lead is None else None
+            if call is not None and call.lead is None:
+                # A lead told while its caller opened the key's file, reasserted
+                # (see connection.resend) and refused: it is lost as soon as it is taken.
+                call.refused = answer.reason
+        if lead is not None and lead.cut:
+            # Its group closed and its interrupted landing names a token the flight
+            # no longer has (a retry moved it): nothing to resend. Its joiners hear
+            # when this connection closes.
+            with lead.lock:
+                lead.acked = True
+            self._end_lead(lead)
+        elif lead is not None:
+            self._lose(lead, answer.reason)
+
+    def _on_error(self, answer: wire.ErrorAnswer) -> None:
+        log.warning("the coordinator of %s did not understand: %s", self.directory,
+                    answer.message)
+        if answer.limit is not None:
+            self._over_limit(answer.limit)
+        call = self._calls.pop(answer.id, None) if answer.id is not None else None
+        if call is None:
+            return
+        if call.lead is not None:
+            self._lose(call.lead, answer.message)
+        else:
+            error = FlightInterruptedError(call.key, f"the coordinator said: {answer.message}")
+            _finish(call, Refused(error))
 
     def _over_limit(self, limit: int) -> None:
         """The coordinator refused a frame over its ``max_frame_bytes`` (a group of
@@ -429,67 +389,7 @@ class DirectoryArbiter:
                 call.pending = token
                 return
             call.fd = -1
-        self._take_lead(call, fd, token)
-
-    def _take_lead(self, call: Call, fd: int | None, token: int) -> None:
-        """Take ``call``'s key lock (opening its file unless ``fd`` is open) and tell
-        its driver it leads. Runs on the background loop or in the caller's thread."""
-        try:
-            fd, copy = keylocks.lock_or_copy(self.directory, call, fd)
-        except OSError as exc:
-            self._calls.pop(call.id, None)
-            self._send(wire.cancel_frame(call.id))
-            _finish(call, Refused(exc))
-            return
-        # The descriptor is used here only before the lead is published: once it is,
-        # close() or a withdrawal may close it (and its number be reused) at any time.
-        lead = DirectoryLead(call, token, fd)
-        # In one step for a reconnect (which reasserts what _leads holds and sends the
-        # runs of calls with no lead): between the two, it would do neither. A call
-        # failed meanwhile (the group closes, the scope gave up) has nobody to run its
-        # work: published, its key lock would be held for ever.
-        with self._send_lock:
-            published = not self._closing and self._calls.get(call.id) is call
-            if published:
-                call.lead = lead
-                self._leads[call.id] = lead
-            refused = call.refused
-        if published and refused is not None:
-            # Refused while it was pending (a newer flight of the key runs): its work
-            # must not run as if it held the lease, under a token older than that flight's.
-            self._lose(lead, refused)
-        if not published:
-            call.pending = None
-            if copy >= 0:
-                os.close(copy)
-            lead.release()
-            self._send(wire.cancel_frame(call.id))
-            return
-        if copy >= 0:  # held for now: a thread waits for it
-            keylocks.LockWaiter(
-                self.directory, lead, copy, self._locked,
-                lambda lead, exc: self._background.post(self._lock_failed, lead, exc),
-            ).start()
-            return
-        self._locked(lead)
-
-    def _locked(self, lead: DirectoryLead) -> None:
-        """``lead`` holds its key lock: its work may start, unless a newer flight of
-        the key held the lock first (then it is lost before its work starts: the work
-        hears it when it binds)."""
-        newer = keylocks.claim(lead)
-        if newer is None:  # closed or withdrawn while it waited for the lock
-            return
-        if newer:
-            self._lose(lead, f"a newer flight of the key (token {newer}) held its key lock first")
-        lead.call.inbox.put(Lead(lead.token))
-
-    def _lock_failed(self, lead: DirectoryLead, exc: Exception) -> None:
-        call = lead.call
-        self._leads.pop(call.id, None)
-        if self._calls.pop(call.id, None) is not None:
-            self._send(wire.cancel_frame(call.id))
-            _finish(call, Refused(exc))
+        self._key_locks.take(call, fd, token)
 
     def _lose(self, lead: DirectoryLead, reason: str) -> None:
         if lead.lost or lead.acked:
@@ -586,7 +486,7 @@ class DirectoryArbiter:
             self._background.post(self._kick_now)
         taken = keylocks.open_ahead(call, self.directory)
         if taken is not None:  # told to lead while it opened: it takes the lead here
-            self._take_lead(call, *taken)
+            self._key_locks.take(call, *taken)
         return call
 
     def _kick_now(self) -> None:
@@ -612,7 +512,7 @@ class DirectoryArbiter:
         lead.retrying = True
         self._send(wire.attempt_frame(call.id))
         # Disconnected: the reassert on the next connection keeps the lead; the
-        # retry asks again then (see _connected), or the lease is lost.
+        # retry asks again then (see connection.resend), or the lease is lost.
 
     def land(
         self,

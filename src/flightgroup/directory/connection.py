@@ -1,6 +1,6 @@
 """The connection of a directory group to its coordinator: connecting and the handshake,
 the :class:`Channel` that carries the frames, reconnecting after the coordinator went
-(:class:`Reconnects`), and what goes out again on a new connection (:func:`resend`).
+(:class:`Connection`), and what goes out again on a new connection (:func:`resend`).
 
 A group reconnects with a short backoff while a new coordinator starts (a failover: it
 connects within ~5 ms of the new one serving), less and less often while it is refused
@@ -29,7 +29,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .._log import DigestOf, log
-from ..errors import ProtocolVersionError
+from ..errors import ProtocolVersionError, UnavailableError
 from ..scope.outcome import Failure, Interrupted, SharedOutcome
 from . import forked, fs, wire
 from .calls import Call, DirectoryLead
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Channel",
-    "Reconnects",
+    "Connection",
     "handshake",
     "key_too_long",
     "landing_frame",
@@ -252,11 +252,12 @@ async def _read_line(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> by
     return None
 
 
-class Reconnects:
-    """Keeps a connection to the coordinator of the moment for ``owner``, until it
+class Connection:
+    """``owner``'s connection to the coordinator of the moment, kept up until the group
     finishes closing. A group that closes goes on reconnecting until its landings are
     acknowledged (or time is up): a landing made while no coordinator served must
-    still reach one."""
+    still reach one. It sets the group's ``_channel`` (under its ``_send_lock``) while
+    one is up, and what a new coordinator must hear goes out on it first."""
 
     __slots__ = ("backoff", "down", "last", "over", "owner", "refusals")
 
@@ -336,7 +337,7 @@ class Reconnects:
             return None
         lost = asyncio.get_running_loop().create_future()
         began = time.monotonic()
-        channel = owner._connected(sock, lost)
+        channel = self.connected(sock, lost)
         await lost
         if channel.heard or time.monotonic() - began >= _SETTLED:
             return True
@@ -344,6 +345,58 @@ class Reconnects:
         # to every connection is no more reachable than a silent one.
         self._refused_again()
         return False
+
+    def connected(self, sock: socket.socket, lost: asyncio.Future[None]) -> Channel:
+        """A coordinator welcomed ``sock``: it becomes the group's channel (``lost``
+        is set when it goes), and the leads and calls go out on it again."""
+        owner = self.owner
+
+        def on_lost(channel: Channel, reason: str) -> None:
+            log.info("lost the coordinator of %s: %s", owner.directory, reason)
+            self.disconnected(channel)
+            if not lost.done():
+                lost.set_result(None)
+
+        channel = Channel(
+            sock, asyncio.get_running_loop(), owner._max_frame, owner._on_frames, on_lost
+        )
+        owner._refusal = None
+        owner._given_up = False
+        with owner._send_lock:
+            owner._channel = channel
+            owner._election_error = None  # a coordinator serves: the directory works
+            owner._connected_now.set()
+            resend(channel, owner._leads.values(), owner._calls.values(), owner.directory,
+                   owner._max_frame)
+        return channel
+
+    def disconnected(self, channel: Channel) -> None:
+        """``channel`` is gone: its requests go out again on the next one, and the
+        requests a thread waits for fail."""
+        owner = self.owner
+        with owner._send_lock:
+            if owner._channel is channel:
+                owner._channel = None
+                owner._connected_now.clear()
+            for call in list(owner._calls.values()):  # (a work's thread may pop one)
+                # Only a request the gone coordinator's socket took was made before the
+                # next term began. One written to a socket already dead (this process
+                # was frozen through the failover, say) may be newer than that term's
+                # flights: it goes to the next coordinator as a new fresh call.
+                if (
+                    call.sent
+                    and call.fresh
+                    and not call.joined
+                    and call.lead is None
+                    and channel.took(call.sent_end)
+                ):
+                    call.outlived = True
+                call.sent = False
+                call.sent_end = -1
+        for id, waiter in list(owner._waiters.items()):
+            del owner._waiters[id]
+            if not waiter.done():
+                waiter.set_exception(UnavailableError("the coordinator went away"))
 
     def _refused_again(self) -> None:
         self.refusals += 1

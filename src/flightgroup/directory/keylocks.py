@@ -14,8 +14,8 @@ its token there under the lock, so a lead that finds a higher one was granted, t
 overtaken while it waited (a forget() detached it, or a failover let a new call lead
 before its reassert), and must not run as if it held the lease.
 
-Nothing here touches the arbiter's tables: each function says what it did, and the
-arbiter decides what follows.
+The functions act on one call or lead and say what they did; :class:`KeyLocks` is the
+part of the arbiter that takes a lead with them.
 """
 
 from __future__ import annotations
@@ -25,12 +25,18 @@ import fcntl
 import os
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from . import fs
+from ..scope.events import Lead, Refused
+from . import fs, wire
 from .calls import Call, DirectoryLead
+
+if TYPE_CHECKING:
+    from .client import DirectoryArbiter
 
 __all__ = [
     "OPENING",
+    "KeyLocks",
     "LockWaiter",
     "abandon",
     "claim",
@@ -203,3 +209,80 @@ def abandon(lead: DirectoryLead) -> bool:
         lead.abandoned = True
     lead.release()
     return True
+
+
+class KeyLocks:
+    """How ``owner``'s calls take the lead: the key lock taken (or waited for by a
+    :class:`LockWaiter`), the lead published in the group's tables in one step with a
+    reconnect's resends, and its driver told (``Lead``), or the lead given back."""
+
+    __slots__ = ("owner",)
+
+    def __init__(self, owner: DirectoryArbiter) -> None:
+        self.owner = owner
+
+    def take(self, call: Call, fd: int | None, token: int) -> None:
+        """Take ``call``'s key lock (opening its file unless ``fd`` is open) and tell
+        its driver it leads. Runs on the background loop or in the caller's thread."""
+        owner = self.owner
+        try:
+            fd, copy = lock_or_copy(owner.directory, call, fd)
+        except OSError as exc:
+            owner._calls.pop(call.id, None)
+            owner._send(wire.cancel_frame(call.id))
+            drop_fd(call)
+            call.inbox.put(Refused(exc))
+            return
+        # The descriptor is used here only before the lead is published: once it is,
+        # close() or a withdrawal may close it (and its number be reused) at any time.
+        lead = DirectoryLead(call, token, fd)
+        # In one step for a reconnect (which reasserts what _leads holds and sends the
+        # runs of calls with no lead): between the two, it would do neither. A call
+        # failed meanwhile (the group closes, the scope gave up) has nobody to run its
+        # work: published, its key lock would be held for ever.
+        with owner._send_lock:
+            published = not owner._closing and owner._calls.get(call.id) is call
+            if published:
+                call.lead = lead
+                owner._leads[call.id] = lead
+            refused = call.refused
+        if published and refused is not None:
+            # Refused while it was pending (a newer flight of the key runs): its work
+            # must not run as if it held the lease, under a token older than that flight's.
+            owner._lose(lead, refused)
+        if not published:
+            call.pending = None
+            if copy >= 0:
+                os.close(copy)
+            lead.release()
+            owner._send(wire.cancel_frame(call.id))
+            return
+        if copy >= 0:  # held for now: a thread waits for it
+            LockWaiter(
+                owner.directory, lead, copy, self._locked,
+                lambda lead, exc: owner._background.post(self._failed, lead, exc),
+            ).start()
+            return
+        self._locked(lead)
+
+    def _locked(self, lead: DirectoryLead) -> None:
+        """``lead`` holds its key lock: its work may start, unless a newer flight of
+        the key held the lock first (then it is lost before its work starts: the work
+        hears it when it binds)."""
+        newer = claim(lead)
+        if newer is None:  # closed or withdrawn while it waited for the lock
+            return
+        if newer:
+            self.owner._lose(
+                lead, f"a newer flight of the key (token {newer}) held its key lock first"
+            )
+        lead.call.inbox.put(Lead(lead.token))
+
+    def _failed(self, lead: DirectoryLead, exc: Exception) -> None:
+        """(On the loop) ``lead``'s key lock could not be had: the lead is given back."""
+        owner, call = self.owner, lead.call
+        owner._leads.pop(call.id, None)
+        if owner._calls.pop(call.id, None) is not None:
+            owner._send(wire.cancel_frame(call.id))
+            drop_fd(call)
+            call.inbox.put(Refused(exc))
