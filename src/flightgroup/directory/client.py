@@ -78,8 +78,7 @@ __all__ = ["Call", "DirectoryArbiter"]
 
 
 class DirectoryArbiter:
-
-    """DirectoryLead or join for the wider scope of a directory group (see the module)."""
+    """Lead or join for the wider scope of a directory group (see the module)."""
 
     def __init__(
         self,
@@ -169,7 +168,7 @@ class DirectoryArbiter:
     # -- the election -----------------------------------------------------------
 
     def _campaign(self) -> None:
-        """The election thread of this group (see _Campaign)."""
+        """The election thread of this group (see election._Campaign)."""
         campaign = self._campaigner
         assert campaign is not None
         campaign.run()
