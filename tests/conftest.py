@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-import flightgroup.attempts as attempts_module
+import flightgroup.engine.attempts as attempts_module
 
 from .support import LoopThread
 

@@ -26,7 +26,7 @@ from flightgroup import (
     current_lease,
 )
 from flightgroup.directory.client import DirectoryArbiter
-from flightgroup.flight import JOINED
+from flightgroup.engine.flight import JOINED
 from flightgroup.scope.events import Joined, Landed
 
 from .ingroup import Background

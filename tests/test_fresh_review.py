@@ -18,7 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from flightgroup import FlightGroup, LeaseLostError, UnavailableError
 from flightgroup.directory.client import DirectoryArbiter
-from flightgroup.flight import FlightTable
+from flightgroup.engine.table import FlightTable
 from flightgroup.redis.arbiter import FleetCall, RedisArbiter, _Names
 from flightgroup.scope.bridge import Bridge
 

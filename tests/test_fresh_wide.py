@@ -19,7 +19,7 @@ import pytest
 import flightgroup.group as group_module
 from flightgroup import JSON, FlightGroup, GroupClosedError
 from flightgroup.directory.client import DirectoryArbiter
-from flightgroup.flight import FlightTable
+from flightgroup.engine.table import FlightTable
 
 from .infresh import fresh_waiting, held, lead_held
 from .ingroup import Background, close, coordinating

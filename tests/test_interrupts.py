@@ -98,7 +98,7 @@ def test_a_keyboard_interrupt_outside_the_work_interrupts_the_flight(
     with no work, its joiners waited for ever and every later call joined it. Now it
     ends: interrupted before the work, as an interrupt in the work does (ADR 0008);
     with the value after it, for every caller but the leader (not kept)."""
-    import flightgroup.attempts as attempts_module
+    import flightgroup.engine.attempts as attempts_module
     from flightgroup import Retention
 
     joined = threading.Event()

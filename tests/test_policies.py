@@ -24,7 +24,7 @@ from flightgroup import (
     TooManyWaitersError,
     current_lease,
 )
-from flightgroup.flight import RETRY_PENDING, RUNNING
+from flightgroup.engine.flight import RETRY_PENDING, RUNNING
 
 from .support import LoopThread, run, until, wait_until
 

@@ -21,10 +21,11 @@ from typing import Any, TypeVar
 
 import pytest
 
-import flightgroup.attempts as attempts_module
+import flightgroup.engine.attempts as attempts_module
 import flightgroup.group as group_module
 from flightgroup import FlightGroup, GroupClosedError, Lease, current_lease
-from flightgroup.flight import CLOSED, FlightTable, wake
+from flightgroup.engine.flight import CLOSED, wake
+from flightgroup.engine.table import FlightTable
 
 from .ingroup import scope_groups
 from .support import mypy_strict, run, until, wait_until

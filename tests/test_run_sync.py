@@ -280,7 +280,7 @@ def test_fresh_threads_share_the_next_flight() -> None:
 _INTERRUPTED_LEADER = r"""
 import json, signal, sys, threading
 from flightgroup import FlightGroup, Retry, current_lease
-from flightgroup.flight import RETRY_PENDING
+from flightgroup.engine.flight import RETRY_PENDING
 
 mode = sys.argv[1]
 if mode == "deadline":

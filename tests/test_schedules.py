@@ -50,7 +50,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 import flightgroup
-import flightgroup.attempts as attempts_module
+import flightgroup.engine.attempts as attempts_module
 from flightgroup import FlightFailedError, Result
 
 KEYS = ("a", "b", "c")

@@ -284,7 +284,7 @@ def test_the_scopes_register_forgets_the_scopes_of_collected_groups(tmp_path: An
     job) keeps no entry per directory once its groups are gone."""
     import gc
 
-    from flightgroup import flight
+    from flightgroup.scope import table as wide_table
 
     for i in range(300):
         g = FlightGroup(directory=os.path.join(str(tmp_path), f"d{i}"), codec=JSON)
@@ -292,7 +292,7 @@ def test_the_scopes_register_forgets_the_scopes_of_collected_groups(tmp_path: An
         if i % 25 == 0:  # (a full collection each time took 30 s in a big test process)
             gc.collect()
     # swept whenever the register doubled: bounded, not one entry per directory
-    assert len([scope for scope in flight._KIN if str(tmp_path) in scope[1]]) < 130
+    assert len([scope for scope in wide_table._KIN if str(tmp_path) in scope[1]]) < 130
 
 
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
@@ -302,9 +302,9 @@ def test_a_fork_while_another_thread_holds_the_scopes_register_lock(tmp_path: An
     copy of the lock was held for ever (found by review, 2026-12-01)."""
     import multiprocessing
 
-    from flightgroup import flight
+    from flightgroup.scope import table as wide_table
 
-    with flight._KIN_LOCK:  # as another thread would hold it at the fork
+    with wide_table._KIN_LOCK:  # as another thread would hold it at the fork
         child = multiprocessing.get_context("fork").Process(
             target=_make_a_group, args=(os.path.join(str(tmp_path), "child"),)
         )

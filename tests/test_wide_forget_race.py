@@ -134,18 +134,18 @@ def test_a_fresh_caller_promoted_before_its_flight_moved_joins_that_flight(
     it G's (a GroupClosedError from an open group, or a claim it never held). Found by
     review (2026-12-01). W's thread is held at the entry of signal_of to open the window
     a descheduled thread has."""
-    import flightgroup.group as group_module
     from flightgroup import JSON, FlightGroup
+    from flightgroup.scope.table import WideTable
 
     hold = threading.Event()
-    real = group_module.signal_of
+    real = WideTable.signal_of
 
     def held(*args: Any) -> Any:
         if threading.current_thread().name == "W":
             assert hold.wait(30)
         return real(*args)
 
-    monkeypatch.setattr(group_module, "signal_of", held)
+    monkeypatch.setattr(WideTable, "signal_of", held)
     g = FlightGroup(directory=directory, codec=JSON)
     release = {name: threading.Event() for name in ("E", "F", "X", "G")}
     began: set[str] = set()

@@ -1,7 +1,7 @@
 """FlightGroup: the public face of single flight.
 
 Every call goes first through the group's in-process flight table
-(``flight.FlightTable``): the first caller of a key leads and runs the work, every
+(``engine.table.FlightTable``): the first caller of a key leads and runs the work, every
 caller that comes while it runs joins and gets the same outcome. Async and sync callers
 share one table, from any thread and any event loop.
 
@@ -28,27 +28,17 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
-from .attempts import Attempts, current_flight, start_thread
 from .codec import Codec
 from .configure import MAX_FRAME, check_call, check_key, configure
 from .decorator import BoundCoalesced as BoundCoalesced
 from .decorator import Coalesced as Coalesced
 from .decorator import _Coalesce, make_coalesce
-from .errors import (
-    FlightFailedError,
-    FlightInterruptedError,
-    FlightTimeoutError,
-    GroupClosedError,
-    renewed,
-)
-from .flight import (
+from .engine.attempts import Attempts, current_flight, start_thread
+from .engine.flight import (
     CLOSED,
-    DONE,
     EXPIRED,
-    JOINED,
     SETTLED,
     Flight,
-    FlightTable,
     Outcome,
     Result,
     Role,
@@ -56,9 +46,16 @@ from .flight import (
     Waiter,
     _expire,
     new_thread_waiter,
-    signal_of,
-    waited_on,
     wake,
+)
+from .engine.follow import DELIVER, START, Follower, WideRules, signal_for
+from .engine.table import FlightTable
+from .errors import (
+    FlightFailedError,
+    FlightInterruptedError,
+    FlightTimeoutError,
+    GroupClosedError,
+    renewed,
 )
 from .lease import _CURRENT
 from .policy import FlightPolicy, Limits, Retention, Retry, check_seconds
@@ -139,6 +136,7 @@ class FlightGroup:
         self._closed_why: str | None = None  # why, when not by close(): a forked child
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._bridge: Bridge | None = None
+        self._table: FlightTable[Any]
         if scope is None:
             self._table = FlightTable()
             self._attempts = Attempts(
@@ -146,12 +144,11 @@ class FlightGroup:
             )
             return
         from .scope.bridge import Bridge
+        from .scope.table import WideTable
 
         # Two groups of this process with the same scope are one group: I6 must see the
-        # other's flights (FlightTable.scope).
-        self._table = FlightTable(
-            wide=True, scope=scope.identity, left_holds=scope.left_flights_hold_keys
-        )
+        # other's flights (WideTable.scope).
+        self._table = WideTable(scope.identity, left_holds=scope.left_flights_hold_keys)
         self._attempts = Attempts(
             self._table, codec=made.codec, max_value_bytes=made.max_value_bytes
         )
@@ -227,16 +224,16 @@ class FlightGroup:
         role, flight, waiter = table.arrive(
             key,
             key,
-            fresh,
-            loop.create_future,
-            None if current is None else current.flight,
-            None,
-            self._policy,
+            fresh=fresh,
+            make_waiter=loop.create_future,
+            chain=None if current is None else current.flight,
+            blocking_loop=None,
+            policy=self._policy,
         )
         if role is Role.LEAD:
             self._attempts.start_async(flight, work, loop)
             if flight.outcome is not None:  # the work finished eagerly: no waiting
-                if flight.joined_remote and on_join is not None:
+                if on_join is not None and self._bridge is not None and flight.joined_remote:
                     on_join()  # (wide scopes) it joined elsewhere, and the outcome came
                 return self._deliver(flight, True)
             role = Role.LEADING
@@ -248,7 +245,7 @@ class FlightGroup:
             try:
                 signal = await waiter  # type: ignore[misc]
             except BaseException:
-                self._abandon(flight, waiter, None)  # type: ignore[arg-type]
+                self._table.withdraw(flight, waiter)  # type: ignore[arg-type]
                 raise
             if signal is SETTLED:
                 return self._deliver(flight, False)
@@ -270,11 +267,11 @@ class FlightGroup:
         role, flight, waiter = self._table.arrive(
             tkey,
             key,
-            False,
-            loop.create_future,
-            None if current is None else current.flight,
-            None,
-            policy,
+            fresh=False,
+            make_waiter=loop.create_future,
+            chain=None if current is None else current.flight,
+            blocking_loop=None,
+            policy=policy,
         )
         if role is Role.LEAD:
             self._attempts.start_async(flight, work, loop)
@@ -309,89 +306,34 @@ class FlightGroup:
         loop: asyncio.AbstractEventLoop,
         policy: FlightPolicy,
     ) -> Result[T]:
-        table = self._table
+        """The async shell of the wait loop (follow.py decides): waits on futures of
+        ``loop``, its timeout a timer on that loop."""
         at = None if timeout is None or math.isinf(timeout) else loop.time() + timeout
-        leader = False
-        fresh_of: Flight | None = None  # the flight whose end this caller waits for
-        deferred = False  # (wide scopes) its on_join waits for the scope's answer
+        follower = Follower(
+            self._table, role, flight, waiter, on_join=on_join, policy=policy,
+            make_waiter=loop.create_future, wide=self._wide_rules(),
+            closed_error=self._closed_error,
+        )
         while True:
-            if role is Role.LEAD or role is Role.LEADING:
-                leader = True
-                if role is Role.LEAD:
-                    self._attempts.start_async(flight, work, loop)
-                waiter = loop.create_future()
-                if not table.wait_as_leader(flight, waiter):
-                    if flight.joined_remote and on_join is not None:
-                        on_join()  # (wide scopes) it joined elsewhere, and the outcome came
-                    return self._deliver(flight, True)
-                if flight.joined_remote and on_join is not None:
-                    call_on_join, on_join = on_join, None
-                    self._on_join_or_withdraw(flight, waiter, call_on_join)
-            elif role is Role.TAKE:  # joined a flight that already ended
-                if on_join is not None:
-                    on_join()
-                return self._deliver(flight, False)
-            elif role is Role.JOIN and on_join is not None:
-                assert waiter is not None
-                # (The process scope is always decided: no lock taken to ask.)
-                now = True if self._scope is None else table.defer_on_join(flight, waiter)
-                if now is None:
-                    deferred = True
-                else:
-                    call_on_join, on_join = on_join, None  # once per call, never after a rejoin
-                    if now:
-                        self._on_join_or_withdraw(flight, waiter, call_on_join, fresh_of)
-            elif role is Role.WAIT_END:
-                fresh_of = flight
-            assert waiter is not None
-            fut: asyncio.Future[Any] = waiter  # type: ignore[assignment]
+            step = follower.step()
+            if step is DELIVER:
+                return self._deliver(follower.flight, follower.leader)
+            if step is START:
+                self._attempts.start_async(follower.flight, work, loop)
+                follower.role = Role.LEADING
+                continue
+            fut: asyncio.Future[Any] = follower.waiter  # type: ignore[assignment]
             timer = None if at is None else loop.call_at(at, _expire, fut)
             try:
                 signal = await fut
             except BaseException:
-                self._abandon(flight, fut, fresh_of)
+                follower.abandon()
                 raise
             finally:
                 if timer is not None:
                     timer.cancel()
-            if signal is EXPIRED:
-                if table.withdraw(flight, fut):
-                    raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
-                if leader and flight.leader_waiter is not fut:
-                    # Detached by joined_remote: handed JOINED, even if the outcome
-                    # came in the same step (on_join must run before it is delivered).
-                    signal = JOINED
-                else:
-                    signal = signal_of(flight, fresh_of, fut)
-                if isinstance(signal, Flight):  # out of time: hand the claim back (I4)
-                    table.release_claim(signal)
-                    raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
-                if signal is JOINED or (leader and signal is SETTLED and flight.state is not DONE):
-                    # (wide scopes) told to wait as a joiner, out of time before it did
-                    raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
-            if signal is JOINED:  # (wide scopes) this caller is a joiner now
-                if on_join is not None:
-                    call_on_join, on_join = on_join, None
-                    call_on_join()  # its waiter was detached: nothing to withdraw
-                if leader:  # its flight joined one led elsewhere
-                    role = Role.LEADING
-                else:  # a fresh caller that ran_here made a joiner of the flight it waited on,
-                    # or a joiner whose on_join waited for the scope's answer
-                    fresh_of = None
-                    flight = waited_on(flight, fut)
-                    role, waiter = table.claim(
-                        flight, loop.create_future, policy, claimed=False, counted=deferred
-                    )
-                    deferred = False
-                continue
-            if signal is SETTLED:
-                return self._deliver(flight, leader)
-            if signal is CLOSED:
-                raise self._closed_error()
-            # A claim on the flight after the one this caller waited for.
-            assert isinstance(signal, Flight)
-            flight, fresh_of = signal, None
-            role, waiter = table.claim(flight, loop.create_future, policy)
+            if follower.woken(signal) is DELIVER:
+                return self._deliver(follower.flight, follower.leader)
 
     def run_sync(
         self,
@@ -434,7 +376,8 @@ class FlightGroup:
         current = _CURRENT.get()
         parent = None if current is None else current.flight
         role, flight, waiter = table.arrive(
-            key, key, fresh, new_thread_waiter, parent, events._get_running_loop(), self._policy
+            key, key, fresh=fresh, make_waiter=new_thread_waiter, chain=parent,
+            blocking_loop=events._get_running_loop(), policy=self._policy,
         )
         if role is Role.KEPT:
             return self._deliver(flight, False)
@@ -450,7 +393,7 @@ class FlightGroup:
                 try:
                     waiter.acquire()  # type: ignore[union-attr]
                 except BaseException:
-                    self._abandon(flight, waiter, None)  # type: ignore[arg-type]
+                    self._table.withdraw(flight, waiter)  # type: ignore[arg-type]
                     raise
                 return self._deliver(flight, False)
         return self._follow_sync(role, flight, waiter, work, on_join, timeout, self._policy)
@@ -462,7 +405,8 @@ class FlightGroup:
         current = _CURRENT.get()
         parent = None if current is None else current.flight
         role, flight, waiter = self._table.arrive(
-            tkey, key, False, new_thread_waiter, parent, events._get_running_loop(), policy
+            tkey, key, fresh=False, make_waiter=new_thread_waiter, chain=parent,
+            blocking_loop=events._get_running_loop(), policy=policy,
         )
         if role is Role.KEPT:
             return self._deliver(flight, False)
@@ -481,79 +425,27 @@ class FlightGroup:
         timeout: float | None,
         policy: FlightPolicy,
     ) -> Result[T]:
-        table = self._table
+        """The sync shell of the wait loop (follow.py decides): waits on locks, its
+        timeout the lock's; starts the leader's work in this thread or on its own."""
         monotonic = time.monotonic
         # Past threading.TIMEOUT_MAX (~292 years) Lock.acquire overflows: no limit.
         limited = timeout is not None and timeout < threading.TIMEOUT_MAX
         at = monotonic() + timeout if limited and timeout is not None else None
-        leader = False
-        fresh_of: Flight | None = None
-        deferred = False  # (wide scopes) its on_join waits for the scope's answer
+        follower = Follower(
+            self._table, role, flight, waiter, on_join=on_join, policy=policy,
+            make_waiter=new_thread_waiter, wide=self._wide_rules(),
+            closed_error=self._closed_error,
+        )
         while True:
-            if role is Role.LEAD:
-                leader = True
-                wide = self._scope is not None
-                # The work runs in this thread, and a KeyboardInterrupt in it stops it
-                # for all; unless each attempt runs on a thread of its own (a deadline):
-                # then the flight is driven on a thread of its own, as with a timeout,
-                # and an interrupt of this caller's wait withdraws this caller only.
-                own = at is None and flight.policy.deadline is None
-                if own and not wide:
-                    self._attempts.drive_sync(flight, work, current_flight())
-                    return self._deliver(flight, True)
-                if own:
-                    assert self._bridge is not None
-                    call_on_join, on_join = on_join, None  # the driver calls it
-                    failed = self._bridge.drive_sync(
-                        flight, work, current_flight(), call_on_join
-                    )
-                    if failed is not None:  # on_join raised while the flight ran
-                        raise failed
-                    # Settled, or (fleet) settling once Redis has the landing.
-                    role = Role.LEADING
-                    continue
-                waiter = new_thread_waiter()
-                drive: Callable[..., Any] = (
-                    self._bridge.drive_sync if self._bridge is not None
-                    else self._attempts.drive_sync
-                )
-                # A failed start ("can't start new thread", or a KeyboardInterrupt that
-                # landed inside start() before the thread got going): nothing ran. An
-                # interrupt once it got going re-raises here: this caller withdraws,
-                # the flight goes on for the others.
-                failed = start_thread(
-                    f"flightgroup-work-{flight.token}", drive, flight, work, current_flight()
-                )
-                if failed is not None:
-                    self._attempts.land(flight, Outcome.INTERRUPTED, None, failed)
-                    raise failed
-                role = Role.LEADING
-            if role is Role.LEADING:  # (sync: a wide leading caller told it joined)
-                leader = True
-                waiter = new_thread_waiter()
-                if not table.wait_as_leader(flight, waiter):
-                    if flight.joined_remote and on_join is not None:
-                        on_join()
-                    return self._deliver(flight, True)
-                if flight.joined_remote and on_join is not None:
-                    call_on_join, on_join = on_join, None
-                    self._on_join_or_withdraw(flight, waiter, call_on_join)
-            elif role is Role.TAKE:  # joined a flight that already ended
-                if on_join is not None:
-                    on_join()
-                return self._deliver(flight, False)
-            elif role is Role.JOIN and on_join is not None:
-                assert waiter is not None
-                # (The process scope is always decided: no lock taken to ask.)
-                now = True if self._scope is None else table.defer_on_join(flight, waiter)
-                if now is None:
-                    deferred = True
-                else:
-                    call_on_join, on_join = on_join, None
-                    if now:
-                        self._on_join_or_withdraw(flight, waiter, call_on_join, fresh_of)
-            elif role is Role.WAIT_END:
-                fresh_of = flight
+            step = follower.step()
+            if step is DELIVER:
+                return self._deliver(follower.flight, follower.leader)
+            if step is START:
+                if self._lead_sync(follower, work, own=at is None):
+                    return self._deliver(follower.flight, True)
+                follower.role = Role.LEADING
+                continue
+            waiter = follower.waiter
             assert type(waiter) is ThreadWaiter
             try:
                 if at is None:
@@ -561,82 +453,58 @@ class FlightGroup:
                 else:
                     taken = waiter.acquire(timeout=min(max(0.0, at - monotonic()), _WAIT_MAX))
             except BaseException:
-                self._abandon(flight, waiter, fresh_of)
+                follower.abandon()
                 raise
-            if not taken and table.withdraw(flight, waiter):
-                raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
-            if not taken and leader and flight.leader_waiter is not waiter:
-                # Detached by joined_remote as time ran out: handed JOINED, even if the
-                # outcome came since (on_join must run before it is delivered).
-                raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
-            if leader and flight.joined_remote and taken and on_join is not None:
-                # (wide scopes) this leading caller became a joiner (its waiter was
-                # detached to tell it, or the outcome came right after): on_join first.
-                call_on_join, on_join = on_join, None
-                call_on_join()
-            if leader and flight.outcome is None and not flight.closed:
-                # (wide scopes) woken with JOINED: wait again, as a joiner now.
-                if not taken:
-                    raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
-                role = Role.LEADING
-                continue
-            # Taken, or detached as we gave up: either way the signal is on the flight.
-            signal = signal_of(flight, fresh_of, waiter)
-            if not taken and isinstance(signal, Flight):  # out of time: hand the claim back
-                table.release_claim(signal)
-                raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
-            if signal is JOINED:  # a fresh caller that ran_here made a joiner of its flight,
-                # or a joiner whose on_join waited for the scope's answer
-                if not taken:
-                    raise TimeoutError(f"gave up waiting for the flight of {flight.key!r}")
-                if on_join is not None:
-                    call_on_join, on_join = on_join, None
-                    call_on_join()  # its waiter was detached: nothing to withdraw
-                fresh_of = None
-                flight = waited_on(flight, waiter)
-                role, waiter = table.claim(
-                    flight, new_thread_waiter, policy, claimed=False, counted=deferred
+            signal = (
+                signal_for(
+                    self._table, follower.flight, follower.fresh_of, waiter, follower.leader
                 )
-                deferred = False
-                continue
-            if signal is SETTLED:
-                return self._deliver(flight, leader)
-            if signal is CLOSED:
-                raise self._closed_error()
-            assert isinstance(signal, Flight)
-            flight, fresh_of = signal, None
-            role, waiter = table.claim(flight, new_thread_waiter, policy)
+                if taken else EXPIRED
+            )
+            if follower.woken(signal) is DELIVER:
+                return self._deliver(follower.flight, follower.leader)
 
-    def _on_join_or_withdraw(
-        self,
-        flight: Flight,
-        waiter: Waiter,
-        on_join: Callable[[], object],
-        fresh_of: Flight | None = None,
-    ) -> None:
-        """A joiner's on_join runs (also a wide scope's leading caller's, once it
-        learned it joined a flight led elsewhere); if that raises, the caller
-        withdraws and raises it."""
-        try:
-            on_join()
-        except BaseException:
-            self._abandon(flight, waiter, fresh_of)
-            raise
+    def _lead_sync(self, follower: Follower, work: Callable[[], Any], *, own: bool) -> bool:
+        """Start the work of the flight this sync caller leads. True if it settled here
+        already (the work ran in this thread: deliver it); else the caller waits for it.
 
-    def _abandon(self, flight: Flight, waiter: Waiter, fresh_of: Flight | None) -> None:
-        """This caller stops waiting (cancel, timeout, on_join raised, interrupt).
+        The work runs in this thread, and a KeyboardInterrupt in it stops it for all;
+        unless each attempt runs on a thread of its own (a deadline): then the flight is
+        driven on a thread of its own, as with a timeout (``own`` False), and an
+        interrupt of this caller's wait withdraws this caller only."""
+        flight = follower.flight
+        own = own and flight.policy.deadline is None
+        bridge = self._bridge
+        if own and bridge is None:
+            self._attempts.drive_sync(flight, work, current_flight())
+            return True
+        if own:
+            assert bridge is not None
+            # The driver calls on_join when the flight joins one led elsewhere.
+            failed = bridge.drive_sync(flight, work, current_flight(), follower.take_on_join())
+            if failed is not None:  # on_join raised while the flight ran
+                raise failed
+            return False  # settled, or (fleet) settling once the scope has the landing
+        drive: Callable[..., Any] = (
+            bridge.drive_sync if bridge is not None else self._attempts.drive_sync
+        )
+        # A failed start ("can't start new thread", or a KeyboardInterrupt that landed
+        # inside start() before the thread got going): nothing ran. An interrupt once it
+        # got going re-raises here: this caller withdraws, the flight goes on for the
+        # others.
+        failed = start_thread(
+            f"flightgroup-work-{flight.token}", drive, flight, work, current_flight()
+        )
+        if failed is not None:
+            self._attempts.land(flight, Outcome.INTERRUPTED, None, failed)
+            raise failed
+        return False
 
-        If its waiter could not be withdrawn, a signal reached it first; the only
-        signal that asks something of it is a claim on the next flight, which it
-        hands back (I4).
-        """
-        if not self._table.withdraw(flight, waiter) and fresh_of is not None:
-            signal = signal_of(flight, fresh_of, waiter)
-            if isinstance(signal, Flight):
-                self._table.release_claim(signal)
+    def _wide_rules(self) -> WideRules | None:
+        """The wide table's rules for a waiting call (None in the process scope)."""
+        return None if self._bridge is None else self._bridge.table
 
-    # -- the leader's side -----------------------------------------------------
-
+    # -- the outcome --------------------------------------------------------------
 
     def _deliver(self, flight: Flight, leader: bool) -> Result[Any]:
         """Turn a settled flight into this caller's return value or exception."""
@@ -647,7 +515,9 @@ class FlightGroup:
             data = flight.data
             if data is not None:
                 assert self._codec is not None
-                return Result(self._codec.decode(data), not leader or flight.remote, flight.token)
+                bridge = self._bridge
+                joined = not leader or (bridge is not None and bridge.ran_elsewhere(flight))
+                return Result(self._codec.decode(data), joined, flight.token)
             if leader:
                 return Result(flight.value, False, flight.token)
             # One Result for every joiner (ADR 0003); setdefault is atomic, so two
@@ -661,7 +531,8 @@ class FlightGroup:
             return result
         error = flight.error
         assert error is not None
-        if flight.remote:  # from the wide scope: every caller here is a joiner
+        if self._bridge is not None and self._bridge.ran_elsewhere(flight):
+            # (its outcome came from the scope: every caller here is a joiner)
             raise renewed(error)
         if leader:
             raise error
@@ -847,7 +718,10 @@ def _forget_flights(ref: weakref.ref[FlightGroup], why: str) -> None:
     A new table, so every call reaches the arbiter, which raises."""
     group = ref()
     if group is not None:
-        group._table = FlightTable(wide=True)
+        from .scope.table import WideTable
+
+        # (Its own identity: it must not be taken for the parent's group's kin.)
+        group._table = WideTable(object(), left_holds=False)
         group._attempts.table = group._table
         if group._bridge is not None:
             group._bridge.table = group._table
@@ -864,7 +738,7 @@ class Internals:
     encoded outcome."""
 
     scope: Scope | None
-    table: FlightTable
+    table: FlightTable[Any]
     max_value_bytes: int | None
 
 

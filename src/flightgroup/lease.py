@@ -20,7 +20,7 @@ from ._forksafe import renew_after_fork
 from .errors import LeaseLostError
 
 if TYPE_CHECKING:
-    from .flight import Attempt
+    from .engine.flight import Attempt
 
 __all__ = ["Lease", "current_lease"]
 

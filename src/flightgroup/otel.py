@@ -32,6 +32,7 @@ from opentelemetry.trace import SpanContext, Status, StatusCode, TracerProvider
 
 from ._forksafe import renew_after_fork
 from ._log import key_digest
+from .engine.flight import Flight
 from .errors import (
     FlightError,
     FlightInterruptedError,
@@ -39,7 +40,6 @@ from .errors import (
     GroupClosedError,
     LeaseLostError,
 )
-from .flight import Flight
 from .group import FlightGroup, Result, internals
 from .lease import current_lease
 from .policy import FlightPolicy

@@ -38,7 +38,7 @@ from ._forksafe import renew_after_fork
 from .group import internals
 
 if TYPE_CHECKING:
-    from .flight import FlightTable
+    from .engine.table import FlightTable
     from .group import FlightGroup
     from .stats import Histogram, Recorder
 
@@ -59,9 +59,9 @@ class FlightGroupCollector(Collector):
         self._prefix = prefix
         self._lock = threading.Lock()
         renew_after_fork(self)
-        self._tables: dict[str, FlightTable] = {}
+        self._tables: dict[str, FlightTable[Any]] = {}
 
-    def add(self, name: str, table: FlightTable) -> None:
+    def add(self, name: str, table: FlightTable[Any]) -> None:
         with self._lock:
             if name in self._tables:
                 raise ValueError(f"a group named {name!r} is registered already")

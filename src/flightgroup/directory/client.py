@@ -71,7 +71,7 @@ from .coordinator import Coordinator
 from .election import Election, campaign_for, park
 
 if TYPE_CHECKING:
-    from ..flight import Attempt
+    from ..engine.flight import Attempt
     from .election import _Campaign
 
 __all__ = ["Call", "DirectoryArbiter"]

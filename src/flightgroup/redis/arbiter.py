@@ -66,7 +66,7 @@ from . import scripts
 if TYPE_CHECKING:
     from redis.commands.core import AsyncScript
 
-    from ..flight import Attempt
+    from ..engine.flight import Attempt
 
 __all__ = ["FleetCall", "RedisArbiter"]
 

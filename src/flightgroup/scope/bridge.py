@@ -17,8 +17,9 @@ import weakref
 from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING, Any, cast
 
-from .. import attempts as _attempts
-from ..attempts import start_thread
+from ..engine import attempts as _attempts
+from ..engine.attempts import start_thread
+from ..engine.flight import JOINED, Attempt, Flight, Outcome, wake
 from ..errors import (
     FlightError,
     FlightFailedError,
@@ -29,14 +30,16 @@ from ..errors import (
     UnavailableError,
     renewed,
 )
-from ..flight import JOINED, Attempt, Flight, FlightTable, Outcome, wake
 from .causes import CAUSE_SLACK, KeptCauses
 from .events import Joined, Landed, Lead, LeaseLost, NoOutcome, Refused, ScopeEvent
 from .interface import Handed, Scope, ScopeCall
 from .outcome import Failure, Interrupted, SharedOutcome, Timeout, Value
+from .table import WideFlight, WideTable
 
 if TYPE_CHECKING:
-    from ..attempts import Attempts
+    import threading
+
+    from ..engine.attempts import Attempts
     from ..policy import FlightPolicy
 
 __all__ = ["Bridge", "from_shared", "plain_scope_key", "scope_key", "to_shared"]
@@ -54,7 +57,7 @@ class Bridge:
         self,
         scope: Scope,
         *,
-        table: FlightTable,
+        table: WideTable,
         attempts: Attempts,
         max_value_bytes: int | None,
         closed_error: Callable[[], GroupClosedError],
@@ -72,6 +75,7 @@ class Bridge:
     ) -> None:
         """Start the task that asks the scope for ``flight``, then leads or follows. The
         scope decides first (it always suspends): no eager deadline."""
+        assert isinstance(flight, WideFlight)  # (made by the bridge's table)
         drive = self.drive_async(flight, work)
         if _attempts._EAGER:  # the request goes out now, from this call
             flight.task = asyncio.Task(drive, loop=loop, eager_start=True)  # type: ignore[call-arg, unused-ignore]
@@ -81,19 +85,19 @@ class Bridge:
             # this process's alone, and ends here (its joiners here interrupted).
             task.add_done_callback(functools.partial(self._unstarted, weakref.ref(flight)))
 
-    def _unstarted(self, flight_ref: weakref.ref[Flight], task: asyncio.Task[None]) -> None:
+    def _unstarted(self, flight_ref: weakref.ref[WideFlight], task: asyncio.Task[None]) -> None:
         flight = flight_ref()
         if flight is not None and flight.outcome is None and task.cancelled():
             stopped = FlightInterruptedError(flight.key, "its loop stopped before it began")
             self.settle_remote(flight, Outcome.INTERRUPTED, stopped)
 
-    def _submit(self, flight: Flight) -> ScopeCall:
+    def _submit(self, flight: WideFlight) -> ScopeCall:
         detach = functools.partial(self.table.detach, flight)
         return self.scope.submit(
             scope_key(flight), fresh=flight.fresh_lead, after=flight.after, on_detached=detach
         )
 
-    async def drive_async(self, flight: Flight, work: Callable[[], Awaitable[Any]]) -> None:
+    async def drive_async(self, flight: WideFlight, work: Callable[[], Awaitable[Any]]) -> None:
         """The work task of a wide group's flight: ask the scope, then lead or follow."""
         try:
             call = self._submit(flight)
@@ -130,6 +134,7 @@ class Bridge:
         """:meth:`drive_async` in the leading caller's thread (which then calls
         ``on_join`` itself when the flight joins one led elsewhere). Returns what
         on_join raised, for that caller to raise once the flight ended."""
+        assert isinstance(flight, WideFlight)  # (made by the bridge's table)
         flight.parent = parent
         try:
             call = self._submit(flight)
@@ -190,7 +195,7 @@ class Bridge:
 
     def _act_sync(
         self,
-        flight: Flight,
+        flight: WideFlight,
         call: ScopeCall,
         work: Callable[[], Any],
         parent: Flight | None,
@@ -205,7 +210,7 @@ class Bridge:
 
     def _go_on_sync(
         self,
-        flight: Flight,
+        flight: WideFlight,
         call: ScopeCall,
         work: Callable[[], Any],
         parent: Flight | None,
@@ -223,7 +228,7 @@ class Bridge:
             self._joined(flight, event.token)
         self._act_sync(flight, call, work, parent, event)
 
-    def _follow_sync(self, flight: Flight, call: ScopeCall) -> None:
+    def _follow_sync(self, flight: WideFlight, call: ScopeCall) -> None:
         """Wait for the outcome of the flight ``call`` joined elsewhere, and settle."""
         while True:
             event = call.inbox.get_sync()
@@ -233,7 +238,7 @@ class Bridge:
 
     # -- the scope's answers -----------------------------------------------------
 
-    def _lead(self, flight: Flight, call: ScopeCall, token: int) -> bool:
+    def _lead(self, flight: WideFlight, call: ScopeCall, token: int) -> bool:
         """This process leads the flight in the scope: its work runs under ``token``.
 
         False if the group closed since the scope answered: close() may have returned,
@@ -254,14 +259,14 @@ class Bridge:
         self.scope.bind(call, attempt)
         return True
 
-    def _joined(self, flight: Flight, token: int) -> None:
+    def _joined(self, flight: WideFlight, token: int) -> None:
         """The flight joined flight ``token`` led elsewhere: its callers are joiners."""
         flight.token = token
         woken = self.table.joined_remote(flight)
         if woken is not None:
             wake(woken, JOINED)
 
-    def _end(self, flight: Flight, event: ScopeEvent) -> None:
+    def _end(self, flight: WideFlight, event: ScopeEvent) -> None:
         """Settle a flight whose outcome came from the scope (or that cannot go on)."""
         if type(event) is Landed:
             outcome, error, data = from_shared(flight.key, event.outcome)
@@ -282,7 +287,7 @@ class Bridge:
 
     def settle_remote(
         self,
-        flight: Flight,
+        flight: WideFlight,
         outcome: Outcome,
         error: BaseException | None,
         data: bytes | None = None,
@@ -324,7 +329,6 @@ class Bridge:
     def land(
         self,
         flight: Flight,
-        call: ScopeCall,
         *,
         outcome: Outcome,
         data: bytes | None,
@@ -334,6 +338,9 @@ class Bridge:
         (or as lost, when the flight is no longer this leader's: LeaseLostError for the
         leader, the work's own error as its cause). Returns the outcome and error the
         leader ends with, as far as they are known now."""
+        assert isinstance(flight, WideFlight)  # (made by the bridge's table)
+        call = flight.wide
+        self.table.handing(flight)
         scope = self.scope
         if is_lost(flight, call):
             scope.land(call, None, stragglers=flight.stragglers)
@@ -360,8 +367,23 @@ class Bridge:
         scope.land(call, shared, stragglers=flight.stragglers, done=handed)
         return outcome, error
 
+    def ran_elsewhere(self, flight: Flight) -> bool:
+        """``flight``'s outcome came from the scope: every caller here is a joiner."""
+        return isinstance(flight, WideFlight) and flight.remote
+
+    def straggles(self, flight: Flight, ended: threading.Event) -> None:
+        """A sync attempt of ``flight`` runs on past its deadline (``ended`` is set when
+        it returns): the scope holds the key until it ends."""
+        assert isinstance(flight, WideFlight)  # (made by the bridge's table)
+        flight.stragglers = [*(flight.stragglers or ()), ended]
+
+    def returned(self, flight: Flight) -> None:
+        """A sync attempt of ``flight`` run on a thread of its own returned."""
+        assert isinstance(flight, WideFlight)  # (made by the bridge's table)
+        self.table.unlinger(flight)
+
     def _shared(
-        self, flight: Flight, outcome: Outcome, data: bytes | None, error: BaseException | None
+        self, flight: WideFlight, outcome: Outcome, data: bytes | None, error: BaseException | None
     ) -> tuple[SharedOutcome, Outcome, BaseException | None]:
         """The outcome as the scope carries it. Describing a failure calls its str(),
         user code: interrupted there (a signal), the flight lands interrupted instead
@@ -376,7 +398,7 @@ class Bridge:
         return shared, outcome, error
 
     def _remember_cause(
-        self, flight: Flight, shared: SharedOutcome, error: BaseException | None
+        self, flight: WideFlight, shared: SharedOutcome, error: BaseException | None
     ) -> None:
         """A failure landed that a group of this process may get back from the scope: a
         failure to be kept, or any while another group of this process has the scope
@@ -419,7 +441,7 @@ class Bridge:
         self.table.forget(tkey)
 
 
-def is_lost(flight: Flight, call: ScopeCall) -> bool:
+def is_lost(flight: WideFlight, call: ScopeCall) -> bool:
     """The lease of the flight this process leads in a wide scope is lost."""
     lead = call.lead
     attempt = flight.attempt
@@ -436,7 +458,7 @@ def lease_lost(key: str, error: BaseException | None) -> BaseException:
     return lost
 
 
-def as_called(error: BaseException, flight: Flight) -> BaseException:
+def as_called(error: BaseException, flight: WideFlight) -> BaseException:
     """``error`` as the scope made it, keyed by the key it sent (a decorated function's
     carries its namespace): made again with the key as the caller gave it."""
     if isinstance(error, UnavailableError) and error.key is None:
@@ -450,7 +472,7 @@ def as_called(error: BaseException, flight: Flight) -> BaseException:
     return error
 
 
-def scope_key(flight: Flight) -> str:
+def scope_key(flight: WideFlight) -> str:
     """The key a flight has in a wide scope: a decorated function's keys carry its
     namespace ("NUL namespace NUL key"), so two functions never share a flight there
     either, nor a function and a plain key (see plain_scope_key)."""

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from collections.abc import Hashable
 
+    from ..engine.flight import Attempt
     from ..errors import UnavailableError
-    from ..flight import Attempt
     from .events import Inbox
     from .outcome import SharedOutcome
 

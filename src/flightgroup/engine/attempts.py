@@ -28,28 +28,27 @@ from collections.abc import Awaitable, Callable
 from contextvars import copy_context
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from .codec import Codec, encode_bytes
-from .errors import FlightTimeoutError, ValueTooLargeError
+from ..codec import Codec, encode_bytes
+from ..errors import FlightTimeoutError, ValueTooLargeError
+from ..lease import _CURRENT
+from ..retention import estimate_size
 from .flight import (
     CLOSED,
     RETRY_PENDING,
     RUNNING,
     SETTLED,
-    UNMEASURED,
     Attempt,
     Flight,
-    FlightTable,
     Outcome,
     new_thread_waiter,
     wake,
 )
-from .lease import _CURRENT
-from .retention import estimate_size
+from .table import UNMEASURED, FlightTable
 
 if TYPE_CHECKING:
-    from .scope.bridge import Bridge
-    from .scope.events import ScopeEvent
-    from .scope.interface import ScopeCall
+    from ..scope.bridge import Bridge
+    from ..scope.events import ScopeEvent
+    from ..scope.interface import ScopeCall
 
 __all__ = ["Attempts", "Ending", "current_flight", "is_awaitable", "start_thread"]
 
@@ -71,7 +70,7 @@ class Attempts:
     __slots__ = ("bridge", "codec", "max_value_bytes", "table")
 
     def __init__(
-        self, table: FlightTable, *, codec: Codec | None, max_value_bytes: int | None
+        self, table: FlightTable[Any], *, codec: Codec | None, max_value_bytes: int | None
     ) -> None:
         self.table = table
         self.codec = codec
@@ -242,7 +241,7 @@ class Attempts:
                     else:
                         try:
                             outcome, value, error = attempt_sync_with_deadline(
-                                attempt, work, policy.deadline, self.table.unlinger
+                                attempt, work, policy.deadline, self.bridge
                             )
                         except BaseException as exc:  # KeyboardInterrupt waiting, no thread
                             outcome, value, error = Outcome.INTERRUPTED, None, exc
@@ -365,12 +364,8 @@ class Attempts:
         # What stopped the work (an interrupt) stops the driver too, even when the lease
         # turns out lost and the callers get LeaseLostError instead.
         stop = error if outcome is Outcome.INTERRUPTED else None
-        if flight.wide is not None:  # settled once the scope has the landing
-            assert self.bridge is not None
-            self.table.handing(flight)
-            outcome, error = self.bridge.land(
-                flight, flight.wide, outcome=outcome, data=data, error=error
-            )
+        if self.bridge is not None:  # settled once the scope has the landing
+            outcome, error = self.bridge.land(flight, outcome=outcome, data=data, error=error)
             return error if outcome is Outcome.INTERRUPTED else stop
         retention = flight.policy.retention
         if retention is None or retention.max_bytes is None:  # no size to measure
@@ -462,12 +457,12 @@ def attempt_sync_with_deadline(
     attempt: Attempt,
     work: Callable[[], Any],
     deadline: float,
-    returned: Callable[[Flight], None],
+    bridge: Bridge | None,
 ) -> Ending:
     """One attempt on a thread of its own, waited for until the deadline. A sync
     work cannot be stopped: past the deadline its lease is lost and it runs on,
     detached; its late ending goes to this attempt's own box, which nobody reads.
-    ``returned(flight)`` is called on that thread once the work returned."""
+    A wide scope's ``bridge`` hears of such a straggler and of its return."""
     box: list[Ending] = []
     done = new_thread_waiter()
     ended = threading.Event()  # the work itself returned (for a wide scope's key lock)
@@ -478,7 +473,8 @@ def attempt_sync_with_deadline(
         finally:
             done.release()
             ended.set()
-            returned(attempt.flight)
+            if bridge is not None:
+                bridge.returned(attempt.flight)
 
     threading.Thread(
         target=copy_context().run, args=(body,), name=f"flightgroup-work-{attempt.token}",
@@ -489,8 +485,8 @@ def attempt_sync_with_deadline(
     attempt.timed_out = True
     attempt.lose()
     flight = attempt.flight
-    if flight.wide is not None:  # it still runs: its key lock must outlive it
-        flight.stragglers = [*(flight.stragglers or ()), ended]
+    if bridge is not None:  # it still runs: the scope must hold its key until it ends
+        bridge.straggles(flight, ended)
     return Outcome.TIMEOUT, None, FlightTimeoutError(flight.key, deadline)
 
 

@@ -1,0 +1,377 @@
+"""One key's flight: its states, its attempts, its waiters and how they are woken.
+
+The table of flights that keeps the invariants below is ``engine/table.py``.
+
+States and edges (every change goes through ``Flight._move``, except ``settle``'s
+move to DONE, which comes from RUNNING, RETRY_PENDING or SETTLING and is guarded
+by I2)::
+
+    IDLE ──► RUNNING ──► DONE
+     │          │  ▲
+     │          ▼  │
+     │      RETRY_PENDING          (a failed attempt waits for its next one)
+     │          │
+     └──────────┴────► DONE        (an unclaimed IDLE flight is abandoned;
+                                    a retry that is given up settles)
+    RUNNING ──► SETTLING ──► DONE   (the wide scopes: a landing handed to
+                                    the coordinator or Redis, not yet acknowledged; the
+                                    process scope settles in one step)
+
+An IDLE flight is in the table but has no leader yet: the flight that follows
+one that had ``fresh`` callers waiting for its end. Its ``claims`` counts the
+callers that were told to lead or join it; the first caller that reaches it
+while it is IDLE leads it.
+
+Invariants (code that keeps one says ``# In``):
+
+I1  The table holds at most one flight per key, and removal is by identity:
+    ``if flights.get(key) is flight: del flights[key]``. ``forget`` may remove
+    outright; a flight's own settling never removes a newer flight.
+I2  A flight settles at most once; the first outcome wins, a late one is dropped.
+I3  Every waiter registered on a flight is handed exactly one signal, or is
+    withdrawn by its own caller under the lock; never both, never neither.
+    Signals are decided under the lock and delivered after it is released.
+I4  An IDLE flight without a leader always has a pending claim (``claims > 0``);
+    when the last claimant withdraws, the flight leaves the table.
+I5  User work, codecs and wake-ups never run under the table lock.
+I6  A caller that already waits on a flight never joins it again: a work that
+    calls its own key (directly or through other keys) gets RuntimeError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from _thread import LockType, allocate_lock
+from asyncio import events
+from collections.abc import Hashable
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Final, Generic, NamedTuple, TypeVar
+
+from ..lease import Lease
+from ..policy import NO_POLICY, FlightPolicy
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+__all__ = [
+    "CLOSED",
+    "EXPIRED",
+    "JOINED",
+    "SETTLED",
+    "Attempt",
+    "Flight",
+    "Outcome",
+    "Result",
+    "Role",
+    "Signal",
+    "State",
+    "ThreadWaiter",
+    "new_thread_waiter",
+    "signal_of",
+    "wake",
+]
+
+
+T_co = TypeVar("T_co", covariant=True)
+
+
+class Result(NamedTuple, Generic[T_co]):
+    """What a call returns: the flight's ``value``, whether this caller ``joined``
+    (False for the leader), and the flight's fencing ``token``.
+
+    Immutable. A tuple underneath (ADR 0003): it is made on every call, and a tuple
+    is the cheapest immutable record Python has; ``value, joined, token = result``
+    works too.
+    """
+
+    value: T_co
+    joined: bool
+    token: int
+
+
+class State(Enum):
+    """The states of a flight; see the module docstring for the edges."""
+
+    # Members are singletons: hashed by identity in C, not by Enum's Python-level hash
+    # of the name (each state change checks its edge in a set of pairs).
+    __hash__ = object.__hash__
+
+    IDLE = "idle"
+    RUNNING = "running"
+    RETRY_PENDING = "retry-pending"
+    SETTLING = "settling"
+    DONE = "done"
+
+
+IDLE: Final = State.IDLE
+RUNNING: Final = State.RUNNING
+RETRY_PENDING: Final = State.RETRY_PENDING
+SETTLING: Final = State.SETTLING
+DONE: Final = State.DONE
+
+_EDGES: Final = frozenset(
+    {
+        (IDLE, RUNNING),
+        (IDLE, DONE),
+        (RUNNING, RETRY_PENDING),
+        (RETRY_PENDING, RUNNING),
+        (RETRY_PENDING, DONE),
+        (RUNNING, SETTLING),
+        (RUNNING, DONE),
+        (SETTLING, DONE),
+    }
+)
+
+
+class Outcome(Enum):
+    """How a flight ended."""
+
+    VALUE = "value"  # the work returned; ``value`` (or ``data`` with a codec)
+    ERROR = "error"  # the work (or encode) raised an Exception: ``error``
+    TIMEOUT = "timeout"  # its last attempt ran past the deadline: ``error``
+    INTERRUPTED = "interrupted"  # a BaseException stopped it: ``error`` for the leader
+    LOST = "lost"  # (wide scopes) the leader lost its lease: ``error`` is its LeaseLostError
+    ABANDONED = "abandoned"  # an IDLE flight nobody claimed; no caller waits on it
+
+
+class Signal(Enum):
+    """What a waiter is woken with (a ``Flight`` instead means: claim that flight)."""
+
+    SETTLED = "settled"  # read the flight's outcome
+    CLOSED = "closed"  # the group closed
+    EXPIRED = "expired"  # this caller's own timeout passed (set by its timer)
+    JOINED = "joined"  # (wide scopes) the leading caller's flight joined one led elsewhere
+
+
+SETTLED: Final = Signal.SETTLED
+CLOSED: Final = Signal.CLOSED
+EXPIRED: Final = Signal.EXPIRED
+JOINED: Final = Signal.JOINED
+
+
+class Role(Enum):
+    """What ``FlightTable.arrive`` / ``claim`` made of a caller."""
+
+    LEAD = "lead"  # the caller leads: it must start the work now
+    LEADING = "leading"  # the caller leads and has started the work
+    JOIN = "join"  # registered as a joiner of the flight
+    WAIT_END = "wait-end"  # fresh: registered to wait for the flight's end
+    TAKE = "take"  # the flight is already done and its outcome is the caller's
+    KEPT = "kept"  # served a kept outcome (retention): no flight, no on_join
+
+
+ThreadWaiter = LockType
+"""A waiting thread is a bare lock, acquired once when made; the waker releases it.
+Its signal is read from the flight it waits on (``signal_of``), so it needs no object
+of its own."""
+
+
+def new_thread_waiter() -> LockType:
+    """A pre-acquired lock for a thread to block on."""
+    lock = allocate_lock()
+    lock.acquire()
+    return lock
+
+
+Waiter = asyncio.Future[Any] | LockType
+
+
+class Attempt:
+    """One attempt of a flight's work: its fencing token and its lease.
+
+    A flight has one attempt, or several under a Retry policy; each gets a new
+    token. The context variable of a running work holds its attempt, so a work
+    left running past its deadline still sees its own (lost) lease.
+    """
+
+    __slots__ = ("flight", "lease", "lost", "revoked", "timed_out", "timer", "token")
+
+    def __init__(self, flight: Flight, token: int) -> None:
+        self.flight = flight
+        self.token = token
+        self.lease: Lease | None = None
+        self.lost = False
+        self.revoked = False  # (wide scopes) lost to the scope, not to a deadline or close
+        self.timed_out = False
+        self.timer: asyncio.TimerHandle | None = None  # an async attempt's deadline
+
+    def get_lease(self) -> Lease:
+        """The lease of this attempt (made on first use)."""
+        lease = self.lease
+        if lease is None:
+            lease = self.lease = Lease._new(self.flight.key, self.token, self.lost)
+            if self.lost:  # lose() may have run between the read and the store
+                lease._lose()
+        return lease
+
+    def lose(self) -> None:
+        """Mark the lease lost: this attempt's outcome will not be delivered."""
+        self.lost = True
+        if self.lease is not None:
+            self.lease._lose()
+
+    def lose_in_child(self) -> None:
+        """(Wide scopes, in a forked child) the scope's lease is the parent's: lost to
+        the scope here. Its ``wait_lost`` callers were the parent's, and are not woken."""
+        self.lost = self.revoked = True
+        if self.lease is not None:
+            self.lease._lose_in_child()
+
+
+class Flight:
+    """One run of the work for one key, from its start to its outcome.
+
+    Fields written under the table lock only: ``state``, ``waiters``, ``fresh``,
+    ``claims``, ``joiners``, ``next``. Outcome fields (``outcome``, ``value``,
+    ``error``, ``data``) are written once, under the lock, before ``state``
+    becomes DONE, and read by callers only after they were signalled (or saw
+    DONE under the lock). ``parent``, ``task`` and ``loop`` are written by the
+    leader when it starts the work, before anyone can read them.
+
+    No ``__slots__``: the class-level defaults below make a new flight cost four
+    assignments on the miss path; most flights never touch the other fields. What a
+    wide scope's flight adds lives in its subclass (``scope.table.WideFlight``).
+    """
+
+    # waiter -> None, in wake order: the joiners, and the leader when it waits.
+    # A shared empty dict until the first waiter comes (copy on first write).
+    waiters: dict[Waiter, None] = {}  # noqa: RUF012 - replaced, never mutated
+    fresh: list[Waiter] | None = None  # fresh callers waiting for the end
+    claims = 0  # pending claims on an IDLE flight (I4)
+    joiners = 0
+    next: Flight | None = None  # the flight after this one, for its fresh callers
+    outcome: Outcome | None = None
+    value: Any = None
+    error: BaseException | None = None
+    data: bytes | None = None  # the encoded value, with a codec
+    failure: tuple[str, str, str, str] | None = None  # made once for all joiners
+    parent: Flight | None = None  # the flight whose work made this call (I6)
+    attempt: Attempt | None = None  # the running (or last) attempt
+    policy: FlightPolicy = NO_POLICY  # the leader's, for the flight's whole life
+    leader_waiter: Waiter | None = None
+    closed = False  # its waiters were woken by the group's close()
+    loop: asyncio.AbstractEventLoop | None = None  # where an async work runs
+    task: asyncio.Task[None] | None = None  # the work's own task: the group owns it
+    started = 0  # perf_counter_ns() when the work started
+    # While stats time waits: how many joiners were timed, and their arrival times' sum.
+    timed = 0
+    joined_ns = 0
+    # copied into a forked child, where it left its table: counted out of ``in_flight``
+    # there, so its settle (a work the child runs on) is not counted again
+    forked = False
+
+    def __init__(self, tkey: Hashable, key: str, token: int, state: State) -> None:
+        self.tkey = tkey
+        self.key = key
+        self.token = token
+        self.state = state
+
+    def _move(self, old: State, new: State) -> None:
+        assert self.state is old, (self.state, old, new)
+        assert (old, new) in _EDGES, (old, new)
+        self.state = new
+
+    def lose(self) -> None:
+        """Mark the running attempt's lease lost (the group closed)."""
+        if self.attempt is not None:
+            self.attempt.lose()
+
+    def in_chain_of(self, current: Flight | None) -> bool:
+        """True if ``current`` (the flight whose work is making a call) is this
+        flight or was started, through nested calls, by this flight's work."""
+        while current is not None:
+            if current is self:
+                return True
+            current = current.parent
+        return False
+
+    def __repr__(self) -> str:
+        return f"<Flight key={self.key!r} token={self.token} {self.state.value}>"
+
+
+def _blocks_its_loop(key: str) -> RuntimeError:
+    return RuntimeError(
+        f"run_sync({key!r}) was called on the thread of the event loop that runs "
+        "this flight's work, so it would block that work forever; use await run()."
+    )
+
+
+def _calls_itself(key: str) -> RuntimeError:
+    return RuntimeError(
+        f"A work of the flight of {key!r} called the same key on the same group; "
+        "it would wait for itself. Give the inner call a key of its own."
+    )
+
+
+def signal_of(flight: Flight, fresh_of: Flight | None, waiter: Waiter) -> Signal | Flight:
+    """The signal ``waiter`` of ``flight`` was handed, read from the flight itself
+    (valid once the waiter was detached, I3). ``fresh_of`` is the flight whose end
+    a fresh caller waited for, else None. (A wide table reads more: WideTable.signal_of.)"""
+    if fresh_of is not None:
+        following = fresh_of.next
+        return following if following is not None else CLOSED
+    return CLOSED if flight.closed else SETTLED
+
+
+def _kept_flight(payload: Flight | Result[Any]) -> Flight:
+    """A settled flight standing for a kept payload (arrive's KEPT role)."""
+    if isinstance(payload, Flight):
+        return payload
+    flight = Flight(None, "", payload.token, DONE)
+    flight.outcome = Outcome.VALUE
+    flight.value = payload.value
+    vars(flight)["joined_result"] = payload
+    return flight
+
+
+def _add_waiter(flight: Flight, waiter: Waiter) -> None:
+    waiters = flight.waiters
+    if not waiters and waiters is Flight.waiters:
+        flight.waiters = {waiter: None}
+    else:
+        waiters[waiter] = None
+
+
+def _expire(fut: asyncio.Future[Any]) -> None:
+    if not fut.done():
+        fut.set_result(EXPIRED)
+
+
+def _wake_futures(futures: list[asyncio.Future[Any]], signal: Signal | Flight) -> None:
+    for fut in futures:
+        if not fut.done():
+            fut.set_result(signal)
+
+
+def wake(waiters: Iterable[Waiter], signal: Signal | Flight) -> None:
+    """Hand ``signal`` to each waiter (I3). Call without the table lock (I5).
+
+    A future whose loop runs in this thread is resolved at once; the futures of
+    each other loop are resolved by one ``call_soon_threadsafe`` on that loop.
+    """
+    running = events._get_running_loop()
+    batches: dict[asyncio.AbstractEventLoop, list[asyncio.Future[Any]]] | None = None
+    for waiter in waiters:
+        if type(waiter) is LockType:
+            waiter.release()  # the thread reads its signal from the flight
+            continue
+        # (type() is does not narrow on every Python mypy checks for; no cast on this path)
+        fut: asyncio.Future[Any] = waiter  # type: ignore[assignment, unused-ignore]
+        loop = fut.get_loop()
+        if loop is running:
+            if not fut.done():
+                fut.set_result(signal)
+        else:
+            if batches is None:
+                batches = {}
+            batch = batches.get(loop)
+            if batch is None:
+                batches[loop] = [fut]
+            else:
+                batch.append(fut)
+    if batches:
+        for loop, futures in batches.items():
+            # A closed loop raises RuntimeError: its tasks are gone, nobody waits there.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_wake_futures, futures, signal)
