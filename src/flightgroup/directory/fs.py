@@ -366,15 +366,10 @@ def _describe(copies: tuple[_Number, ...]) -> str:
     return "; ".join(f"{c.path!r} {c.found}" for c in copies)
 
 
-def next_epoch(directory: str) -> int:
-    """Start a new term: the epoch after the last one, written durably to flight.epoch
-    and then to state/epoch. Only the winner of the election calls it.
-
-    The last epoch is the highest valid copy; when neither copy is valid, the highest
-    epoch among the fencing tokens in the key-lock files; a fresh directory starts at 1.
-    Raises EpochError when the epoch cannot be told, or when it would reach 2**31. The
-    rules, and why, are in docs/adr/0009-epoch-recovery.md.
-    """
+def _last_epoch(directory: str) -> int:
+    """The epoch of the last term (0: a fresh directory), from the highest valid copy,
+    else recovered from the key-lock files' fencing tokens (each recovery is logged).
+    Raises EpochError when it cannot be told (ADR 0009)."""
     first_path, second_path = _epoch_paths(directory)
     first, second = _read_number(first_path), _read_number(second_path)
     valid = [c.value for c in (first, second) if c.value is not None]
@@ -423,6 +418,20 @@ def next_epoch(directory: str) -> int:
                 "(the high 32 bits of the highest fencing token your storage has seen) "
                 f"as decimal text to {first_path!r}, e.g. `echo 42 > {shlex.quote(first_path)}`."
             )
+    return last
+
+
+def next_epoch(directory: str) -> int:
+    """Start a new term: the epoch after the last one, written durably to flight.epoch
+    and then to state/epoch. Only the winner of the election calls it.
+
+    The last epoch is the highest valid copy; when neither copy is valid, the highest
+    epoch among the fencing tokens in the key-lock files; a fresh directory starts at 1.
+    Raises EpochError when the epoch cannot be told, or when it would reach 2**31. The
+    rules, and why, are in docs/adr/0009-epoch-recovery.md.
+    """
+    first_path, second_path = _epoch_paths(directory)
+    last = _last_epoch(directory)
     if last >= _EPOCH_LIMIT - 1:
         raise EpochError(
             f"The epoch of the flight directory {directory!r} is {last}, the highest there "
