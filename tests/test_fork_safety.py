@@ -338,9 +338,9 @@ starting = threading.Thread(target=lambda: g.run_sync("warm", lambda: 0))
 starting.start()
 made.wait(10)
 # The fork comes while the socket names no path yet. The socket goes on once the fork
-# is done and the child's at-fork hooks ran (the code before the fix, where nothing
-# holds a fork back) or, if the fork waits (the fix), after a while: either way the
-# child then looks at what it holds.
+# is done and the child's at-fork hooks ran (if nothing holds a fork back) or, if the
+# fork waits for the socket (forked.socket_guard), after a while: either way the child
+# then looks at what it holds.
 begun, done = threading.Event(), threading.Event()
 hooked_r, hooked_w = os.pipe()
 os.register_at_fork(before=begun.set, after_in_parent=done.set)
