@@ -7,7 +7,10 @@ shares flights through a coordinator elected among them.
 - ``coordinator``: the elected server's decisions: lead or join for the directory;
   on ``server`` (the socket and its connections), ``records`` (what it knows of each
   key) and ``lockwatch`` (waiting for a key's lock).
-- ``client``: the arbiter a group uses: election, connection, key locks, leases.
+- ``client``: the arbiter a group uses (the Scope), on ``election`` (the campaign and
+  the term), ``connection`` (the channel, reconnects, resends), ``keylocks`` (a lead's
+  key lock), ``leases`` (a lead's lease until its landing is acknowledged) and
+  ``calls`` (what it keeps of each call and lead).
 - ``forked``: what a forked child lets go of.
 """
 

@@ -9,6 +9,7 @@ builds on:
 - :mod:`.election`: the campaign for ``flight.lock`` and, once won, the term it serves;
 - :mod:`.connection`: the channel to the coordinator, reconnects and what is resent;
 - :mod:`.keylocks`: a lead's key lock (opened ahead, taken, waited for, released);
+- :mod:`.leases`: a lead's lease (retries, loss, landing until acknowledged);
 - :mod:`.calls`: the records of a call and a lead.
 
 A local flight asks the arbiter once (``submit``): it leads (and holds the key
@@ -46,7 +47,6 @@ from ..scope.events import (
     Inbox,
     Joined,
     Landed,
-    Lead,
     LeaseLost,
     NoOutcome,
     Refused,
@@ -62,13 +62,12 @@ from .connection import (
     Connection,
     handshake,
     key_too_long,
-    landing_frame,
     request_size,
     send_run,
-    too_large_landing,
 )
 from .coordinator import Coordinator
 from .election import Election, campaign_for, park
+from .leases import Leases
 
 if TYPE_CHECKING:
     from ..engine.flight import Attempt
@@ -126,6 +125,7 @@ class DirectoryArbiter:
         self._campaigner: _Campaign | None = None  # its election thread's state
         self._election = Election(self)
         self._key_locks = keylocks.KeyLocks(self)
+        self._leases = Leases(self)
         self._close_by = 0.0  # closing waits for acks until then
         self._finishing = False
         # Called in a forked child of a started group (its group drops its flights).
@@ -337,7 +337,7 @@ class DirectoryArbiter:
         log.warning("the coordinator of %s did not understand: %s", self.directory,
                     answer.message)
         if answer.limit is not None:
-            self._over_limit(answer.limit)
+            self._leases.over_limit(answer.limit)
         call = self._calls.pop(answer.id, None) if answer.id is not None else None
         if call is None:
             return
@@ -347,23 +347,6 @@ class DirectoryArbiter:
             error = FlightInterruptedError(call.key, f"the coordinator said: {answer.message}")
             _finish(call, Refused(error))
 
-    def _over_limit(self, limit: int) -> None:
-        """The coordinator refused a frame over its ``max_frame_bytes`` (a group of
-        another configuration coordinates): a landing that big would be refused again
-        on every reconnect, and its key held for ever. It lands as interrupted instead;
-        the joiners hear why (the leader has its value already)."""
-        for lead in list(self._leads.values()):
-            landing = lead.landing
-            if landing is not None and not lead.acked and len(landing) - 4 > limit:
-                lead.landing = too_large_landing(lead, len(landing) - 4, limit, "the coordinator's")
-        for call in list(self._calls.values()):  # requests that can never be read: the key
-            if request_size(call.key) > limit:
-                if call.lead is None:
-                    self._calls.pop(call.id, None)
-                    _finish(call, Refused(key_too_long(call.key, limit)))
-                elif not call.lead.acked:  # its reassert would be refused for ever
-                    self._lose(call.lead, str(key_too_long(call.key, limit)))
-
     def _on_lead(self, id: int, token: int) -> None:
         call = self._calls.get(id)
         if call is None:  # withdrawn meanwhile: give the flight back
@@ -372,12 +355,7 @@ class DirectoryArbiter:
         log.debug("%s %s: lead, token %d", self.directory, DigestOf(call.key), token)
         lead = call.lead
         if lead is not None:  # a new token for a retry
-            if lead.retrying and not lead.lost:
-                lead.retrying = False
-                lead.earlier = heard(lead.earlier, lead.token, token)
-                lead.token = token
-                keylocks.write_token(lead, token)  # ADR 0028
-                call.inbox.put(Lead(token))
+            self._leases.new_token(lead, token)
             return
         with call.lock:
             fd = call.fd
@@ -391,31 +369,12 @@ class DirectoryArbiter:
         self._key_locks.take(call, fd, token)
 
     def _lose(self, lead: DirectoryLead, reason: str) -> None:
-        if lead.lost or lead.acked:
-            return
-        log.warning("lost the lease of a flight of %s (token %d): %s",
-                    DigestOf(lead.call.key), lead.token, reason)
-        lead.lose()
-        # No longer the key's flight in the scope: it leaves the local table as a
-        # forget() would take it, so a new call of the key here asks the coordinator
-        # (and waits for the key lock this work holds) instead of joining a flight that
-        # can only end interrupted. Its callers stay with it.
-        lead.call.detached()
-        if lead.retrying:
-            lead.retrying = False
-            lead.call.inbox.put(LeaseLost(reason))
-        self._end_lead(lead)
+        """``lead``'s lease is lost (see Leases.lose)."""
+        self._leases.lose(lead, reason)
 
     def _end_lead(self, lead: DirectoryLead) -> None:
-        """Free the key lock once the work ended and the flight needs nothing more.
-        Called by each side after it set its flag (work_done in the work's thread,
-        acked or lost here), so one of them sees both."""
-        with lead.lock:
-            if not (lead.work_done and (lead.acked or lead.lost or self._closing)):
-                return
-        self._leads.pop(lead.call.id, None)
-        self._calls.pop(lead.call.id, None)
-        lead.release()
+        """Free ``lead``'s key lock once it needs nothing more (see Leases.end)."""
+        self._leases.end(lead)
 
     # -- what drivers call (any thread) -----------------------------------------
 
@@ -500,18 +459,7 @@ class DirectoryArbiter:
 
     def retry(self, call: Call) -> None:
         """Ask a new token for the next attempt; the inbox hears LEAD or LOST."""
-        self._background.post(self._retry, call)
-
-    def _retry(self, call: Call) -> None:
-        lead = call.lead
-        assert lead is not None
-        if lead.lost or self._closing:
-            call.inbox.put(LeaseLost("the group closed" if self._closing else "lost"))
-            return
-        lead.retrying = True
-        self._send(wire.attempt_frame(call.id))
-        # Disconnected: the reassert on the next connection keeps the lead; the
-        # retry asks again then (see connection.resend), or the lease is lost.
+        self._background.post(self._leases.retry, call)
 
     def land(
         self,
@@ -528,53 +476,7 @@ class DirectoryArbiter:
         acknowledged (kept until then for a resend) and every attempt's work has
         returned: ``stragglers`` are the ends of sync attempts still running past their
         deadline (the key never runs beside them)."""
-        lead = call.lead
-        assert lead is not None
-        running = [ended for ended in stragglers or () if not ended.is_set()]
-        if running:
-            waiter = threading.Thread(
-                target=self._after_stragglers, args=(call, running),
-                name="flightgroup-straggler", daemon=True,
-            )
-            self._send_landing(call, lead, outcome, work_done=False)
-            waiter.start()
-        else:
-            self._send_landing(call, lead, outcome, work_done=True)
-        if done is not None:
-            done(Handed())
-
-    def _after_stragglers(self, call: Call, running: list[threading.Event]) -> None:
-        for ended in running:
-            ended.wait()
-        lead = call.lead
-        assert lead is not None
-        with lead.lock:
-            lead.work_done = True
-        self._end_lead(lead)
-        if self._closing:
-            self._background.post(self._check_closed)
-
-    def _send_landing(
-        self, call: Call, lead: DirectoryLead, outcome: SharedOutcome | None, *, work_done: bool
-    ) -> None:
-        frame = None
-        if outcome is not None and not lead.lost:
-            frame = landing_frame(call, lead, outcome, self._max_frame)  # outside the locks
-        with self._send_lock:  # in order with a reconnect's resends
-            with lead.lock:
-                lead.work_done = work_done
-                if frame is not None and not lead.lost:
-                    lead.landing = frame
-                else:
-                    frame = None
-            channel = self._channel
-            if frame is not None and channel is not None:
-                channel.send(frame)
-        log.debug("%s %s: land, token %d (%s)", self.directory, DigestOf(call.key),
-                  lead.token, "sent" if frame is not None else "lost, nothing to land")
-        self._end_lead(lead)
-        if self._closing:
-            self._background.post(self._check_closed)
+        self._leases.land(call, outcome, stragglers=stragglers, done=done)
 
     def withdraw(self, call: Call) -> None:
         """The flight's driver stopped before the call ended: give it back."""
