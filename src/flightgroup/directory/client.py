@@ -232,6 +232,8 @@ class DirectoryArbiter:
                 del self._calls[call.id]
         return calls
 
+    # -- the answers (on the loop) ------------------------------------------------
+
     def _on_frames(self, frames: list[tuple[dict[str, Any], bytes | None]]) -> None:
         for header, payload in frames:
             if header["op"] == wire.SKIPPED:
