@@ -2,7 +2,7 @@
 
 Shared by the tests that drive a group's arbiter in this process (its dicts, its
 coordinator), beside tests/dirproc.py's child processes; and ``scope_groups``, which
-the scope fixtures of conftest.py and test_review_findings.py make their groups with.
+the scope fixtures of conftest.py and engine/test_containment.py make their groups with.
 """
 
 from __future__ import annotations
@@ -15,7 +15,12 @@ from typing import Any
 
 import pytest
 
-from flightgroup import JSON, FlightGroup, GroupClosedError, Retry
+from flightgroup import (
+    JSON,
+    FlightGroup,
+    GroupClosedError,
+    Retry,
+)
 from flightgroup.directory import fs as fs_module
 from flightgroup.directory import keylocks, lockwatch
 from flightgroup.directory.client import DirectoryArbiter
@@ -214,3 +219,51 @@ def scope_groups(
         return [FlightGroup(directory=d, codec=JSON) for _ in range(count)]
     url, ns = request.getfixturevalue("redis_server").url, request.getfixturevalue("namespace")
     return [fleet_group(url, ns, lease=lease) for _ in range(count)]
+
+
+def live_coordinator(*groups: FlightGroup) -> Any:
+    """The coordinator that runs in one of ``groups`` and is not closed, or None."""
+    for each in groups:
+        arbiter = each._scope
+        assert arbiter is not None
+        coordinator = arbiter._coordinator
+        if coordinator is not None and not coordinator.closed:
+            return coordinator
+    return None
+
+
+def remote_leader(
+    directory: str,
+) -> tuple[FlightGroup, threading.Event, threading.Event, Background]:
+    """A group ``a`` of ``directory`` whose sync caller leads "k" in a thread, its work
+    running until ``release`` is set: (a, running, release, leader)."""
+    a = group(directory)
+    running, release = threading.Event(), threading.Event()
+
+    def work() -> str:
+        running.set()
+        release.wait(20)
+        return "value"
+
+    leader = Background(lambda: a.run_sync("k", work, timeout=60))
+    assert running.wait(10)
+    return a, running, release, leader
+
+
+def coordinator_of(of: FlightGroup) -> Any:
+    """The coordinator that runs in ``of`` (the test fails if ``of`` does not coordinate)."""
+    found = arbiter(of)._coordinator
+    assert found is not None, "this group does not coordinate"
+    return found
+
+
+def run_of_k_after(event, coordinator, monkeypatch):
+    """The coordinator handles a run request of "k" only once ``event`` is set."""
+    real_run = coordinator._run
+
+    def run(session, id, key, *args, **kwargs):
+        if key == "k":
+            assert event.wait(10)
+        return real_run(session, id, key, *args, **kwargs)
+
+    monkeypatch.setattr(coordinator, "_run", run)

@@ -18,7 +18,9 @@ from .policy import NO_POLICY, FlightPolicy, Limits, Retention, Retry, check_sec
 if TYPE_CHECKING:
     from .scope.interface import Scope
 
-__all__ = ["MAX_FRAME", "Configuration", "check_call", "check_key", "configure"]
+__all__ = [
+    "MAX_FRAME", "Configuration", "check_call", "check_key", "check_policies", "configure",
+]
 
 SOCKET_PATH_LIMIT = 103  # bytes of UTF-8; macOS allows 104 with the NUL, Linux 108
 DIRECTORY_MAX_VALUE = 64 * 1024 * 1024
@@ -98,13 +100,7 @@ def configure(
         raise TypeError("cluster must be a bool")
     check_seconds("reconnect_timeout", reconnect_timeout, allow_none=False)
     deadline = check_seconds("deadline", deadline, allow_zero=False, allow_inf=False)
-    for name, given, kind in (
-        ("retry", retry, Retry),
-        ("retention", retention, Retention),
-        ("limits", limits, Limits),
-    ):
-        if given is not None and not isinstance(given, kind):
-            raise TypeError(f"{name} must be a {kind.__name__}, not {type(given).__name__}")
+    check_policies(retry=retry, retention=retention, limits=limits)
     if max_value_bytes is not None:
         if isinstance(max_value_bytes, bool) or not isinstance(max_value_bytes, int):
             raise TypeError("max_value_bytes must be an int")
@@ -170,6 +166,19 @@ def configure(
         scope=scope,
         named=named,
     )
+
+
+def check_policies(
+    *, retry: Retry | None, retention: Retention | None, limits: Limits | None
+) -> None:
+    """Raise TypeError for a policy of the wrong type (a group's or an operation's)."""
+    for name, given, kind in (
+        ("retry", retry, Retry),
+        ("retention", retention, Retention),
+        ("limits", limits, Limits),
+    ):
+        if given is not None and not isinstance(given, kind):
+            raise TypeError(f"{name} must be a {kind.__name__}, not {type(given).__name__}")
 
 
 def check_key(key: object) -> str:

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
 from .codec import Codec
-from .configure import MAX_FRAME, check_call, check_key, configure
+from .configure import MAX_FRAME, check_call, check_key, check_policies, configure
 from .decorator import BoundCoalesced as BoundCoalesced
 from .decorator import Coalesced as Coalesced
 from .decorator import _Coalesce, make_coalesce
-from .engine.attempts import Attempts, current_flight, start_thread
+from .engine.attempts import Attempts
 from .engine.flight import (
     CLOSED,
     EXPIRED,
@@ -441,7 +441,7 @@ class FlightGroup:
             if step is DELIVER:
                 return self._deliver(follower.flight, follower.leader)
             if step is START:
-                if self._lead_sync(follower, work, own=at is None):
+                if self._attempts.start_sync(follower, work, own=at is None):
                     return self._deliver(follower.flight, True)
                 follower.role = Role.LEADING
                 continue
@@ -463,42 +463,6 @@ class FlightGroup:
             )
             if follower.woken(signal) is DELIVER:
                 return self._deliver(follower.flight, follower.leader)
-
-    def _lead_sync(self, follower: Follower, work: Callable[[], Any], *, own: bool) -> bool:
-        """Start the work of the flight this sync caller leads. True if it settled here
-        already (the work ran in this thread: deliver it); else the caller waits for it.
-
-        The work runs in this thread, and a KeyboardInterrupt in it stops it for all;
-        unless each attempt runs on a thread of its own (a deadline): then the flight is
-        driven on a thread of its own, as with a timeout (``own`` False), and an
-        interrupt of this caller's wait withdraws this caller only."""
-        flight = follower.flight
-        own = own and flight.policy.deadline is None
-        bridge = self._bridge
-        if own and bridge is None:
-            self._attempts.drive_sync(flight, work, current_flight())
-            return True
-        if own:
-            assert bridge is not None
-            # The driver calls on_join when the flight joins one led elsewhere.
-            failed = bridge.drive_sync(flight, work, current_flight(), follower.take_on_join())
-            if failed is not None:  # on_join raised while the flight ran
-                raise failed
-            return False  # settled, or (fleet) settling once the scope has the landing
-        drive: Callable[..., Any] = (
-            bridge.drive_sync if bridge is not None else self._attempts.drive_sync
-        )
-        # A failed start ("can't start new thread", or a KeyboardInterrupt that landed
-        # inside start() before the thread got going): nothing ran. An interrupt once it
-        # got going re-raises here: this caller withdraws, the flight goes on for the
-        # others.
-        failed = start_thread(
-            f"flightgroup-work-{flight.token}", drive, flight, work, current_flight()
-        )
-        if failed is not None:
-            self._attempts.land(flight, Outcome.INTERRUPTED, None, failed)
-            raise failed
-        return False
 
     def _wide_rules(self) -> WideRules | None:
         """The wide table's rules for a waiting call (None in the process scope)."""
@@ -577,13 +541,7 @@ class FlightGroup:
         if name is not None and (not isinstance(name, str) or not name or "\x00" in name):
             raise ValueError("name must be a non-empty str without NUL characters")
         check_seconds("deadline", deadline, allow_zero=False, allow_inf=False)
-        for field, given, kind in (
-            ("retry", retry, Retry),
-            ("retention", retention, Retention),
-            ("limits", limits, Limits),
-        ):
-            if given is not None and not isinstance(given, kind):
-                raise TypeError(f"{field} must be a {kind.__name__}, not {type(given).__name__}")
+        check_policies(retry=retry, retention=retention, limits=limits)
         policy = self._policy.override(deadline, retry, retention, limits)
         decorator: _Coalesce = make_coalesce(self, key, name, policy)
         return decorator

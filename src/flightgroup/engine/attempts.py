@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from ..scope.bridge import Bridge
     from ..scope.events import ScopeEvent
     from ..scope.interface import ScopeCall
+    from .follow import Follower
 
 __all__ = ["Attempts", "Ending", "current_flight", "is_awaitable", "start_thread"]
 
@@ -202,6 +203,42 @@ class Attempts:
                 if task is not None:  # the leader has it: the task need not log it again
                     task.add_done_callback(_retrieve)
             raise stop
+
+    def start_sync(self, follower: Follower, work: Callable[[], Any], *, own: bool) -> bool:
+        """Start the work of the flight this sync caller leads. True if it settled here
+        already (the work ran in this thread: deliver it); else the caller waits for it.
+
+        The work runs in this thread, and a KeyboardInterrupt in it stops it for all;
+        unless each attempt runs on a thread of its own (a deadline): then the flight is
+        driven on a thread of its own, as with a timeout (``own`` False), and an
+        interrupt of this caller's wait withdraws this caller only."""
+        flight = follower.flight
+        own = own and flight.policy.deadline is None
+        bridge = self.bridge
+        if own and bridge is None:
+            self.drive_sync(flight, work, current_flight())
+            return True
+        if own:
+            assert bridge is not None
+            # The driver calls on_join when the flight joins one led elsewhere.
+            failed = bridge.drive_sync(flight, work, current_flight(), follower.take_on_join())
+            if failed is not None:  # on_join raised while the flight ran
+                raise failed
+            return False  # settled, or (fleet) settling once the scope has the landing
+        drive: Callable[..., Any] = (
+            bridge.drive_sync if bridge is not None else self.drive_sync
+        )
+        # A failed start ("can't start new thread", or a KeyboardInterrupt that landed
+        # inside start() before the thread got going): nothing ran. An interrupt once it
+        # got going re-raises here: this caller withdraws, the flight goes on for the
+        # others.
+        failed = start_thread(
+            f"flightgroup-work-{flight.token}", drive, flight, work, current_flight()
+        )
+        if failed is not None:
+            self.land(flight, Outcome.INTERRUPTED, None, failed)
+            raise failed
+        return False
 
     def drive_sync(
         self,
