@@ -8,7 +8,6 @@ the scope fixtures of conftest.py and engine/test_containment.py make their grou
 from __future__ import annotations
 
 import fcntl
-import inspect
 import os
 import threading
 from collections.abc import Callable
@@ -22,8 +21,8 @@ from flightgroup import (
     GroupClosedError,
     Retry,
 )
-from flightgroup.directory import coordinator as coordinator_module
 from flightgroup.directory import fs as fs_module
+from flightgroup.directory import keylocks, lockwatch
 from flightgroup.directory.client import DirectoryArbiter
 
 from .support import wait_until
@@ -130,17 +129,16 @@ def key_files_open(directory: str) -> int:
 
 def lock_waiters(directory: str) -> int:
     """Threads of this process blocked in a lead's flock on one of ``directory``'s key
-    files (client.py's key-lock waiter; only its own directory's: one of a test that
-    ran before in this process waits until its own holder lets go)."""
+    files (keylocks.LockWaiter; only its own directory's: one of a test that ran before
+    in this process waits until its own holder lets go)."""
     locks = _key_locks(directory)
     count = 0
     for t in threading.enumerate():
-        # Its wait_for_lock, which closes over its arbiter and lead (None once it ended).
-        target = getattr(t, "_target", None)
-        if t.name != "flightgroup-keylock" or target is None:
+        # Its LockWaiter's _wait (the target is None once it ended).
+        waiter = getattr(getattr(t, "_target", None), "__self__", None)
+        if t.name != "flightgroup-keylock" or not isinstance(waiter, keylocks.LockWaiter):
             continue
-        held = inspect.getclosurevars(target).nonlocals
-        path = fs_module.key_lock_path(held["self"].directory, held["lead"].call.key)
+        path = fs_module.key_lock_path(waiter.directory, waiter.lead.call.key)
         count += os.path.realpath(path).startswith(locks)
     return count
 
@@ -153,7 +151,7 @@ def key_watchers(directory: str) -> list[threading.Thread]:
         t for t in threading.enumerate()
         if t.name.startswith("flightgroup-keylock-")
         and isinstance(watcher := getattr(getattr(t, "_target", None), "__self__", None),
-                       coordinator_module._Watcher)
+                       lockwatch._Watcher)
         and os.path.realpath(watcher.path).startswith(locks)
     ]
 

@@ -639,9 +639,10 @@ def test_fresh_callers_wait_for_the_run_in_flight_and_share_the_next(
 LATE_RECONNECT = r"""
 import os, sys
 from flightgroup.directory.client import DirectoryArbiter
+from flightgroup.directory.connection import Connection
 hold = sys.argv.pop(1)
 connect = DirectoryArbiter._connect
-disconnected = DirectoryArbiter._disconnected
+disconnected = Connection.disconnected
 begin_close = DirectoryArbiter._begin_close
 lost = []
 def say(text):
@@ -659,7 +660,7 @@ def _begin_close(self):
     say("closing")
     return begin_close(self)
 DirectoryArbiter._connect = _connect
-DirectoryArbiter._disconnected = _disconnected
+Connection.disconnected = _disconnected
 DirectoryArbiter._begin_close = _begin_close
 from flightgroup.cli import main
 sys.exit(main(sys.argv[1:]))

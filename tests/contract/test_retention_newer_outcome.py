@@ -89,7 +89,7 @@ def test_the_directory_drops_kept_outcomes_that_ran_out_before_evicting_a_live_o
         assert (again.value, again.joined) == ("kept", True)
         arbiter = g._scope
         assert isinstance(arbiter, DirectoryArbiter) and arbiter._coordinator is not None
-        assert len(arbiter._coordinator._kept) == 2
+        assert len(arbiter._coordinator._outcomes.kept) == 2
     finally:
         close(g)
 

@@ -36,6 +36,7 @@ from flightgroup import (
 )
 from flightgroup.directory import fs, wire
 from flightgroup.directory.coordinator import Coordinator
+from flightgroup.directory.lockwatch import KeyLockWatch
 
 from ..dirproc import HELLO_OK, RawConn
 from ..ingroup import Background, arbiter, coordinating, key_watchers
@@ -97,7 +98,7 @@ class Served:
         return int(self.on_loop(lambda: len(self.coordinator._waiting.get(key, ()))))
 
     def sessions(self) -> int:
-        return int(self.on_loop(lambda: len(self.coordinator._sessions)))
+        return int(self.on_loop(lambda: len(self.coordinator._server.sessions)))
 
     def close(self) -> None:
         for conn in self._conns:
@@ -266,9 +267,9 @@ def test_past_the_watcher_bound_keys_are_polled_and_lead_when_freed(
     """A frozen process holds more keys than the process may have watcher threads:
     the keys past the bound are probed on a timer, never reported free while held,
     and each call leads once its key is let go."""
-    from flightgroup.directory import coordinator as coordinator_module
+    from flightgroup.directory import lockwatch
 
-    monkeypatch.setattr(coordinator_module, "_WATCHERS_MAX", 2)
+    monkeypatch.setattr(lockwatch, "_WATCHERS_MAX", 2)
     keys = [f"k{i}" for i in range(5)]
     held = {key: served.hold(key) for key in keys}
     conn = served.connect()
@@ -277,13 +278,13 @@ def test_past_the_watcher_bound_keys_are_polled_and_lead_when_freed(
     _status_of(conn, 99)  # every run was handled: each waits
     assert all(served.waiting(key) == 1 for key in keys)
     assert sum(len(_watchers(served.dir, key)) for key in keys) == 2
-    assert served.on_loop(lambda: set(served.coordinator._polled)) == set(keys[2:])
+    assert served.on_loop(lambda: set(served.coordinator._key_locks.polled)) == set(keys[2:])
     for id, key in reversed(list(enumerate(keys, 1))):
         served.let_go(held[key])
         header, _ = conn.read_frame()
         assert (header["op"], header["id"]) == ("lead", id), header
     wait_until(lambda: not any(_watchers(served.dir, key) for key in keys), "the watchers ended")
-    assert served.on_loop(lambda: served.coordinator._poll_timer) is None
+    assert served.on_loop(lambda: served.coordinator._key_locks.poll_timer) is None
 
 
 def test_a_key_whose_lock_cannot_be_probed_fails_that_call_only(
@@ -349,14 +350,14 @@ def test_a_waiter_whose_connection_closes_as_the_lock_frees_is_skipped(
     served: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The watcher reports the lock free while the first waiting run's connection is
-    closing: _key_freed is held until that session is closed, then runs; the next
-    waiter (a run on another connection) leads, and no flight is left led by the
-    closed one."""
+    closing: its report (KeyLockWatch.freed) is held until that session is closed, then
+    runs; the next waiter (a run on another connection) leads, and no flight is left
+    led by the closed one."""
     coordinator = served.coordinator
-    real = Coordinator._key_freed
+    real = KeyLockWatch.freed
     posted, go = threading.Event(), asyncio.Event()
 
-    def key_freed(self: Coordinator, key: str) -> None:
+    def key_freed(self: KeyLockWatch, key: str) -> None:
         posted.set()
 
         async def later() -> None:
@@ -365,7 +366,7 @@ def test_a_waiter_whose_connection_closes_as_the_lock_frees_is_skipped(
 
         asyncio.get_running_loop().create_task(later())
 
-    monkeypatch.setattr(Coordinator, "_key_freed", key_freed)
+    monkeypatch.setattr(KeyLockWatch, "freed", key_freed)
     held = served.hold("k")
     first, second = served.connect(), served.connect()
     first.send(wire.run_frame(1, "k"))
@@ -496,13 +497,13 @@ def test_frames_to_a_peer_that_died_are_not_written_past_its_transport(
     coordinator pushes the landings to it. The first write finds the socket broken: asyncio
     closes the transport and runs connection_lost a loop turn later. No write is made meanwhile,
     so asyncio never logs "socket.send() raised exception."."""
-    from flightgroup.directory.coordinator import _Session
+    from flightgroup.directory.server import Session
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, ours)
-        session = _Session(transport, os.getpid())
+        session = Session(transport, os.getpid())
         theirs.close()  # the peer's process died
         for _ in range(10):  # one loop turn: connection_lost has not run yet
             session.send(wire.detached_frame(1))

@@ -163,13 +163,15 @@ def test_silent_peers_do_not_stop_the_coordinator_serving_others_and_are_dropped
     try:
         served = arbiter(g)._coordinator
         assert served is not None
-        before = len(served._transports)
+        before = len(served._server.transports)
         for _ in range(100):
             peer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             silent.append(peer)
             peer.connect(_sock(directory))
         # Every silent peer accepted (they are the coordinator's connections now).
-        wait_for(lambda: len(served._transports) >= before + 100, "the silent peers accepted")
+        wait_for(
+            lambda: len(served._server.transports) >= before + 100, "the silent peers accepted"
+        )
         assert other.run_sync("k", lambda: "served", timeout=10).value == "served"
         end = time.monotonic() + 20  # the 3 s handshake timeout, with room
         for peer in silent:

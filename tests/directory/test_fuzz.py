@@ -2133,7 +2133,7 @@ def test_a_bad_field_nested_at_the_decoders_limit_is_answered_error(
 ) -> None:
     """On Python 3.11 (which counts Python frames against the recursion limit): a bad
     field nested just under the decoder's limit, e.g. `{"op":"status","id":[[...]]}` at
-    depth 983, decodes, and quoting it (`wire._show`, a few frames deeper) never lets a
+    depth 983, decodes, and quoting it (`wire.messages._show`, a few frames deeper) never lets a
     RecursionError escape `parse_request` and the protocol callback: it gets the `error`
     answer the spec wants, and the connection is kept. (3.12+ count C recursion apart.)"""
     low = _decoding_limit(solo)

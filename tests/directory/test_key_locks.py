@@ -25,8 +25,7 @@ from flightgroup import (
     Retry,
     current_lease,
 )
-from flightgroup.directory import client as client_module
-from flightgroup.directory import fs, wire
+from flightgroup.directory import fs, keylocks, wire
 
 from ..dirproc import Harness, MuteCoordinator, frames_until, key_file, wait_for
 from ..ingroup import (
@@ -140,7 +139,7 @@ def test_a_lead_whose_lock_wait_thread_cannot_start_is_given_back(
             Thread=no_keylock_thread, Lock=threading.Lock, Event=threading.Event,
             current_thread=threading.current_thread,
         )
-        monkeypatch.setattr(client_module, "threading", fake_threading)
+        monkeypatch.setattr(keylocks, "threading", fake_threading)
 
         opened = threading.Event()
         if where == "caller":
@@ -160,7 +159,7 @@ def test_a_lead_whose_lock_wait_thread_cannot_start_is_given_back(
             run_of_k_after(in_open, coordinator, monkeypatch)
         else:
             # the lead is told after b's caller opened the file: taken on b's loop
-            monkeypatch.setattr(client_module, "os", _OsProxy(opened))
+            monkeypatch.setattr(keylocks, "os", _OsProxy(opened))
             run_of_k_after(opened, coordinator, monkeypatch)
 
         b_call = Background(lambda: b.run_sync("k", lambda: "b"), name="b-caller")

@@ -31,7 +31,7 @@ from flightgroup import (
     Retry,
     current_lease,
 )
-from flightgroup.directory import client, wire
+from flightgroup.directory import calls, connection, wire
 
 from ..dirproc import Harness, RawConn, assert_value, wait_for
 from ..ingroup import Background, live_coordinator
@@ -304,16 +304,16 @@ def test_a_leader_that_missed_its_retrys_token_reasserts_the_flight(h: Harness) 
 
 def test_heard_keeps_the_earlier_tokens_oldest_first_and_bounded() -> None:
     earlier: tuple[int, ...] = ()
-    earlier = client._heard(earlier, 5, 9)
+    earlier = calls.heard(earlier, 5, 9)
     assert earlier == (5,)
-    earlier = client._heard(earlier, 9, 12)
+    earlier = calls.heard(earlier, 9, 12)
     assert earlier == (5, 9)
     # A coordinator that heard of no later token hands back one the call had.
-    assert client._heard(earlier, 12, 9) == (5, 12)
-    assert client._heard(earlier, 12, 12) == (5, 9)
+    assert calls.heard(earlier, 12, 9) == (5, 12)
+    assert calls.heard(earlier, 12, 12) == (5, 9)
     many: tuple[int, ...] = ()
     for token in range(1, wire.MAX_EARLIER + 10):
-        many = client._heard(many, token, token + 1)
+        many = calls.heard(many, token, token + 1)
     assert len(many) == wire.MAX_EARLIER
     assert many[-1] == wire.MAX_EARLIER + 9 and many[0] == 10
 
@@ -321,15 +321,15 @@ def test_heard_keeps_the_earlier_tokens_oldest_first_and_bounded() -> None:
 def test_fitting_drops_the_oldest_earlier_tokens_for_a_small_frame_limit() -> None:
     tokens = list(range(2**40, 2**40 + wire.MAX_EARLIER))
     rejoin = functools.partial(wire.run_frame, 1, "k", flight=2**41)
-    whole = client._fitting(rejoin, tokens, wire.DEFAULT_MAX_FRAME)
+    whole = connection._fitting(rejoin, tokens, wire.DEFAULT_MAX_FRAME)
     assert whole == wire.run_frame(1, "k", flight=2**41, earlier=tokens)
-    small = client._fitting(rejoin, tokens, 1024)
+    small = connection._fitting(rejoin, tokens, 1024)
     assert len(small) - 4 <= 1024
     header, _ = wire.decode_body(small[4:])
     request = wire.parse_request(header, None)
     assert isinstance(request, wire.Run)
     assert request.earlier and request.earlier == tuple(tokens[-len(request.earlier) :])
-    bare = client._fitting(rejoin, tokens, 40)  # nothing fits: no earlier tokens at all
+    bare = connection._fitting(rejoin, tokens, 40)  # nothing fits: no earlier tokens at all
     assert bare == wire.run_frame(1, "k", flight=2**41)
 
 

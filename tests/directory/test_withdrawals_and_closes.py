@@ -28,7 +28,8 @@ from flightgroup import (
     current_lease,
 )
 from flightgroup.directory import fs
-from flightgroup.directory.client import _OPENING, DirectoryArbiter
+from flightgroup.directory.client import DirectoryArbiter
+from flightgroup.directory.keylocks import OPENING
 
 from ..dirproc import Child, Harness, assert_value, wait_for
 from ..ingroup import Background, coordinating
@@ -94,14 +95,14 @@ def _in_thread(name: str) -> bool:
 
 def _answer_lead_while_opening(monkeypatch: pytest.MonkeyPatch, arbiter: DirectoryArbiter) -> None:
     """Hold the coordinator's `lead` answer to a new call of ``arbiter`` (on its loop)
-    until the caller is creating the key's file (Call.fd is _OPENING): the lead is then
+    until the caller is creating the key's file (Call.fd is OPENING): the lead is then
     told while the file opens, and the caller takes it in its own thread."""
     real = DirectoryArbiter._on_lead
 
     def on_lead(self: DirectoryArbiter, id: int, token: int) -> None:
         call = self._calls.get(id)
         if self is arbiter and call is not None and call.lead is None:
-            wait_until(lambda: call.fd == _OPENING, "the caller opens the key's file")
+            wait_until(lambda: call.fd == OPENING, "the caller opens the key's file")
         real(self, id, token)
 
     monkeypatch.setattr(DirectoryArbiter, "_on_lead", on_lead)
@@ -324,7 +325,7 @@ def test_close_while_the_caller_opens_its_key_file_before_any_answer(
 
     def open_(path: Any, flags: int, mode: int = 0o777, *, dir_fd: Any = None) -> int:
         if _in_thread("adv-caller") and "execution-locks" in str(path):
-            at_open.set()  # Call.fd is _OPENING now
+            at_open.set()  # Call.fd is OPENING now
             go.wait(20)
         return real_open(path, flags, mode, dir_fd=dir_fd)
 
@@ -341,7 +342,7 @@ def test_close_while_the_caller_opens_its_key_file_before_any_answer(
             call.wait()
         monkeypatch.undo()
         # The file the caller opened is closed by the caller itself (close() found the
-        # call _OPENING), and nothing else of b is left.
+        # call OPENING), and nothing else of b is left.
         wait_until(lambda: _key_files_open(h.dir) == 0, "the caller closed the key file")
         assert not arbiter._calls and not arbiter._leads
         assert connection not in _fd_table()  # b's connection is gone too

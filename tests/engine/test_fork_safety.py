@@ -311,8 +311,8 @@ def test_a_work_that_forks_leaves_its_child_no_lease(
 
 
 SOCKET_AT_FORK = r'''
-import flightgroup.directory.client as client
-import flightgroup.directory.coordinator as coordinator
+import flightgroup.directory.connection as connection
+import flightgroup.directory.server as server
 directory = ARGS["directory"]
 path = os.path.join(directory, "flight.sock")
 if ARGS["side"] == "client":  # another process coordinates
@@ -323,7 +323,7 @@ if ARGS["side"] == "client":  # another process coordinates
          "print('ready', flush=True); sys.stdin.read()", directory],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert other.stdout.readline().strip() == "ready"
-module = client if ARGS["side"] == "client" else coordinator
+module = connection if ARGS["side"] == "client" else server
 made, go = threading.Event(), threading.Event()
 def paused_socket(*args, **kwargs):
     s = socket.socket(*args, **kwargs)
