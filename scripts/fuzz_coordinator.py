@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The long fuzz run of a live directory coordinator (docs/fuzzing.md).
 
-Starts the same live coordinator as tests/test_directory_fuzz.py (a child process whose
+Starts the same live coordinator as tests/directory/test_fuzz.py (a child process whose
 group coordinates and leads the flight "held", and a joiner of it), then feeds it the
 test file's hypothesis strategies in rounds until at least ``--frames`` fuzz frames were
 sent, with every check of the tests after every example. At the end "held" is released:

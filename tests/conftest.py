@@ -87,6 +87,34 @@ def h() -> Iterator[Any]:
         yield made
 
 
+@pytest.fixture
+def mute(h: Any) -> Iterator[Any]:
+    """A :class:`tests.dirproc.MuteCoordinator` on ``h``'s directory: a coordinator that
+    answers only the handshake (the test holds the election)."""
+    from .dirproc import MuteCoordinator
+
+    os.makedirs(h.dir, mode=0o700)
+    h.take_election()
+    made = MuteCoordinator(h.path("flight.sock"))
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture
+def server() -> Iterator[Any]:
+    """A redis-server of the test's own (frozen, or left with keys the module's
+    server must not hold)."""
+    from .redisproc import RedisServer
+
+    s = RedisServer()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
 @pytest.fixture(scope="module")
 def redis_server() -> Iterator[Any]:
     """A redis-server of this module's own, on a free loopback port (tests that

@@ -1009,5 +1009,24 @@ def harness() -> Iterator[Harness]:
         h.cleanup()
 
 
+# A child program that coordinates ``sys.argv[1]`` until it is killed.
+COORDINATOR_PROGRAM = r"""
+import sys, threading
+from flightgroup import JSON, FlightGroup
+group = FlightGroup(directory=sys.argv[1], codec=JSON)
+group.run_sync("warm", lambda: 0)
+print("coordinating", flush=True)
+threading.Event().wait()
+"""
+
+
+def frames_until(conn: Any, op: str, key: str) -> dict[str, Any]:
+    """Read frames until an ``op`` of ``key`` (a reconnect resends every open call)."""
+    while True:
+        header, _ = conn.read_frame()
+        if header["op"] == op and header.get("key") == key:
+            return header
+
+
 if __name__ == "__main__":
     child_main(sys.argv)

@@ -1,5 +1,5 @@
-"""Helpers of the tests of fresh callers in the wide scopes (test_fresh_wide.py,
-test_fresh_review.py): works that record their runs, a held lead, a probe of the
+"""Helpers of the tests of fresh callers in the wide scopes (contract/test_fresh.py, and
+others that need a held work): works that record their runs, a held lead, a probe of the
 fresh callers waiting in a group's own table."""
 
 from __future__ import annotations

@@ -2,13 +2,12 @@
 
 Shared by the tests that drive a group's arbiter in this process (its dicts, its
 coordinator), beside tests/dirproc.py's child processes; and ``scope_groups``, which
-the scope fixtures of conftest.py and test_review_findings.py make their groups with.
+the scope fixtures of conftest.py and engine/test_containment.py make their groups with.
 """
 
 from __future__ import annotations
 
 import fcntl
-import inspect
 import os
 import threading
 from collections.abc import Callable
@@ -16,9 +15,14 @@ from typing import Any
 
 import pytest
 
-from flightgroup import JSON, FlightGroup, GroupClosedError, Retry
-from flightgroup.directory import coordinator as coordinator_module
+from flightgroup import (
+    JSON,
+    FlightGroup,
+    GroupClosedError,
+    Retry,
+)
 from flightgroup.directory import fs as fs_module
+from flightgroup.directory import keylocks, lockwatch
 from flightgroup.directory.client import DirectoryArbiter
 
 from .support import wait_until
@@ -125,17 +129,16 @@ def key_files_open(directory: str) -> int:
 
 def lock_waiters(directory: str) -> int:
     """Threads of this process blocked in a lead's flock on one of ``directory``'s key
-    files (client.py's key-lock waiter; only its own directory's: one of a test that
-    ran before in this process waits until its own holder lets go)."""
+    files (keylocks.LockWaiter; only its own directory's: one of a test that ran before
+    in this process waits until its own holder lets go)."""
     locks = _key_locks(directory)
     count = 0
     for t in threading.enumerate():
-        # Its wait_for_lock, which closes over its arbiter and lead (None once it ended).
-        target = getattr(t, "_target", None)
-        if t.name != "flightgroup-keylock" or target is None:
+        # Its LockWaiter's _wait (the target is None once it ended).
+        waiter = getattr(getattr(t, "_target", None), "__self__", None)
+        if t.name != "flightgroup-keylock" or not isinstance(waiter, keylocks.LockWaiter):
             continue
-        held = inspect.getclosurevars(target).nonlocals
-        path = fs_module.key_lock_path(held["self"].directory, held["lead"].call.key)
+        path = fs_module.key_lock_path(waiter.directory, waiter.lead.call.key)
         count += os.path.realpath(path).startswith(locks)
     return count
 
@@ -148,7 +151,7 @@ def key_watchers(directory: str) -> list[threading.Thread]:
         t for t in threading.enumerate()
         if t.name.startswith("flightgroup-keylock-")
         and isinstance(watcher := getattr(getattr(t, "_target", None), "__self__", None),
-                       coordinator_module._Watcher)
+                       lockwatch._Watcher)
         and os.path.realpath(watcher.path).startswith(locks)
     ]
 
@@ -227,3 +230,51 @@ def scope_groups(
         return [FlightGroup(directory=d, **options) for _ in range(count)]
     url, ns = request.getfixturevalue("redis_server").url, request.getfixturevalue("namespace")
     return [FlightGroup(redis=url, namespace=ns, lease=lease, **options) for _ in range(count)]
+
+
+def live_coordinator(*groups: FlightGroup) -> Any:
+    """The coordinator that runs in one of ``groups`` and is not closed, or None."""
+    for each in groups:
+        arbiter = each._scope
+        assert arbiter is not None
+        coordinator = arbiter._coordinator
+        if coordinator is not None and not coordinator.closed:
+            return coordinator
+    return None
+
+
+def remote_leader(
+    directory: str,
+) -> tuple[FlightGroup, threading.Event, threading.Event, Background]:
+    """A group ``a`` of ``directory`` whose sync caller leads "k" in a thread, its work
+    running until ``release`` is set: (a, running, release, leader)."""
+    a = group(directory)
+    running, release = threading.Event(), threading.Event()
+
+    def work() -> str:
+        running.set()
+        release.wait(20)
+        return "value"
+
+    leader = Background(lambda: a.run_sync("k", work, timeout=60))
+    assert running.wait(10)
+    return a, running, release, leader
+
+
+def coordinator_of(of: FlightGroup) -> Any:
+    """The coordinator that runs in ``of`` (the test fails if ``of`` does not coordinate)."""
+    found = arbiter(of)._coordinator
+    assert found is not None, "this group does not coordinate"
+    return found
+
+
+def run_of_k_after(event, coordinator, monkeypatch):
+    """The coordinator handles a run request of "k" only once ``event`` is set."""
+    real_run = coordinator._run
+
+    def run(session, id, key, *args, **kwargs):
+        if key == "k":
+            assert event.wait(10)
+        return real_run(session, id, key, *args, **kwargs)
+
+    monkeypatch.setattr(coordinator, "_run", run)

@@ -122,3 +122,6 @@ def mypy_strict(
         timeout=timeout,
         check=False,
     )
+
+
+LONE = "tenant:\udcff"  # a lone surrogate: what a non-UTF-8 argv byte becomes in Python

@@ -3,8 +3,9 @@
 ``os.fork`` copies a lock as it is: one that another thread of the parent held at the
 fork stays held in the child for ever, and the child's first use of it hangs. A lock
 that guards only its holder's own state (an exporter's, a module's) is made anew in the
-child through :func:`renew_after_fork`; the flight tables and the arbiters, which must
-also drop what the fork copied, have at-fork hooks of their own.
+child through :func:`renew_after_fork`; the flight tables and the wide scopes' loops
+(``scope/loop.py``), which must also drop what the fork copied, have at-fork hooks of
+their own.
 """
 
 from __future__ import annotations

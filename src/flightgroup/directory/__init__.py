@@ -1,10 +1,17 @@
 """The directory scope: every process of a host that names one local directory
 shares flights through a coordinator elected among them.
 
-- ``fs``: the directory's files, the network file system check, the epoch.
-- ``wire``: the handshake and the frames (docs/directory-protocol.md).
-- ``coordinator``: the elected server that decides lead or join for the directory.
-- ``client``: the arbiter a group uses: election, connection, key locks, leases.
+- ``fs``: the directory's files, the network file system check, the epoch, the
+  forgotten marks.
+- ``wire``: the protocol (docs/directory-protocol.md): framing, messages, builders.
+- ``coordinator``: the elected server's decisions: lead or join for the directory;
+  on ``server`` (the socket and its connections), ``records`` (what it knows of each
+  key) and ``lockwatch`` (waiting for a key's lock).
+- ``client``: the arbiter a group uses (the Scope), on ``election`` (the campaign and
+  the term), ``connection`` (the channel, reconnects, resends), ``keylocks`` (a lead's
+  key lock), ``leases`` (a lead's lease until its landing is acknowledged) and
+  ``calls`` (what it keeps of each call and lead).
+- ``forked``: what a forked child lets go of.
 """
 
 from __future__ import annotations

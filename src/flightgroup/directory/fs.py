@@ -8,6 +8,7 @@ Layout of a group's directory (API.md, docs/directory-protocol.md)::
     flight.sock              the coordinator's Unix socket
     execution-locks/<sha256> the key locks; each holds the last fencing token written to it
     state/epoch              a second durable copy of the epoch (ADR 0009)
+    state/forgotten/<sha256> the last token of a key's flight a forget() detached (ADR 0020)
 
 Nothing here locks: ``next_epoch`` is called only by the winner of the election, which
 holds ``flight.lock`` for as long as it writes the epoch.
@@ -43,7 +44,9 @@ __all__ = [
     "durable_write",
     "ensure_directory",
     "file_system_of",
+    "forgotten_mark",
     "key_lock_path",
+    "mark_forgotten",
     "next_epoch",
     "read_epoch",
     "socket_path",
@@ -56,6 +59,8 @@ EPOCH_NAME: Final = "flight.epoch"
 SOCKET_NAME: Final = "flight.sock"
 KEY_LOCKS: Final = "execution-locks"
 STATE: Final = "state"  # state/epoch is the second copy of the epoch
+_FORGOTTEN: Final = "forgotten"  # state/forgotten/<sha256 of the key>
+_MARK_SIZE: Final = 64
 
 # Tokens are ``epoch << 32 | sequence`` and must fit 63 bits, so an epoch stays below 2**31.
 _EPOCH_LIMIT: Final = 2**31
@@ -361,15 +366,10 @@ def _describe(copies: tuple[_Number, ...]) -> str:
     return "; ".join(f"{c.path!r} {c.found}" for c in copies)
 
 
-def next_epoch(directory: str) -> int:
-    """Start a new term: the epoch after the last one, written durably to flight.epoch
-    and then to state/epoch. Only the winner of the election calls it.
-
-    The last epoch is the highest valid copy; when neither copy is valid, the highest
-    epoch among the fencing tokens in the key-lock files; a fresh directory starts at 1.
-    Raises EpochError when the epoch cannot be told, or when it would reach 2**31. The
-    rules, and why, are in docs/adr/0009-epoch-recovery.md.
-    """
+def _last_epoch(directory: str) -> int:
+    """The epoch of the last term (0: a fresh directory), from the highest valid copy,
+    else recovered from the key-lock files' fencing tokens (each recovery is logged).
+    Raises EpochError when it cannot be told (ADR 0009)."""
     first_path, second_path = _epoch_paths(directory)
     first, second = _read_number(first_path), _read_number(second_path)
     valid = [c.value for c in (first, second) if c.value is not None]
@@ -418,6 +418,20 @@ def next_epoch(directory: str) -> int:
                 "(the high 32 bits of the highest fencing token your storage has seen) "
                 f"as decimal text to {first_path!r}, e.g. `echo 42 > {shlex.quote(first_path)}`."
             )
+    return last
+
+
+def next_epoch(directory: str) -> int:
+    """Start a new term: the epoch after the last one, written durably to flight.epoch
+    and then to state/epoch. Only the winner of the election calls it.
+
+    The last epoch is the highest valid copy; when neither copy is valid, the highest
+    epoch among the fencing tokens in the key-lock files; a fresh directory starts at 1.
+    Raises EpochError when the epoch cannot be told, or when it would reach 2**31. The
+    rules, and why, are in docs/adr/0009-epoch-recovery.md.
+    """
+    first_path, second_path = _epoch_paths(directory)
+    last = _last_epoch(directory)
     if last >= _EPOCH_LIMIT - 1:
         raise EpochError(
             f"The epoch of the flight directory {directory!r} is {last}, the highest there "
@@ -468,3 +482,55 @@ def key_lock_path(directory: str, key: str) -> str:
 def socket_path(directory: str) -> str:
     """The absolute path of the coordinator's socket, flight.sock in ``directory``."""
     return os.path.join(os.path.abspath(directory), SOCKET_NAME)
+
+
+# --- forgotten flights (ADR 0020) ---------------------------------------------------------
+
+
+def _forgotten_path(directory: str, key: str) -> str:
+    digest = os.path.basename(key_lock_path(directory, key))
+    return os.path.join(directory, STATE, _FORGOTTEN, digest)
+
+
+def mark_forgotten(directory: str, key: str, token: int) -> None:
+    """Write down that the flight of ``key`` with ``token`` (and every earlier one)
+    was forgotten, so that a later term knows it. Written before the forget is
+    confirmed; a process's death does not undo a write (the page cache is the
+    kernel's), so the next term reads it. Fixed-width decimal text: no truncate, the
+    token only grows. A failure is logged, not raised."""
+    path = _forgotten_path(directory, key)
+    data = b"%-20d\n" % token
+    try:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(os.path.dirname(path), 0o700)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.pwrite(fd, data, 0)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        log.warning(
+            "cannot write down a forget in %s (%s): a later coordinator may let "
+            "calls join the forgotten flight", directory, exc.strerror or exc,
+        )
+
+
+def forgotten_mark(directory: str, key: str) -> int | None:
+    """The last forgotten token of ``key`` (see mark_forgotten), or None."""
+    try:
+        fd = os.open(_forgotten_path(directory, key), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        raw = os.read(fd, _MARK_SIZE)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        return int(raw.strip() or b"x")
+    except ValueError:
+        return None

@@ -2,7 +2,12 @@
 shares flights, decided by atomic scripts, with leases and fencing tokens.
 
 - ``scripts``: the Lua scripts (docs/fleet-protocol.md).
-- ``arbiter``: the arbiter a group uses: lead or join, mailboxes, lease renewal.
+- ``arbiter``: the arbiter a group uses (the Scope): its calls and leads, closing, a fork.
+- ``calls``, ``names``, ``outcomes``, ``clients``: what it keeps of a call and a lead,
+  the keys and TTLs, an outcome as Redis holds it, the redis-py clients.
+- ``acquire``, ``delivery``, ``renewal``, ``landing``, ``undo``, ``status``: the steps it
+  runs on its loop: ACQUIRE, a joiner's wait for the outcome, a lead's lease, COMPLETE,
+  undoing an unanswered ACQUIRE, the running flights.
 """
 
 from __future__ import annotations

@@ -234,10 +234,9 @@ return out
 # -> {1, joiners} landed (also when this is a retry of a landing that went through),
 #    {0} fenced: the flight is no longer this leader's; its joiners are told `int`.
 COMPLETE = _FIND + _INDEX + """
--- Only a value is bounded: a failure's payload (type, module, message) must land even
--- over the limit, or a leader's ValueTooLargeError (or a long error message) was refused
--- here: the leader got LeaseLostError and its joiners waited a lease to be interrupted
--- (tests/test_fleet_processes.py::test_a_value_over_max_value_bytes).
+-- Only a value is bounded: a failure's payload (type, module, message) lands even over
+-- the limit, so that a leader's ValueTooLargeError (or a long error message) reaches its
+-- joiners at once and the leader keeps its lease.
 if ARGV[2] == 'ok' and #ARGV[3] > tonumber(ARGV[6]) then
   return redis.error_reply('ERR """ + OVER_MAX_VALUE_BYTES + """')
 end
@@ -367,7 +366,7 @@ return {1, tok}
 # A re-sent FORGET (its reply was lost; redis-py sends it again) finds its nonce and
 # answers as the first send did, acting on nothing: the flight it would find now is
 # another caller's newer one (led, or landed and kept, in the gap), which it must not
-# park or delete (tests/test_fleet_audit.py::test_a_resent_forget_leaves_the_next_flight_alone).
+# park or delete.
 FORGET = _INDEX + """
 if KEYS[2] then
   local seen = redis.call('GET', KEYS[2])

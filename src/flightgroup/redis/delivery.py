@@ -1,0 +1,182 @@
+"""How a flight's outcome reaches the calls that wait for it in other processes.
+
+The leader's landing (COMPLETE) appends the outcome to the flight's mailbox, a stream
+named by its token. A waiting call reads that stream from its start with a blocking
+XREAD, on a client of its own whose socket timeout exceeds the block and which never
+re-sends: the outcome is pushed, and no order of "starts reading" and "the leader
+lands" loses it. A read that ends empty past the flight's lease, or cannot reach Redis,
+asks CHECK instead: the flight is gone (its leader stopped renewing), still running
+(wait for its new lease), or ended (its mailbox entry).
+
+A retry moves the flight to a new token: the old mailbox says ``next`` and its new
+token, and a joiner follows it. A FORGET elsewhere parks a flight and writes a notice
+beside its mailbox, which a joiner that asked for it reads too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..scope.events import Joined, Landed, NoOutcome, Refused
+from .clients import MAX_BLOCK, RETRY_PAUSE, UNREACHABLE
+from .outcomes import decode_outcome
+
+if TYPE_CHECKING:
+    from .arbiter import RedisArbiter
+    from .calls import FleetCall
+    from .names import Names
+
+__all__ = ["fields_of", "read_outcome"]
+
+_SLACK = 0.05  # a joiner's clock starts after the reply: wait this much past the lease
+
+
+async def read_outcome(
+    arbiter: RedisArbiter,
+    call: FleetCall,
+    names: Names,
+    token: int,
+    pttl: int,
+    *,
+    follow: bool,
+) -> Landed | NoOutcome | Refused:
+    """Wait for flight ``token``'s outcome (its lease has ``pttl`` ms left): the event
+    that ends ``call``. ``follow``: a retry's new token is told to the call (Joined)
+    and followed. Runs on ``arbiter``'s loop, with its blocking client."""
+    return await _Reading(arbiter, call, names, token, pttl, follow).outcome()
+
+
+class _Reading:
+    """One call's wait for one flight's outcome (see read_outcome)."""
+
+    __slots__ = ("arbiter", "call", "deadline", "follow", "names", "token", "unreachable")
+
+    def __init__(
+        self,
+        arbiter: RedisArbiter,
+        call: FleetCall,
+        names: Names,
+        token: int,
+        pttl: int,
+        follow: bool,
+    ) -> None:
+        self.arbiter = arbiter
+        self.call = call
+        self.names = names
+        self.token = token
+        self.follow = follow
+        # Past it, a read that ended empty asks CHECK: the flight's lease (then its new
+        # lease, as CHECK tells) plus what the reply took to come.
+        self.deadline = time.monotonic() + max(pttl, 0) / 1000 + _SLACK
+        self.unreachable: BaseException | None = None  # the last read's error
+
+    async def outcome(self) -> Landed | NoOutcome | Refused:
+        while True:
+            if self.call.withdrawn:
+                # Withdrawn while a CHECK ran (only a read is cancelled): a read begun
+                # now would hold its connection to the flight's end, and close() wait.
+                return NoOutcome("withdrawn")
+            fields: dict[bytes, bytes] | None = None
+            left = self.deadline - time.monotonic()
+            if left > 0:
+                fields, again = await self._read(left)
+                if again:
+                    continue
+            if fields is None:
+                checked = await self._check()
+                if checked is None:
+                    continue
+                if not isinstance(checked, dict):
+                    return checked
+                fields = checked
+            code = fields.get(b"c")
+            if code == b"next":  # a retry: the flight goes on under a new token
+                self.token = int(fields.get(b"v", b"0"))
+                if self.follow:
+                    self.call.inbox.put(Joined(self.token, 0, 0.0, ""))
+                # Ask CHECK first: the flight's own lease left (the leader's, not ours).
+                self.deadline = time.monotonic()
+                continue
+            return Landed(self.token, decode_outcome(code, fields.get(b"v")), False)
+
+    async def _read(self, left: float) -> tuple[dict[bytes, bytes] | None, bool]:
+        """One blocking XREAD of the mailbox (at most ``left`` s): its entry, or None;
+        and whether to read again rather than ask CHECK."""
+        call, arbiter = self.call, self.arbiter
+        call.reading = True
+        block = min(left, MAX_BLOCK)
+        mailbox = self.names.mailbox(self.token)
+        streams = {mailbox: b"0"}
+        # A joiner also reads the flight's notice (a FORGET parked it), until heard.
+        notice = self.names.notice(self.token) if self.follow and call.on_detached else None
+        if notice is not None:
+            streams[notice] = b"0"
+        try:
+            # Bounded by its own block (plus a command's time), not by the client's
+            # socket timeout past the longest block, so that a frozen server holds a
+            # joiner no longer than the flight's lease. A read cut short is
+            # disconnected by redis-py, never reused with its reply pending.
+            reply = await asyncio.wait_for(
+                arbiter._blocking.xread(streams, count=1, block=max(1, round(block * 1000))),
+                block + arbiter._timeout,
+            )
+            self.unreachable = None
+        except UNREACHABLE as exc:
+            self.unreachable, reply = exc, None
+            await asyncio.sleep(RETRY_PAUSE)
+        finally:
+            call.reading = False
+        if reply:
+            entries = _entries(reply)
+            if notice is not None and notice in entries:
+                call.detached()
+            fields = entries.get(mailbox)
+            return fields, fields is None  # only the notice: read the mailbox again
+        # A capped block ended: read again (past the deadline, or unreachable: CHECK).
+        return None, self.unreachable is None and time.monotonic() < self.deadline
+
+    async def _check(self) -> dict[bytes, bytes] | NoOutcome | Refused | None:
+        """Ask CHECK: the flight's mailbox entry, the event that ends the call, or None
+        to wait again (its lease was renewed, or Redis is out of reach for now)."""
+        arbiter, names, token = self.arbiter, self.names, self.token
+        try:
+            checked = await arbiter._script(
+                "check", [names.record, names.parked(token), names.mailbox(token)], [token]
+            )
+        except UNREACHABLE as exc:
+            if time.monotonic() > self.deadline + arbiter._lease:
+                return Refused(arbiter._unavailable(exc))
+            await asyncio.sleep(RETRY_PAUSE)
+            return None
+        if int(checked[0]) == 0:
+            if self.unreachable is not None:
+                return NoOutcome("Redis lost its flight while it was unreachable")
+            return NoOutcome("its leader stopped renewing its lease")
+        if int(checked[0]) == 2:
+            self.deadline = time.monotonic() + max(int(checked[1]), 0) / 1000 + _SLACK
+            return None
+        return fields_of(checked[1])
+
+
+def fields_of(flat: Sequence[Any]) -> dict[bytes, bytes]:
+    """A stream entry's or a hash's flat [name, value, ...] reply as a dict."""
+    return {flat[i]: flat[i + 1] for i in range(0, len(flat) - 1, 2)}
+
+
+def _entries(reply: Any) -> dict[str, dict[bytes, bytes]]:
+    """Stream name -> the fields of its one entry, from an XREAD reply in either
+    protocol's shape: RESP2 ``[[stream, [(id, fields)]], ...]``; RESP3 (a URL with
+    ``?protocol=3``) a dict ``{stream: ...}`` whose entries redis-py wraps once more (8.x)."""
+    streams = reply.items() if isinstance(reply, dict) else [(s, e) for s, e in reply]
+    found: dict[str, dict[bytes, bytes]] = {}
+    for stream, node in streams:
+        while not (isinstance(node, (list, tuple)) and len(node) == 2
+                   and isinstance(node[0], (bytes, str))):
+            node = node[0]  # down to the entry, (id, fields)
+        fields = node[1]
+        name = stream.decode() if isinstance(stream, bytes) else stream
+        found[name] = fields if isinstance(fields, dict) else fields_of(fields)
+    return found

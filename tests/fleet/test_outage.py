@@ -1,0 +1,116 @@
+"""The fleet scope when Redis is frozen (SIGSTOP), or its startup never ends: new calls and
+waiting joiners end with the library's errors within the documented bounds; nothing
+hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import redis
+
+from flightgroup import (
+    FlightGroup,
+    FlightInterruptedError,
+    UnavailableError,
+)
+
+from ..infleet import fleet_group, fleet_of, never_runs
+from ..redisproc import RedisServer
+from ..support import in_thread, wait_until
+
+
+def _blocked_clients(server: RedisServer) -> int:
+    return int(server.client().info("clients")["blocked_clients"])
+
+
+@pytest.mark.timeout(60)
+def test_a_frozen_server_ends_new_calls_and_joiners() -> None:
+    """A frozen server ends new calls and waiting joiners with the library's errors.
+
+    SIGSTOP the server while a joiner waits in its blocking read: the joiner, a new
+    call of a started group and a call of a group made while frozen all end (the
+    pytest timeout is the bound: about a lease plus redis-py's four tries of a
+    command whose socket timeout follows the lease)."""
+    server = RedisServer()
+    release = threading.Event()
+    started = threading.Event()
+    groups: list[FlightGroup] = []
+    threads: list[threading.Thread] = []
+    try:
+        leader = fleet_group(server.url, "n", lease=0.6)
+        joiner = fleet_group(server.url, "n", lease=0.6)
+        fresh_group = fleet_group(server.url, "n", lease=0.6)
+        groups += [leader, joiner, fresh_group]
+        leader.run_sync("warm-up-l", lambda: 0)
+        joiner.run_sync("warm-up-j", lambda: 0)
+        fresh_group.run_sync("warm-up-f", lambda: 0)
+
+        def work() -> str:
+            started.set()
+            release.wait(30)
+            return "late"
+
+        lead, _ = in_thread(leader.run_sync, "k", work)
+        threads.append(lead)
+        assert started.wait(10)
+        joined = threading.Event()
+        join, joined_out = in_thread(joiner.run_sync, "k", never_runs, on_join=joined.set)
+        threads.append(join)
+        assert joined.wait(10)
+        wait_until(lambda: _blocked_clients(server) >= 1, "the joiner's XREAD in Redis")
+        server.stop()
+        try:
+            cold = fleet_group(server.url, "n", lease=0.6)  # made while frozen: its startup too
+            groups.append(cold)
+            new_calls = [in_thread(g.run_sync, "new", never_runs) for g in (fresh_group, cold)]
+            threads += [thread for thread, _ in new_calls]
+            for thread, _ in new_calls:
+                thread.join(40)
+            join.join(40)
+            for _, out in new_calls:
+                assert isinstance(out.get("error"), UnavailableError), out
+                assert isinstance(out["error"].__cause__, redis.RedisError)
+            error = joined_out.get("error")
+            assert isinstance(error, (UnavailableError, FlightInterruptedError)), joined_out
+        finally:
+            server.cont()
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(10)
+        for g in groups:
+            g.close()
+        server.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_first_call_does_not_wait_for_the_startup_pipeline(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """A group's first call does not wait for its startup pipeline.
+
+    fleet-protocol.md: a frozen server ends a new call "after 4 command timeouts", so a group's
+    first call does not wait for its startup pipeline (SCRIPT LOAD and CONFIG GET, with redis-
+    py's own retries) before its own ACQUIRE. Here the startup never ends (held on an event): the
+    first call still leads and returns on a live server."""
+    group = fleet_group(redis_server.url, namespace)
+    fleet = fleet_of(group)
+    held, release = threading.Event(), threading.Event()
+    startup = fleet._startup
+
+    async def held_startup() -> None:
+        held.set()
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, 20)
+        await startup()
+
+    fleet._startup = held_startup  # type: ignore[method-assign]
+    try:
+        result = group.run_sync("k", lambda: "v", timeout=10)
+        assert held.is_set()  # the startup was running all along
+    finally:
+        release.set()
+        group.close()
+    assert result.value == "v" and not result.joined
