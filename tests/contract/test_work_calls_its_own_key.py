@@ -379,3 +379,45 @@ def test_a_flight_being_forgotten_is_still_seen_by_another_group_of_its_scope(
         go.set()
         first.close()
         second.close()
+
+
+_FORK_AFTER_A_WIDE_GROUP = """
+import multiprocessing, sys, tempfile
+from flightgroup import JSON, FlightGroup
+
+g = FlightGroup(directory=tempfile.mkdtemp(dir="/tmp") + "/d", codec=JSON)
+g.run_sync("k", lambda: 1)  # started: the child's at-fork handlers tell its scope
+g.close()
+from flightgroup.scope import table
+
+def child(path):
+    FlightGroup(directory=path, codec=JSON).close()
+
+with table._KIN_LOCK:  # as another thread would hold it at the fork
+    p = multiprocessing.get_context("fork").Process(
+        target=child, args=(tempfile.mkdtemp(dir="/tmp") + "/c",)
+    )
+    p.start()
+p.join(10)
+if p.is_alive():
+    p.kill()
+    sys.exit("the child hung on the register's lock")
+sys.exit(p.exitcode)
+"""
+
+
+def test_a_fork_after_a_wide_groups_first_use_renews_the_register_lock_first() -> None:
+    """In a fresh process whose first wide group made the scope's modules load before
+    scope.table (configure opens the scope, then the group makes its table), the
+    scope's at-fork handler was registered first: in the child it made the started
+    group's new table, which took the register's copied, held lock before it was
+    renewed, and the child hung. Found by the contract suite over every scope: any
+    earlier test of the worker that used a wide group first made the test above hang."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_AFTER_A_WIDE_GROUP],
+        capture_output=True, text=True, timeout=40,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
