@@ -337,7 +337,7 @@ def test_in_the_fleet_run_sync_on_the_loop_of_a_left_flights_work_leads(
 ) -> None:
     """In the fleet a flight that left its table holds nothing in Redis (its lease is
     lost, or it was parked): a run_sync of its key on its work's loop thread leads beside
-    it, as before; only the directory's key lock makes that call wait for the work."""
+    it; only the directory's key lock makes that call wait for the work."""
     from flightgroup import JSON
 
     groups = [FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON)]

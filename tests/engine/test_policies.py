@@ -388,7 +388,7 @@ def test_max_waiters_counts_fresh_callers_waiting_for_the_flight_s_end() -> None
         assert (info.value.key, info.value.limit) == ("k", 2)
         with pytest.raises(TooManyWaitersError) as info:  # and a third joiner
             g.run_sync("k", lambda: "never")
-        # The message counts both kinds (it said "2 joiners" with one joiner waiting).
+        # The message counts both kinds of waiting callers.
         assert "2 callers waiting (joiners and fresh callers)" in str(info.value)
         release.set()
         assert leader.result(5).value == "old" and joiner.result(5).value == "old"
