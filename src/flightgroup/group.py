@@ -613,29 +613,27 @@ class FlightGroup:
         works keep their key locks until they end. If it coordinates, another
         process takes over.
         """
-        self._closed = True
-        for flight, waiters in self._table.close():
-            if waiters:
-                wake(waiters, CLOSED)
-            flight.lose()
-        if self._scope is not None:
-            if self._finalizer is not None:
-                self._finalizer.detach()
-            self._scope.close()
+        scope = self._close_here()
+        if scope is not None:
+            scope.close()
 
     async def aclose(self) -> None:
         """Close the group (see :meth:`close`), without blocking the event loop."""
-        if self._scope is None:
-            self.close()
-            return
+        scope = self._close_here()
+        if scope is not None:
+            await asyncio.to_thread(scope.close)
+
+    def _close_here(self) -> Scope | None:
+        """Close this process's side: every waiting call is woken with CLOSED and every
+        running work's lease is lost. Returns the scope still to close, if any."""
         self._closed = True
         for flight, waiters in self._table.close():
             if waiters:
                 wake(waiters, CLOSED)
             flight.lose()
-        if self._finalizer is not None:
+        if self._scope is not None and self._finalizer is not None:
             self._finalizer.detach()
-        await asyncio.to_thread(self._scope.close)
+        return self._scope
 
     def __enter__(self) -> Self:
         return self
