@@ -43,7 +43,7 @@ def main() -> int:
 
     from hypothesis import given, seed, settings
 
-    from tests import test_directory_fuzz as fz
+    from tests.directory import test_fuzz as fz
 
     exercises: list[tuple[str, Any, Callable[[Any, Any], tuple[int, int]], int]] = [
         # (name, strategy, exercise, examples per round)

@@ -14,12 +14,13 @@ from flightgroup import FlightGroup
 from flightgroup.scope.bridge import Bridge
 
 from .ingroup import Background
-from .support import wait_until
+from .support import flight_of, wait_until
 
 
 def fresh_waiting(g: FlightGroup, key: str, count: int) -> None:
+    """Wait until ``count`` fresh callers of ``g`` wait for the end of its flight of ``key``."""
     wait_until(
-        lambda: (f := g._table.flights.get(key)) is not None and len(f.fresh or ()) == count,
+        lambda: (f := flight_of(g, key)) is not None and len(f.fresh or ()) == count,
         f"{count} fresh callers wait on the local flight",
     )
 

@@ -125,3 +125,59 @@ def mypy_strict(
 
 
 LONE = "tenant:\udcff"  # a lone surrogate: what a non-UTF-8 argv byte becomes in Python
+
+
+# -- what a test observes of a group that FlightGroup does not show -------------------------
+#
+# The public face of a group counts (``stats()``) but names no flight: it does not say
+# which flight holds a key, in which state it is, or which callers wait on it. A test that
+# forces an interleaving by such a state, or pins that nothing is left of a flight that
+# the counters do not count (an IDLE flight that waits for its first leader is not
+# ``in_flight``), reads it through these helpers, and only through them.
+
+
+def flight_of(group: Any, key: str) -> Any:
+    """The flight ``group``'s table holds for ``key`` now (a ``run``/``run_sync`` key),
+    or None. No public way: ``stats()`` counts flights, it names none."""
+    return group._table.flights.get(key)
+
+
+def flights_of(group: Any) -> list[Any]:
+    """Every flight ``group``'s table holds now: those keyed, and those forget() detached
+    that still run (read under the table's lock). No public way: ``stats().in_flight``
+    leaves out an IDLE flight, which has no leader yet."""
+    table = group._table
+    with table.lock:
+        return [*table.flights.values(), *table.detached]
+
+
+def waiting_on(group: Any, key: str) -> int:
+    """How many callers wait on ``key``'s flight in ``group`` now (its leader's own wait
+    included), 0 if there is none. No public way: ``stats().joins`` counts the joins
+    made, and a joiner that withdrew stays counted there."""
+    table = group._table
+    with table.lock:
+        flight = table.flights.get(key)
+        return 0 if flight is None else len(flight.waiters)
+
+
+def use_clock(group: Any, clock: Callable[[], float]) -> None:
+    """Drive ``group``'s retention with ``clock`` (a fake one the test advances). No public
+    way: a group reads time.monotonic, and a test cannot wait out a TTL by the clock."""
+    group._table.use_clock(clock)
+
+
+def kept_entries(group: Any) -> list[Any]:
+    """The outcomes ``group`` keeps now (Retention), each with its ``ok`` and ``expires``
+    (read under the table's lock). No public way: ``stats().kept`` counts them, and when
+    each expires is not shown."""
+    table = group._table
+    with table.lock:
+        return [] if table.kept is None else list(table.kept._entries.values())
+
+
+def waits_for_loss(lease: Any) -> int:
+    """How many ``wait_lost()`` calls wait on ``lease`` now. No public way: a Lease says
+    whether it is lost, not who waits for that."""
+    waiters = lease._waiters
+    return 0 if waiters is None else len(waiters)

@@ -14,9 +14,9 @@ def key_digest(key: str) -> str:
     """A key as logs and spans show it: the first 16 hex digits of its SHA-256 (keys
     can hold tenant ids; the raw key is never logged above DEBUG)."""
     # surrogatepass: a str key may hold a lone surrogate (a non-UTF-8 byte of argv
-    # becomes one), and the scopes accept it; a plain encode() raised here, inside a
-    # log call on the directory's loop (the call never ended) and in a traced call.
-    # Any other key gives the same digest as before.
+    # becomes one), and the scopes accept it; a plain encode() would raise inside a
+    # log call on the directory's loop (the call would never end) and in a traced
+    # call. Every other key's digest is the SHA-256 of its UTF-8.
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 

@@ -675,9 +675,9 @@ def test_a_landing_made_while_the_coordinator_changes_reaches_the_joiners(
 
     The coordinator changes under a leader that then closes: its landing is handed over (closing
     keeps reconnecting until it is) and reaches its joiners."""
-    # Seen first as a --fresh run that lost its joiner: the previous run's leader
-    # coordinated, and exited (as every `flightgroup run` does) just as the next run,
-    # a short one, landed and closed before it had reconnected.
+    # The shape of a --fresh run whose joiner must not be lost: the previous run's
+    # leader coordinates and exits (as every `flightgroup run` does) just as the next
+    # run, a short one, lands and closes before it has reconnected.
     keeper = start_keeper(runs, place)  # the coordinator, until it ends below
     hold = place / "hold"
     leader = Script(LATE_RECONNECT, str(hold), *run_cmd(place, "k", 6))

@@ -19,7 +19,7 @@ from flightgroup import current_lease
 
 from ..infleet import fleet_of
 from ..ingroup import Background
-from ..support import wait_until
+from ..support import flight_of, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -95,7 +95,7 @@ def test_fresh_callers_of_a_flight_forgotten_elsewhere_wait_for_the_keys_next_fl
         b.forget("k")
         t2 = Background(lambda: b.run_sync("k", work("t2")))
         wait_until(lambda: "t2" in began, "t2 runs")
-        flight = a._table.flights["k"]  # t1's local flight: A has not heard yet
+        flight = flight_of(a, "k")  # t1's local flight: A has not heard yet
         fresh = Background(lambda: a.run_sync("k", work("t3"), fresh=True))
         wait_until(lambda: bool(flight.fresh), "the fresh caller waits for t1's end")
         # A hears of the forget at a renewal (RENEW answers "parked"): the test renews
@@ -105,7 +105,7 @@ def test_fresh_callers_of_a_flight_forgotten_elsewhere_wait_for_the_keys_next_fl
         asyncio.run_coroutine_threadsafe(
             arbiter._renewal.renew_some([(lead, lead.token, lead.moves)]), arbiter._background.loop
         ).result(10)
-        wait_until(lambda: a._table.flights.get("k") is not flight, "A dropped t1")
+        wait_until(lambda: flight_of(a, "k") is not flight, "A dropped t1")
         plain = Background(lambda: a.run_sync("k", work("never")))
         wait_until(lambda: a.stats().joins >= 1, "the plain call joined t2")
         release["t1"].set()
@@ -156,14 +156,13 @@ def test_a_fresh_caller_promoted_before_its_flight_moved_joins_that_flight(
 
         return run
 
-    table = g._table
     try:
         e = Background(lambda: g.run_sync("k", work("E")))
         wait_until(lambda: "E" in began, "E runs")
         g.forget("k")
         f = Background(lambda: g.run_sync("k", work("F")))
-        wait_until(lambda: table.flights.get("k") is not None, "F is the key's flight")
-        flight_f = table.flights["k"]
+        wait_until(lambda: flight_of(g, "k") is not None, "F is the key's flight")
+        flight_f = flight_of(g, "k")
         w = Background(lambda: g.run_sync("k", lambda: "W led", fresh=True), name="W")
         wait_until(lambda: bool(flight_f.fresh), "W waits for F's end")
         release["E"].set()  # F takes the key lock: its work runs here, W is promoted
@@ -172,7 +171,7 @@ def test_a_fresh_caller_promoted_before_its_flight_moved_joins_that_flight(
         wait_until(lambda: bool(flight_f.fresh), "X waits for F's end")
         g.forget("k")
         later = Background(lambda: g.run_sync("k", work("G")))
-        wait_until(lambda: table.flights.get("k") not in (None, flight_f), "G took the key")
+        wait_until(lambda: flight_of(g, "k") not in (None, flight_f), "G took the key")
         release["F"].set()  # F ends: X goes on waiting for G's end
         wait_until(lambda: flight_f.moved, "X moved on to G")
         hold.set()

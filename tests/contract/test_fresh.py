@@ -29,7 +29,7 @@ from flightgroup.scope.bridge import Bridge
 from ..infleet import fleet_group, fleet_of, never
 from ..infresh import fresh_waiting, held, lead_held, ran
 from ..ingroup import Background, close, coordinating, group
-from ..support import wait_until
+from ..support import flight_of, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -61,7 +61,7 @@ def test_fresh_callers_that_came_before_the_lead_join_it(
     assert (first.value, first.joined) == ("first", False)
     assert joined == [1]  # on_join once, in the joiner that asked for it
     assert g.stats().joins == 2 and g.stats().flights == 1
-    assert "k" not in g._table.flights
+    assert flight_of(g, "k") is None
 
 
 def test_a_fresh_caller_that_comes_once_the_work_runs_shares_the_next_flight(
@@ -99,7 +99,7 @@ def test_a_promoted_caller_that_times_out_withdraws_alone(
     release.set()
     assert leader.wait().value == "first"
     assert runs == ["first"]
-    assert "k" not in g._table.flights  # no claim left behind (I4)
+    assert flight_of(g, "k") is None  # no claim left behind (I4)
     again = g.run_sync("k", lambda: "again", fresh=True, timeout=10)
     assert (again.value, again.joined) == ("again", False)
 
@@ -129,7 +129,7 @@ def test_a_promoted_async_caller_cancelled_withdraws_alone(
     assert outcome == ["cancelled"]
     release.set()
     assert leader.wait().value == "first"
-    assert "k" not in g._table.flights
+    assert flight_of(g, "k") is None
     assert g.run_sync("k", lambda: "again", fresh=True, timeout=10).value == "again"
     assert runs == ["first"]
 
@@ -557,7 +557,7 @@ def test_a_fresh_caller_never_joins_a_flight_led_after_a_forget_before_its_call(
         r2 = Background(lambda: c.run_sync("k", held(runs, "R2", r2_started, release_r2)))
         assert r2_started.wait(10)
         if notice == "read":
-            wait_until(lambda: "k" not in a._table.flights, "a read the notice")
+            wait_until(lambda: flight_of(a, "k") is None, "a read the notice")
         fresh = Background(lambda: a.run_sync("k", ran(runs, "fresh"), fresh=True))
         if notice == "late":
             fresh_waiting(a, "k", 1)  # it came once R2 ran
@@ -687,7 +687,7 @@ def test_a_promoted_caller_whose_flight_ended_before_its_claim_takes_its_outcome
     assert runs == ["first"] and joined == [1]
     stats = g.stats()
     assert (stats.calls, stats.joins, stats.flights, stats.in_flight) == (2, 1, 1, 0)
-    assert "k" not in g._table.flights
+    assert flight_of(g, "k") is None
 
 
 def test_a_fresh_caller_of_the_leaders_process_never_joins_a_flight_led_after_a_forget(

@@ -18,7 +18,7 @@ import pytest
 from flightgroup import JSON, FlightGroup, FlightTimeoutError
 
 from ..ingroup import Background
-from ..support import wait_until
+from ..support import flight_of, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -88,7 +88,7 @@ def test_a_work_whose_flight_a_forget_elsewhere_detached_still_raises(
         forgetter.forget("k")
         # The directory's joiners and leader hear it at once; the fleet's leader at its
         # next renewal (the pair's lease is 2 s: within 2/3 s).
-        wait_until(lambda: "k" not in leader._table.flights, "the leader heard the forget")
+        wait_until(lambda: flight_of(leader, "k") is None, "the leader heard the forget")
         go_on.set()
         assert outer.wait().value == "outer"
         assert runs == []
@@ -263,7 +263,7 @@ def test_run_sync_through_another_group_on_the_loop_that_runs_the_flight_is_refu
 
         leader = asyncio.create_task(first.run("k", work))
         for _ in range(1000):
-            flight = first._table.flights.get("k")
+            flight = flight_of(first, "k")
             if flight is not None and flight.loop is not None and flight.decided:
                 break
             await asyncio.sleep(0.005)

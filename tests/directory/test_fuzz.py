@@ -2013,7 +2013,8 @@ def test_the_held_flight_survived_and_runs_once(live: Live) -> None:
 
 
 # --------------------------------------------------------------------------------------
-# Bugs found by this fuzzing (each on a coordinator of its own). They fail until fixed.
+# Inputs the fuzzing showed to matter, each pinned on a coordinator of its own
+# (docs/fuzzing.md tells what each guards against).
 
 
 @pytest.fixture

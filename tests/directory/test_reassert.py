@@ -391,7 +391,7 @@ def test_a_reassert_of_a_flight_a_newer_one_of_its_key_overtook_is_refused(
             assert stale.expect("rejected")[0]["id"] == 1
             other.send(wire.run_frame(1, "k"))
             assert other.expect("lead")[0]["token"] > ran  # nobody joins the stale one
-            # a reassert of a flight newer than what ran is taken back as before
+            # a reassert of a flight newer than what ran is still taken back
             other.send(wire.reassert_frame(2, "j", ran + 1))
             other.served()
             assert [f["key"] for f in _status(other)].count("j") == 1

@@ -42,4 +42,4 @@ def test_status_of_a_closed_group_raises_group_closed(directory: str) -> None:
     close(g)
     with pytest.raises(GroupClosedError):
         arbiter(g).status(timeout=1)
-    arbiter(g).forget("k")  # a closed group forgets nothing and says nothing, as before
+    arbiter(g).forget("k")  # a closed group's arbiter forgets nothing and returns quietly

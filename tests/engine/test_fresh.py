@@ -18,9 +18,10 @@ def test_a_flight_that_starts_later_carries_the_larger_token() -> None:
     """A flight that starts later carries the larger fencing token.
 
     t0 flight F of "k" runs (token 1) in a thread; a fresh caller waits for its end.
-    t1 F lands: the IDLE flight G is made for the fresh caller, with token 2.
-    t2 forget("k") detaches G; a new call leads N (token 3) and N's work starts.
-    t3 the fresh caller claims G, leads it: G's work starts after N's, with token 2."""
+    t1 F lands: the IDLE flight G is made for the fresh caller; it has no token yet.
+    t2 forget("k") detaches G; a new call leads N (token 2) and N's work starts.
+    t3 the fresh caller claims G and leads it: G starts after N, so its token is the
+       larger one."""
     g = FlightGroup()
     f_started, f_release = threading.Event(), threading.Event()
     n_started, n_release = threading.Event(), threading.Event()
@@ -46,10 +47,10 @@ def test_a_flight_that_starts_later_carries_the_larger_token() -> None:
             await until(f_started.is_set, "F started")
             fresh = asyncio.create_task(g.run("k", g_work, fresh=True))
             await until(lambda: g.stats().calls == 2, "the fresh caller waits for F's end")
-            flight_f = g._table.flights["k"]
             # This loop does not run until t3: the claim on G waits here, undelivered.
             f_release.set()
-            wait_until(lambda: flight_f.next is not None, "F landed")  # t1
+            # t1: F settled, and in the same step G was made (IDLE: not in_flight).
+            wait_until(lambda: g.stats().in_flight == 0, "F landed")
             g.forget("k")  # t2
             n_call = pool.submit(g.run_sync, "k", n_work)
             assert n_started.wait(5)

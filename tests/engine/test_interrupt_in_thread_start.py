@@ -87,7 +87,7 @@ def test_an_interrupt_before_the_driver_started_ends_the_flight_with_nothing_run
     runs: list[str] = []
     with pytest.raises(KeyboardInterrupt):
         g.run_sync("k", lambda: runs.append("run"), timeout=30.0)
-    assert not g._table.flights, "the flight ended"
+    assert g.stats().in_flight == 0, "the flight ended"
     assert g.run_sync("k", lambda: runs.append("again") or "v").value == "v"
     assert runs == ["again"]
 
@@ -130,7 +130,7 @@ def test_an_interrupt_once_the_follow_thread_runs_leaves_the_local_joiners_be(
         leader = Background(lambda: g1.run_sync("k", work))
         assert started.wait(20)
         leading = Background(lambda: g2.run_sync("k", lambda: "never", on_join=on_join))
-        wait_until(lambda: "k" in g2._table.flights, "g2's local flight")
+        wait_until(lambda: g2.stats().in_flight == 1, "g2's local flight")
         joiner = Background(lambda: g2.run_sync("k", lambda: "never"))
         with pytest.raises(KeyboardInterrupt):
             leading.wait()

@@ -24,9 +24,9 @@ from flightgroup import (
     TooManyWaitersError,
     current_lease,
 )
-from flightgroup.engine.flight import RETRY_PENDING, RUNNING
+from flightgroup.engine.flight import RETRY_PENDING
 
-from ..support import LoopThread, run, until, wait_until
+from ..support import LoopThread, flight_of, run, until, use_clock, wait_until
 
 FAST = Retry(attempts=3, backoff=0.001, max_backoff=0.001, jitter=False)
 
@@ -41,7 +41,7 @@ class FakeClock:
 
 def fake_clock(g: FlightGroup) -> FakeClock:
     clock = FakeClock()
-    g._table.use_clock(clock)
+    use_clock(g, clock)
     return clock
 
 
@@ -91,8 +91,8 @@ def test_a_joiner_arriving_in_the_backoff_pause_joins_the_same_flight() -> None:
             return 7
 
         leader = asyncio.create_task(g.run("k", flaky))
-        flight_state = lambda: g._table.flights["k"].state  # noqa: E731
-        await until(lambda: "k" in g._table.flights and flight_state() is RETRY_PENDING)
+        flight_state = lambda: getattr(flight_of(g, "k"), "state", None)  # noqa: E731
+        await until(lambda: flight_state() is RETRY_PENDING)
         joiner = asyncio.create_task(g.run("k", flaky))
         await until(lambda: g.stats().joins == 1)
         assert flight_state() is RETRY_PENDING  # it joined during the pause
@@ -118,7 +118,7 @@ def test_exhausted_retries_leader_gets_the_last_error_joiners_flight_failed() ->
             raise errors[-1]
 
         leader = asyncio.create_task(g.run("k", always_fails))
-        await until(lambda: "k" in g._table.flights)
+        await until(lambda: g.stats().in_flight == 1)
         joiner = asyncio.create_task(g.run("k", always_fails))
         await until(lambda: g.stats().joins == 1)
         release.set()
@@ -186,7 +186,7 @@ def test_async_deadline_cancels_the_work_everyone_gets_flight_timeout_error() ->
                 raise
 
         leader = asyncio.create_task(g.run("k", hangs))
-        await until(lambda: "k" in g._table.flights)
+        await until(lambda: g.stats().in_flight == 1)
         joiner = asyncio.create_task(g.run("k", hangs))
         for task in (leader, joiner):
             with pytest.raises(FlightTimeoutError) as info:
@@ -213,7 +213,7 @@ def test_sync_deadline_settles_at_the_deadline_and_the_late_result_is_dropped() 
 
     with ThreadPoolExecutor(2) as pool:
         leader = pool.submit(g.run_sync, "k", slow)
-        wait_until(lambda: "k" in g._table.flights)
+        wait_until(lambda: g.stats().in_flight == 1)
         joiner = pool.submit(g.run_sync, "k", slow)
         for future in (leader, joiner):
             assert isinstance(future.exception(5), FlightTimeoutError)
@@ -225,7 +225,7 @@ def test_sync_deadline_settles_at_the_deadline_and_the_late_result_is_dropped() 
             return "new"
 
         new_leader = pool.submit(g.run_sync, "k", fresh_work)
-        wait_until(lambda: "k" in g._table.flights)
+        wait_until(lambda: g.stats().in_flight == 1)
         release.set()  # the old attempt ends now: its result must not settle the new flight
         assert late_done.wait(5)
         assert lost_at_end == [True]
@@ -339,7 +339,7 @@ def test_a_forgotten_flight_landing_late_does_not_become_the_kept_outcome() -> N
 
     with ThreadPoolExecutor(1) as pool:
         leader = pool.submit(g.run_sync, "k", old)
-        wait_until(lambda: "k" in g._table.flights)
+        wait_until(lambda: g.stats().in_flight == 1)
         g.forget("k")
         assert g.run_sync("k", lambda: "new").value == "new"
         release.set()
@@ -355,7 +355,7 @@ def test_max_waiters_refuses_a_joiner_at_once_with_key_and_limit() -> None:
     release = threading.Event()
     with ThreadPoolExecutor(2) as pool:
         leader = pool.submit(g.run_sync, "k", lambda: release.wait(5) and "v")
-        wait_until(lambda: "k" in g._table.flights)
+        wait_until(lambda: g.stats().in_flight == 1)
         first = pool.submit(g.run_sync, "k", lambda: "never")
         wait_until(lambda: g.stats().joins == 1)
         with pytest.raises(TooManyWaitersError) as info:
@@ -378,17 +378,17 @@ def test_max_waiters_counts_fresh_callers_waiting_for_the_flight_s_end() -> None
 
     with ThreadPoolExecutor(3) as pool:
         leader = pool.submit(g.run_sync, "k", lambda: release.wait(5) and "old")
-        wait_until(lambda: "k" in g._table.flights)
+        wait_until(lambda: g.stats().in_flight == 1)
         joiner = pool.submit(g.run_sync, "k", lambda: "never")
         wait_until(lambda: g.stats().joins == 1)
         fresh = pool.submit(g.run_sync, "k", fresh_work, fresh=True)
-        wait_until(lambda: len(g._table.flights["k"].fresh or ()) == 1)
+        wait_until(lambda: g.stats().calls == 3)  # the fresh caller waits for the end
         with pytest.raises(TooManyWaitersError) as info:  # a third fresh caller
             g.run_sync("k", fresh_work, fresh=True)
         assert (info.value.key, info.value.limit) == ("k", 2)
         with pytest.raises(TooManyWaitersError) as info:  # and a third joiner
             g.run_sync("k", lambda: "never")
-        # The message counts both kinds (it said "2 joiners" with one joiner waiting).
+        # The message counts both kinds of waiting callers.
         assert "2 callers waiting (joiners and fresh callers)" in str(info.value)
         release.set()
         assert leader.result(5).value == "old" and joiner.result(5).value == "old"
@@ -408,9 +408,9 @@ def test_max_waiters_counts_the_fresh_callers_claims_on_the_next_flight() -> Non
     try:
         with ThreadPoolExecutor(3) as pool:
             f = pool.submit(g.run_sync, "k", lambda: first.wait(5) and "F")
-            wait_until(lambda: "k" in g._table.flights)
+            wait_until(lambda: g.stats().in_flight == 1)
             fresh = other.submit(g.run("k", lambda: asyncio.sleep(0, "fresh ran"), fresh=True))
-            wait_until(lambda: len(g._table.flights["k"].fresh or ()) == 1, "fresh waits")
+            wait_until(lambda: g.stats().calls == 2, "fresh waits for F's end")
 
             def hold_the_loop() -> None:
                 busy.set()
@@ -422,11 +422,11 @@ def test_max_waiters_counts_the_fresh_callers_claims_on_the_next_flight() -> Non
             assert f.result(5).value == "F"
             # The next flight G is IDLE with the fresh caller's claim; a caller leads it.
             g_leader = pool.submit(g.run_sync, "k", lambda: second.wait(5) and "G")
-            wait_until(lambda: g._table.flights["k"].state is RUNNING, "G runs")
+            wait_until(lambda: g.stats().in_flight == 1, "G runs")  # IDLE is not in_flight
             with pytest.raises(TooManyWaitersError):  # the claim takes the one place
                 g.run_sync("k", lambda: "never")
             hold.set()
-            wait_until(lambda: g._table.flights["k"].joiners == 1, "the claim joined G")
+            wait_until(lambda: g.stats().joins == 1, "the claim joined G")
             second.set()
             assert g_leader.result(5).value == "G"
             result = fresh.result(5)
@@ -443,7 +443,7 @@ def test_max_flights_refuses_a_new_key_but_a_duplicate_still_joins() -> None:
     release = threading.Event()
     with ThreadPoolExecutor(2) as pool:
         leader = pool.submit(g.run_sync, "a", lambda: release.wait(5) and "v")
-        wait_until(lambda: "a" in g._table.flights)
+        wait_until(lambda: g.stats().in_flight == 1)
         with pytest.raises(TooManyFlightsError) as info:
             g.run_sync("b", lambda: "never")
         assert (info.value.key, info.value.limit) == ("b", 1)
@@ -514,7 +514,7 @@ def test_a_sync_attempt_whose_thread_cannot_start_interrupts_the_flight(
     with pytest.raises(RuntimeError, match="can't start new thread"):
         g.run_sync("k", lambda: "never")
     monkeypatch.undo()
-    assert not g._table.flights and g.stats().interrupted == 1
+    assert g.stats().in_flight == 0 and g.stats().interrupted == 1
     assert g.run_sync("k", lambda: "next").value == "next"
 
 

@@ -32,6 +32,8 @@ from flightgroup import (
     current_lease,
 )
 
+from ..support import flights_of, kept_entries, use_clock
+
 KEYS = ("a", "b", "c")
 SUCCESS_TTL = 5.0
 ERROR_TTL = 2.0
@@ -105,7 +107,7 @@ def test_policies_against_a_model(schedule: list[tuple[Any, ...]]) -> None:
         limits=Limits(max_flights=1, max_waiters=10),
     )
     clock = Clock()
-    g._table.use_clock(clock)
+    use_clock(g, clock)
     model = Model()
     serial = 0
 
@@ -197,12 +199,10 @@ def test_policies_against_a_model(schedule: list[tuple[Any, ...]]) -> None:
                 assert isinstance(outcome, Failing)
                 model.kept[key] = Kept(False, str(outcome), attempts[-1], clock.now)
         # nothing is left in flight, and every kept entry is younger than its TTL
-        assert not g._table.flights and not g._table.detached
-        kept = g._table.kept
-        if kept is not None:
-            for live in list(kept._entries.values()):
-                ttl = SUCCESS_TTL if live.ok else ERROR_TTL
-                assert live.expires - clock.now <= ttl
+        assert flights_of(g) == []
+        for live in kept_entries(g):
+            ttl = SUCCESS_TTL if live.ok else ERROR_TTL
+            assert live.expires - clock.now <= ttl
         stats = g.stats()
         assert stats.in_flight == 0
         assert stats.flights == model.runs

@@ -23,7 +23,7 @@ from flightgroup import (
     current_lease,
 )
 
-from ..support import run, until, wait_until
+from ..support import flight_of, run, until, wait_until, waiting_on
 
 pytestmark = pytest.mark.usefixtures("task_start")
 
@@ -250,7 +250,6 @@ def test_leader_alone_cancelled_lets_the_work_finish_owned_by_the_group() -> Non
             await leader
         await finished.wait()
         await until(lambda: g.stats().in_flight == 0)
-        assert not g._table.flights
 
     run(main())
 
@@ -267,7 +266,7 @@ def test_joiner_cancelled_withdraws_only_itself() -> None:
         quitter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await quitter
-        assert len(g._table.flights["k"].waiters) == 2  # the leader and the stayer
+        assert waiting_on(g, "k") == 2  # the leader and the stayer
         gate.release.set()
         assert (await leader).value == "v"
         assert (await stayer).joined
@@ -378,7 +377,7 @@ def test_on_join_that_raises_withdraws_that_call_with_its_error() -> None:
 
         with pytest.raises(PermissionError):
             await g.run("k", gate, on_join=refuse)
-        assert len(g._table.flights["k"].waiters) == 1  # only the leader's
+        assert waiting_on(g, "k") == 1  # only the leader's
         gate.release.set()
         assert (await leader).value == "v"
 
@@ -404,7 +403,7 @@ def test_base_exception_in_work_interrupts_joiners_and_reaches_the_leader() -> N
         assert outcomes[0] is stop
         assert all(isinstance(o, FlightInterruptedError) for o in outcomes[1:])
         assert g.stats().interrupted == 1
-        assert not g._table.flights
+        assert g.stats().in_flight == 0
 
     run(main())
 
@@ -439,8 +438,7 @@ def test_work_cancelled_by_its_loop_shutting_down_interrupts_joiners_on_other_lo
             joined = loop_thread.submit(joiner_side())
             # wait for the joiner to be registered on the flight
             for _ in range(5000):
-                flight = g._table.flights.get("k")
-                if flight is not None and len(flight.waiters) == 2:
+                if waiting_on(g, "k") == 2:
                     break
                 __import__("time").sleep(0.001)
             # shut the leader's loop down the way asyncio.run does: cancel its tasks
@@ -512,13 +510,13 @@ def test_forget_detaches_the_running_flight_and_its_late_landing_keeps_the_new_o
         old.release.set()
         assert (await old_leader).value == "old"
         assert (await old_joiner).value == "old"
-        assert g._table.flights["k"].key == "k"
+        # the new flight still holds the key:
         late = asyncio.create_task(g.run("k", old))
         await until(lambda: g.stats().joins == 3)
         assert old.runs == 1  # the late caller joined the new flight, nothing re-ran
         new.release.set()
         assert [(await t).value for t in (new_leader, new_joiner, late)] == ["new"] * 3
-        assert not g._table.flights and not g._table.detached
+        assert g.stats().in_flight == 0  # neither the new flight nor the detached old one
 
     run(main())
 
@@ -573,7 +571,7 @@ def test_fresh_callers_who_all_cancel_leave_nothing_behind() -> None:
         await asyncio.gather(*fresh, return_exceptions=True)
         gate.release.set()
         await leader
-        assert not g._table.flights and gate.runs == 1
+        assert flight_of(g, "k") is None and gate.runs == 1  # no IDLE flight left (I4)
 
     run(main())
 
@@ -589,18 +587,18 @@ def test_fresh_caller_cancelled_while_its_claim_is_in_transit_hands_the_next_fli
         await until(lambda: gate.runs == 1, "the leader's work started")
         fresh = asyncio.create_task(g.run("k", gate, fresh=True))
         await until(lambda: g.stats().calls == 2)
-        flight = g._table.flights["k"]
+        flight = flight_of(g, "k")
         # Block this loop while the other loop lands the flight: the fresh caller's
         # claim on the next flight is then queued here, not yet delivered.
         loop_thread.call(gate.release.set)
-        wait_until(lambda: flight.outcome is not None, "the flight landed")
+        wait_until(lambda: g.stats().in_flight == 0, "the flight landed")
         following = flight.next
         assert following is not None and following.claims == 1
         fresh.cancel()  # before this loop delivers the claim
         with pytest.raises(asyncio.CancelledError):
             await fresh
         assert following.claims == 0
-        assert not g._table.flights  # the unclaimed next flight left the table (I4)
+        assert flight_of(g, "k") is None  # the unclaimed next flight left the table (I4)
         assert gate.runs == 1
         assert not (await asyncio.wrap_future(leader)).joined
 
@@ -626,7 +624,7 @@ def test_a_work_calling_its_own_key_gets_a_clear_error_instead_of_a_deadlock() -
 
         with pytest.raises(RuntimeError, match="wait for itself"):
             await g.run("self", direct)
-        assert not g._table.flights
+        assert g.stats().in_flight == 0
 
     run(main())
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ from flightgroup import (
     current_lease,
 )
 
-from ..support import LoopThread, run, until, wait_until
+from ..support import LoopThread, run, until, wait_until, waiting_on
 
 
 class SyncGate:
@@ -100,7 +101,7 @@ def test_joiner_timeout_raises_builtin_timeout_error_and_the_flight_goes_on() ->
         assert gate.started.wait(5)
         with pytest.raises(TimeoutError):
             g.run_sync("k", gate, timeout=0.05)
-        assert len(g._table.flights["k"].waiters) == 0  # the joiner withdrew
+        assert waiting_on(g, "k") == 0  # the joiner withdrew (the sync leader does not wait)
         gate.release.set()
         assert leader.result(5).value == "v"
     assert gate.runs == 1
@@ -128,20 +129,21 @@ def test_sync_work_returning_a_coroutine_fails_with_a_type_error_naming_run() ->
 
     with pytest.raises(TypeError, match=r"await run\(\)"):
         g.run_sync("k", coroutine_function)  # type: ignore[arg-type]
-    assert not g._table.flights
+    assert g.stats().in_flight == 0
 
 
 def test_run_sync_on_the_loop_thread_that_runs_the_flight_is_refused() -> None:
     async def main() -> None:
         g = FlightGroup()
-        release = asyncio.Event()
+        started, release = asyncio.Event(), asyncio.Event()
 
         async def work() -> str:
+            started.set()
             await release.wait()
             return "v"
 
         leader = asyncio.create_task(g.run("k", work))
-        await until(lambda: "k" in g._table.flights and g._table.flights["k"].loop is not None)
+        await started.wait()  # the flight runs on this loop
         with pytest.raises(RuntimeError, match="block"):
             g.run_sync("k", lambda: "other")
         release.set()
@@ -186,7 +188,7 @@ def test_async_leader_sync_joiners() -> None:
             return "async"
 
         leader = asyncio.create_task(g.run("k", work))
-        await until(lambda: "k" in g._table.flights)
+        await until(lambda: g.stats().in_flight == 1)
         joiners = [asyncio.create_task(asyncio.to_thread(g.run_sync, "k", lambda: "sync"))
                    for _ in range(4)]
         await until(lambda: g.stats().joins == 4)
@@ -284,6 +286,8 @@ from flightgroup import FlightGroup, Retry, current_lease
 from flightgroup.engine.flight import RETRY_PENDING
 
 mode = sys.argv[1]
+sys.path.insert(0, sys.argv[2])  # the checkout: its tests package
+from tests.support import flight_of
 if mode == "deadline":
     g = FlightGroup(deadline=30.0)
 else:
@@ -324,10 +328,10 @@ def interrupter():
     while g.stats().joins < 1:
         threading.Event().wait(0.005)
     # deadline: the main thread waits as the flight's leader (its driver thread
-    # started; code that never waits so, the old one, is interrupted after 2 s).
+    # started; a leader that never waits so is interrupted after 2 s, and fails here).
     # retry: the main thread is in the pause after the first attempt failed.
     for _ in range(400):
-        flight = g._table.flights.get("k")
+        flight = flight_of(g, "k")
         if flight is not None and (
             flight.leader_waiter is not None if mode == "deadline"
             else flight.state is RETRY_PENDING
@@ -368,12 +372,12 @@ driver.join(60)
 @pytest.mark.parametrize("mode", ["deadline", "retry"])
 def test_a_keyboard_interrupt_withdraws_a_leader_whose_flight_goes_on(mode: str) -> None:
     """DESIGN.md: "A caller that cancels (task cancelled, timeout, signal) withdraws only
-    itself; the work goes on for the others." With a deadline (the attempt runs on a
-    thread of its own) the leader's interrupt landed the flight "interrupted" while the
-    work ran on with its lease, and the next call ran the key beside it; in a retry's
-    pause it interrupted the joiners, and the retry never ran."""
+    itself; the work goes on for the others." A sync leader interrupted while it waits
+    on the attempt's own thread (a deadline) or in a retry's pause raises
+    KeyboardInterrupt alone: the work keeps its lease and runs once at a time, its joiner
+    and a call made after the interrupt both join the flight, and the retry runs."""
     proc = subprocess.run(
-        [sys.executable, "-c", _INTERRUPTED_LEADER, mode],
+        [sys.executable, "-c", _INTERRUPTED_LEADER, mode, str(Path(__file__).parents[2])],
         capture_output=True, text=True, timeout=50, check=False,
     )
     assert proc.returncode == 0, proc.stderr

@@ -53,6 +53,8 @@ import flightgroup
 import flightgroup.engine.attempts as attempts_module
 from flightgroup import FlightFailedError, Result
 
+from ..support import flights_of
+
 KEYS = ("a", "b", "c")
 FULL = 16  # sleep(0)s that let every chain of wake-ups run out (a chain is < 6 long)
 WAIT = 2.0  # bound of each wait for a thread or task that should be done in microseconds
@@ -283,12 +285,9 @@ class World:
             await asyncio.sleep(0)
 
     def fresh_queued(self) -> int:
-        """Fresh callers queued for the end of a flight (the group's table, read under
-        its lock: the only way to see that a fresh thread caller has arrived)."""
-        table = self.g._table
-        with table.lock:
-            flights = [*table.flights.values(), *table.detached]
-            return sum(len(f.fresh or ()) for f in flights)
+        """Fresh callers queued for the end of a flight: the only way to see that a fresh
+        thread caller has arrived."""
+        return sum(len(f.fresh or ()) for f in flights_of(self.g))
 
     def settle_threads(self) -> None:
         """Wait for the fresh thread callers whose awaited run ended to take their claim."""
@@ -533,9 +532,8 @@ def check(world: World) -> None:
             world.seen.add("fresh callers shared a flight")
 
     # The table is empty and the counters add up.
-    table = world.g._table
-    assert len(table.flights) == 0, table.flights
-    assert table.detached == set()
+    left = flights_of(world.g)
+    assert left == [], left
     s = world.g.stats()
     assert s.in_flight == 0
     assert s.calls == entered

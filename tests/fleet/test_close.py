@@ -296,8 +296,8 @@ def test_a_second_close_returns_only_once_the_first_handed_the_landing_over(
     first: threading.Thread | None = None
     second: threading.Thread | None = None
     # The leader's call returns once its landing was handed over: it waits in a thread.
-    # (Called here, it waited the gate's 20 s out, the landing was handed over before
-    # any close(), and the second close() was seen waiting only by luck.)
+    # (Called here, it would wait the gate's 20 s out and hand the landing over before
+    # any close(), and the second close() would be seen waiting only by luck.)
     leader, led = in_thread(a.run_sync, "k", lambda: "v")
     try:
         assert completing.wait(10)  # the landing is made, its COMPLETE held

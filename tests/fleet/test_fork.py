@@ -32,7 +32,8 @@ import asyncio, gc, json, os, sys, threading, warnings
 from flightgroup import JSON, FlightGroup
 warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads: on purpose
 url, namespace = sys.argv[1], sys.argv[2]
-# A lease far past the test's limit: the old close() in the child waited it out.
+# A lease far past the test's limit: a child's close() that waited for the lease would
+# fail the test.
 parent_group = FlightGroup(redis=url, namespace=namespace, codec=JSON, lease=300)
 parent_group.run_sync("warm", lambda: 0)
 running, release = threading.Event(), threading.Event()

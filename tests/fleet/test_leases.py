@@ -312,7 +312,7 @@ def test_a_lease_past_the_pexpire_range_leaves_no_record_without_a_ttl(
                 huge.close()
         left = keys_without_ttl(client, f"fg:{{{namespace}*")
         # A sane group of the namespace must not wait on a flight that nobody runs
-        # (today: it joins the record and sends a CHECK every 50 ms until its timeout).
+        # (a record left without a TTL would make it join and CHECK until its timeout).
         try:
             later: Any = sane.run_sync("k", lambda: "sane", timeout=2.0)
         except TimeoutError as exc:

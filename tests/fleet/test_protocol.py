@@ -4,7 +4,7 @@ sequences, and the RedisArbiter through the public API: replies cut after Redis
 acted (redis-py re-sends), an unreachable or frozen server, a 3-master Cluster, the
 startup warning, ``status()`` and the number of round trips per call.
 
-The multi-process scenarios are in tests/test_fleet_processes.py.
+The multi-process scenarios are in tests/fleet/test_processes.py.
 """
 
 from __future__ import annotations
@@ -816,7 +816,7 @@ def test_unreachable_redis_raises_unavailable_error() -> None:
             group.forget("k")
         assert isinstance(caught_forget.value.__cause__, redis.RedisError)
         # A call the scope could not serve is no flight, no join and no interruption
-        # (docs/observability.md); it was counted as interrupted and timed as a flight.
+        # (docs/observability.md), and it is not timed as one.
         stats = group.stats()
         assert (stats.calls, stats.flights, stats.joins) == (2, 0, 0), stats
         assert (stats.interrupted, stats.failures, stats.in_flight) == (0, 0, 0), stats
@@ -881,9 +881,9 @@ def test_calls_of_a_key_that_get_no_answer_share_one_undo() -> None:
 def test_an_acquire_a_frozen_server_ran_after_its_call_gave_up_is_undone() -> None:
     """Redis frozen (SIGSTOP): the calls give up (UnavailableError), but Redis runs
     their buffered ACQUIREs once it resumes, even from closed connections: flights
-    nobody leads. Before, every later call of those keys joined one and, a lease
-    later, got FlightInterruptedError. The group undoes them: its own next call of a
-    key waits for that and leads; another group's call finds the key free."""
+    nobody leads. The group undoes them (ADR 0024), so no later call joins one and
+    gets FlightInterruptedError a lease later: its own next call of a key waits for
+    that and leads; another group's call finds the key free."""
     server = RedisServer()
     ran: list[str] = []
 
@@ -1231,7 +1231,7 @@ def test_a_flight_longer_than_its_lease_is_renewed_for_its_joiner(
         renews = counter.replies(a, "renew")[:leader[:landed].count("renew")]
         # The replies are logged as they come, over two connections: a renewal that
         # Redis ran just after the landing (0: its flight is no longer running) may be
-        # heard just before the landing's reply (seen once in CI, on a loaded machine).
+        # heard just before the landing's reply (a loaded machine's scheduling).
         if renews and renews[-1] == [0]:
             renews = renews[:-1]
         assert len(renews) >= 5 and all(r == [1] for r in renews), renews  # every 0.2 s

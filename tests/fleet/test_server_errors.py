@@ -241,7 +241,7 @@ def test_a_landing_refused_by_a_full_server_ends_the_flight_in_redis_too(namespa
         leader.join(30)
         assert isinstance(outcome(led), LeaseLostError), led
         # The leader gave up its landing: the flight is gone from Redis at once, not a
-        # lease after its last renewal (the old ABANDON failed before its DEL).
+        # lease after its last renewal (ABANDON deletes before it writes).
         assert server.client().exists(record_key(namespace, "k")) == 0
         # and the joiners are told at once: a script that has written may write again
         # under OOM, so the XADD after the DEL is taken.

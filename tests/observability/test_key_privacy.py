@@ -41,8 +41,8 @@ def test_a_traced_call_with_a_lone_surrogate_key_returns(spans: Any) -> None:
 def test_no_span_records_the_raw_key(spans: Any) -> None:
     """No span records the raw key."""
     # A flightgroup error's message names the key ("The flight of 'tenant:secret-42'
-    # failed: ..."); recorded as the span's exception event it put the raw key in the
-    # trace, which the docs say never happens.
+    # failed: ..."); recorded as it is in the span's exception event it would put the raw
+    # key in the trace, which the docs say never happens.
     provider, exporter = spans
     key = "tenant:secret-42"
     group = FlightGroup(deadline=0.05)

@@ -67,8 +67,9 @@ def test_a_raising_span_processor_changes_no_call(where: str) -> None:
 @pytest.mark.timeout(60)
 def test_instrument_keeps_a_subclass_of_the_group(spans: Any) -> None:
     """instrument() keeps a subclass of FlightGroup as it is."""
-    # instrument() swapped any group to a subclass of FlightGroup itself: a subclass
-    # with a __dict__ raised TypeError (layout differs), a slotted one lost its methods.
+    # The traced class derives from the group's own class: one derived from FlightGroup
+    # itself would raise TypeError for a subclass with a __dict__ (another layout) and
+    # drop a slotted subclass's methods.
     provider, exporter = spans
 
     class Mine(FlightGroup):

@@ -113,7 +113,7 @@ class Attempts:
         else:
             task = flight.task = loop.create_task(coro)
             # Cancelled before its first step (its loop shut down at once), the task
-            # never enters _drive_async: land the flight here instead.
+            # never enters drive_async: land the flight here instead.
             # (A weak reference: the callback must not keep a settled flight's value.)
             task.add_done_callback(functools.partial(self._unstarted, weakref.ref(flight)))
 
@@ -154,7 +154,7 @@ class Attempts:
                 outcome, value, error = Outcome.INTERRUPTED, None, exc
             else:
                 outcome, error = Outcome.VALUE, None
-            timer = attempt.timer  # the first eager attempt's is set by _start_async
+            timer = attempt.timer  # the first eager attempt's is set by start_async
             if timer is not None:
                 timer.cancel()
                 if attempt.timed_out:  # the deadline cancelled it (or its result is late)
@@ -263,7 +263,7 @@ class Attempts:
         number: int,
         paused: tuple[float, Ending] | None,
     ) -> None:
-        """The loop of _drive_sync from attempt ``number``; ``paused``: the pause before
+        """The loop of drive_sync from attempt ``number``; ``paused``: the pause before
         the next attempt still to wait, and the ending of ``attempt`` (a pause that a
         KeyboardInterrupt cut short in the leader's thread goes on here, on a thread of
         its own: the leader withdraws, the flight goes on for the others)."""

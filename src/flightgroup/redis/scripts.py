@@ -282,8 +282,8 @@ return {1, joiners}
 ABANDON = _FIND + """
 if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
 -- The DEL first: at maxmemory under noeviction Redis refuses a script's first write
--- that can grow memory (an XADD first ended this script with nothing done, and RENEW
--- kept the record alive), but once a script has written it may write on.
+-- that can grow memory (an XADD first would end this script with nothing done, and
+-- RENEW would keep the record alive), but once a script has written it may write on.
 local key, state = find(KEYS[1], KEYS[2], ARGV[1])
 if key and state == 'R' then redis.call('DEL', key) end
 redis.call('XADD', KEYS[3], 'MAXLEN', '1', '*', 'c', 'int', 'v', ARGV[3], 'f', '1')

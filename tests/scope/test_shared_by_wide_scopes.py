@@ -1,5 +1,7 @@
-"""Parts the wide scopes share (flightgroup.scope), on their own, the kept failure's
-cause across groups of one directory, and the sync driver both scopes share."""
+"""What the wide scopes share (flightgroup.scope): the kept failures' causes, kept across
+the groups of one scope in a process; the bridge's sync leading caller, which withdraws
+alone; the background loop, which leaves no task pending when it stops; and a wide group's
+end (closed or dropped), which lets go of its threads, connections and remembered errors."""
 
 from __future__ import annotations
 
@@ -171,7 +173,7 @@ def test_a_sync_leading_callers_on_join_raising_a_base_exception_withdraws_only_
         raise KeyboardInterrupt
 
     first = Background(lambda: b.run_sync("k", never, on_join=interrupted))
-    wait_until(lambda: "k" in b._table.flights, "the first caller leads b's flight")
+    wait_until(lambda: b.stats().in_flight == 1, "the first caller leads b's flight")
     told: list[None] = []
     second = Background(lambda: b.run_sync("k", never, on_join=lambda: told.append(None)))
     wait_until(lambda: b.stats().joins == 1, "the second caller joined b's flight")
