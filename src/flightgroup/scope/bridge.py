@@ -191,6 +191,12 @@ class Bridge:
             )
             raise
         self._act_sync(flight, call, work, parent, event)
+        if on_join is not None and type(event) is Landed and not event.kept:
+            # Its flight's outcome came from elsewhere: this caller joined it (_end).
+            try:
+                on_join()
+            except BaseException as exc:
+                return exc
         return None
 
     def _act_sync(
@@ -269,6 +275,10 @@ class Bridge:
     def _end(self, flight: WideFlight, event: ScopeEvent) -> None:
         """Settle a flight whose outcome came from the scope (or that cannot go on)."""
         if type(event) is Landed:
+            if not event.kept:
+                # A flight's landing is a join of it, announced or not: its callers here
+                # are joiners, and their on_join is due before they read it.
+                self._joined(flight, event.token)
             outcome, error, data = from_shared(flight.key, event.outcome)
             if error is not None:  # a failure a group of this process may have landed
                 error.__cause__ = self.table.cause_of(flight.key, event.token)

@@ -107,11 +107,6 @@ def test_a_lost_joined_answer_still_ends_the_joiner_with_the_outcome(
     assert (result.value, result.joined) == ("v", True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine: a flight that ends with a Landed (not kept) its scope never "
-    "announced with Joined settles its callers as joiners without calling on_join",
-)
 def test_on_join_is_called_even_when_the_joined_answer_was_lost(
     fake: FakeCoordinator, made: list[FlightGroup]
 ) -> None:
