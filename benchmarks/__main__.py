@@ -1,5 +1,6 @@
 """``python -m benchmarks [--quick] [--write PATH] [--only directory|fleet]
-[--update PATH]``: run the suite, print the report. ``--only directory`` (``--only
+[--update PATH]``: run the suite, print the report (``--write`` keeps the file's
+``## History`` section). ``--only directory`` (``--only
 fleet``) runs and prints the directory (fleet) scope's section alone (see
 benchmarks/directory.py, benchmarks/fleet.py); ``--update PATH`` puts the fleet scope's
 section into the Markdown file PATH in place of its old text, keeping the rest."""
@@ -15,6 +16,19 @@ from . import directory, fleet
 from .peers import ASYNC_LIBS, NONE_ASYNC, NONE_SYNC, THREAD_LIBS
 from .report import engine, flightgroup_ok, render, render_only, src_digest, targets
 from .scenarios import FULL, QUICK, run
+
+HISTORY = "\n## History\n"
+
+
+def _history(path: Path) -> str:
+    """The ``## History`` section of the report at ``path`` (to its end), which a new
+    report keeps: side-by-side runs of two commits are written there by hand."""
+    try:
+        old = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return ""
+    at = old.find(HISTORY)
+    return "" if at < 0 else old[at:]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         text = render_only("fleet scope", fleet.section(fleet_out), fleet_found, command, source)
     print(text)
     if args.write:
-        Path(args.write).write_text(text, encoding="utf-8")
+        Path(args.write).write_text(text + _history(Path(args.write)), encoding="utf-8")
     if args.update and fleet_out is not None:
         fleet.update(args.update, fleet.section(fleet_out, fleet_found, command, source))
     if wide is not None and wide_found is not None and not directory.ok(wide, wide_found):

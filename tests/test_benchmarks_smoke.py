@@ -116,3 +116,15 @@ def _assert_exchange_rows(out: str) -> None:
             assert float(cells[2].replace(",", "")) > 0, line
     assert set(samples) == {EXCHANGE_OWN, EXCHANGE_THREAD}, out[-3000:]
     assert samples[EXCHANGE_OWN] == samples[EXCHANGE_THREAD] > 0, samples
+
+
+def test_a_written_report_keeps_the_files_history_section(tmp_path: Path) -> None:
+    """``--write`` replaces the report and keeps the file's ``## History`` to its end."""
+    from benchmarks.__main__ import _history
+
+    report = tmp_path / "benchmarks.md"
+    assert _history(report) == ""  # no file yet: nothing to keep
+    report.write_text("# Benchmarks\n\nold rows\n\n## History\n\n### a run\n\nrows\n")
+    assert _history(report) == "\n## History\n\n### a run\n\nrows\n"
+    report.write_text("# Benchmarks\n\nno history here\n")
+    assert _history(report) == ""
