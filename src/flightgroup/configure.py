@@ -70,29 +70,9 @@ def configure(
         raise TypeError(
             "a directory or fleet group needs a codec (for example codec=flightgroup.JSON)"
         )
-    path = ""
-    if directory is not None:
-        path = os.fsdecode(os.fspath(directory))
-        if not path:
-            raise ValueError("directory must not be empty")
-        sock = os.path.join(os.path.abspath(path), "flight.sock")
-        size = len(sock.encode())
-        if size > SOCKET_PATH_LIMIT:
-            raise ValueError(
-                f"the socket path {sock!r} is {size} bytes, over the limit of "
-                f"{SOCKET_PATH_LIMIT}; choose a shorter directory"
-            )
+    path = "" if directory is None else _directory_path(directory)
     if redis is not None:
-        if not isinstance(redis, str) or not redis.startswith(
-            ("redis://", "rediss://", "unix://")
-        ):
-            raise ValueError("redis must be a redis://, rediss:// or unix:// URL")
-        if not isinstance(namespace, str) or not namespace:
-            raise ValueError("the fleet scope needs a non-empty namespace")
-        if "}" in namespace:
-            # It would end the hash tag of the flight's Redis keys early, and split
-            # them over a Cluster's slots.
-            raise ValueError("a namespace cannot hold '}'")
+        _check_fleet(redis, namespace)
     elif namespace is not None:
         raise ValueError("namespace belongs to the fleet scope (redis=...)")
     check_seconds("lease", lease, allow_none=False, allow_zero=False, allow_inf=False)
@@ -101,18 +81,7 @@ def configure(
     check_seconds("reconnect_timeout", reconnect_timeout, allow_none=False)
     deadline = check_seconds("deadline", deadline, allow_zero=False, allow_inf=False)
     check_policies(retry=retry, retention=retention, limits=limits)
-    if max_value_bytes is not None:
-        if isinstance(max_value_bytes, bool) or not isinstance(max_value_bytes, int):
-            raise TypeError("max_value_bytes must be an int")
-        if max_value_bytes < 1:
-            raise ValueError("max_value_bytes must be a positive int")
-        if codec is None:  # (a wide scope without one was refused above)
-            # It bounds an encoded outcome: without a codec nothing is encoded.
-            raise ValueError("max_value_bytes needs a codec in the process scope")
-    if isinstance(max_frame_bytes, bool) or not isinstance(max_frame_bytes, int):
-        raise TypeError("max_frame_bytes must be an int")
-    if max_frame_bytes < 1024:
-        raise ValueError("max_frame_bytes must be at least 1024")
+    _check_bounds(max_value_bytes, max_frame_bytes, codec)
     # An argument of another scope would be ignored: say so rather than let a
     # misconfigured group run (a lease meant for Redis on a directory group).
     other: list[tuple[str, object, object, str]] = []
@@ -142,18 +111,9 @@ def configure(
         )
         named = f"FlightGroup(redis=..., namespace={namespace!r})"
     elif directory is not None:
-        # A value must fit in a frame, or its landing would be refused by every
-        # coordinator (the connection dropped, the landing sent again, for ever).
-        room = max_frame_bytes - min(FRAME_HEADROOM, max_frame_bytes // 2)
-        if max_value_bytes is None:
-            max_value_bytes = min(DIRECTORY_MAX_VALUE, room)
-        elif max_value_bytes > room:
-            raise ValueError(
-                f"max_value_bytes ({max_value_bytes}) must leave room for a frame's "
-                f"header in max_frame_bytes ({max_frame_bytes}): at most {room}"
-            )
         from .directory import open_scope as open_directory
 
+        max_value_bytes = _directory_max_value(max_value_bytes, max_frame_bytes)
         scope = open_directory(
             path, max_frame=max_frame_bytes, reconnect_timeout=reconnect_timeout
         )
@@ -166,6 +126,65 @@ def configure(
         scope=scope,
         named=named,
     )
+
+
+def _directory_path(directory: str | os.PathLike[str]) -> str:
+    """The directory scope's path, refused when empty or when its socket's path would
+    pass the limit of a Unix socket's address."""
+    path = os.fsdecode(os.fspath(directory))
+    if not path:
+        raise ValueError("directory must not be empty")
+    sock = os.path.join(os.path.abspath(path), "flight.sock")
+    size = len(sock.encode())
+    if size > SOCKET_PATH_LIMIT:
+        raise ValueError(
+            f"the socket path {sock!r} is {size} bytes, over the limit of "
+            f"{SOCKET_PATH_LIMIT}; choose a shorter directory"
+        )
+    return path
+
+
+def _check_fleet(redis: object, namespace: object) -> None:
+    """Refuse a fleet scope's URL or namespace."""
+    if not isinstance(redis, str) or not redis.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError("redis must be a redis://, rediss:// or unix:// URL")
+    if not isinstance(namespace, str) or not namespace:
+        raise ValueError("the fleet scope needs a non-empty namespace")
+    if "}" in namespace:
+        # It would end the hash tag of the flight's Redis keys early, and split them
+        # over a Cluster's slots.
+        raise ValueError("a namespace cannot hold '}'")
+
+
+def _check_bounds(max_value_bytes: object, max_frame_bytes: object, codec: Codec | None) -> None:
+    """Refuse a bad ``max_value_bytes`` or ``max_frame_bytes``."""
+    if max_value_bytes is not None:
+        if isinstance(max_value_bytes, bool) or not isinstance(max_value_bytes, int):
+            raise TypeError("max_value_bytes must be an int")
+        if max_value_bytes < 1:
+            raise ValueError("max_value_bytes must be a positive int")
+        if codec is None:  # (a wide scope without one was refused before)
+            # It bounds an encoded outcome: without a codec nothing is encoded.
+            raise ValueError("max_value_bytes needs a codec in the process scope")
+    if isinstance(max_frame_bytes, bool) or not isinstance(max_frame_bytes, int):
+        raise TypeError("max_frame_bytes must be an int")
+    if max_frame_bytes < 1024:
+        raise ValueError("max_frame_bytes must be at least 1024")
+
+
+def _directory_max_value(max_value_bytes: int | None, max_frame_bytes: int) -> int:
+    """The directory scope's bound on an encoded outcome: a value must fit in a frame,
+    or its landing would be refused by every coordinator (the connection dropped, the
+    landing sent again, for ever)."""
+    room = max_frame_bytes - min(FRAME_HEADROOM, max_frame_bytes // 2)
+    if max_value_bytes is None:
+        return min(DIRECTORY_MAX_VALUE, room)
+    if max_value_bytes > room:
+        raise ValueError(
+            f"max_value_bytes ({max_value_bytes}) must leave room for a frame's "
+            f"header in max_frame_bytes ({max_frame_bytes}): at most {room}"
+        )
+    return max_value_bytes
 
 
 def check_policies(

@@ -44,6 +44,7 @@ from .engine.attempts import Attempts
 from .engine.flight import (
     CLOSED,
     EXPIRED,
+    JOINED,
     SETTLED,
     Flight,
     Outcome,
@@ -254,6 +255,8 @@ class FlightGroup:
                 if on_join is not None and self._bridge is not None and flight.joined_remote:
                     on_join()  # (wide scopes) it joined elsewhere, and the outcome came
                 return self._deliver(flight, True)
+            if on_join is None and timeout is None:
+                return await self._lead_waiting(flight, loop)
             role = Role.LEADING
         elif role is Role.KEPT:
             return self._deliver(flight, False)
@@ -295,10 +298,33 @@ class FlightGroup:
             self._attempts.start_async(flight, work, loop)
             if flight.outcome is not None:
                 return self._deliver(flight, True)
-            role = Role.LEADING
-        elif role is Role.KEPT:
+            return await self._lead_waiting(flight, loop)
+        if role is Role.KEPT:
             return self._deliver(flight, False)
         return await self._follow(role, flight, waiter, work, None, None, loop, policy)
+
+    async def _lead_waiting(
+        self, flight: Flight, loop: asyncio.AbstractEventLoop
+    ) -> Result[Any]:
+        """The leader whose work (or its scope's answer) has not come yet, with no
+        on_join and no timeout: the follower's decisions for that case, without the
+        follower (the miss path of every wide call, and of Python 3.11, which has no
+        eager task). JOINED (a wide flight joined one led elsewhere) makes it wait again,
+        as a joiner now; SETTLED delivers; CLOSED raises."""
+        table = self._table
+        while True:
+            fut = loop.create_future()
+            if not table.wait_as_leader(flight, fut):
+                return self._deliver(flight, True)
+            try:
+                signal = await fut
+            except BaseException:
+                table.withdraw(flight, fut)
+                raise
+            if signal is SETTLED:
+                return self._deliver(flight, True)
+            if signal is not JOINED:
+                raise self._closed_error()
 
     def _admit(
         self, key: object, work: object, on_join: object, timeout: object, fresh: object

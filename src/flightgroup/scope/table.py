@@ -19,7 +19,7 @@ import asyncio
 import os
 import threading
 import weakref
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..engine.flight import (
@@ -40,6 +40,7 @@ from ..engine.flight import (
 )
 from ..engine.table import FlightTable
 from ..errors import GroupClosedError
+from ..policy import NO_POLICY, FlightPolicy
 
 if TYPE_CHECKING:
     from .causes import KeptCauses
@@ -158,10 +159,21 @@ class WideTable(FlightTable[WideFlight]):
     # -- the engine's hooks ------------------------------------------------------
 
     def arrive(
-        self, tkey: Hashable, key: str, *, fresh: bool, **rest: Any
+        self,
+        tkey: Hashable,
+        key: str,
+        *,
+        fresh: bool,
+        make_waiter: Callable[[], Waiter],
+        chain: Flight | None,
+        blocking_loop: asyncio.AbstractEventLoop | None,
+        policy: FlightPolicy = NO_POLICY,
     ) -> tuple[Role, WideFlight, Waiter | None]:
         """FlightTable.arrive; a flight led by a fresh caller says so to its scope."""
-        role, flight, waiter = super().arrive(tkey, key, fresh=fresh, **rest)
+        role, flight, waiter = super().arrive(
+            tkey, key, fresh=fresh, make_waiter=make_waiter, chain=chain,
+            blocking_loop=blocking_loop, policy=policy,
+        )
         if fresh and waiter is None and flight.state is not DONE:
             # (Only this caller knows the new flight's lead yet: its driver reads it.)
             flight.fresh_lead = True
