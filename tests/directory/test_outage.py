@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -35,17 +36,19 @@ from ..support import wait_until
 
 
 @pytest.mark.timeout(60)
-def test_a_call_made_while_the_leases_are_lost_is_not_failed_with_them(
+def test_a_call_made_while_the_leases_are_lost_is_refused_at_once(
     directory: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A call made while the leases are lost is not failed with them.
+    """A call made while the leases are lost is refused at once, and calls are served again
+    once a coordinator is.
 
     No coordinator for reconnect_timeout: the leases are lost and the calls that
     waited through the outage fail. A call made while that happens (here: at the very
-    moment the lease is lost) is not one of them; it is served once a coordinator is."""
+    moment the lease is lost) raises UnavailableError at once: it neither waits nor is
+    left registered; the next call once a coordinator serves leads."""
     import fcntl
 
-    from flightgroup import LeaseLostError, current_lease
+    from flightgroup import LeaseLostError, UnavailableError, current_lease
     from flightgroup.directory.client import DirectoryArbiter
     from flightgroup.scope.events import Lead
 
@@ -60,7 +63,10 @@ def test_a_call_made_while_the_leases_are_lost_is_not_failed_with_them(
     def lose_then_call(self: DirectoryArbiter, lead: Any, reason: str) -> None:
         lose(self, lead, reason)
         if not made:
-            made.append(self.submit("after", fresh=False))
+            try:
+                made.append(self.submit("after", fresh=False))
+            except UnavailableError as exc:
+                made.append(exc)
 
     monkeypatch.setattr(DirectoryArbiter, "_campaign", held)
     monkeypatch.setattr(DirectoryArbiter, "_lose", lose_then_call)
@@ -97,11 +103,18 @@ def test_a_call_made_while_the_leases_are_lost_is_not_failed_with_them(
         thread.join(20)
         assert len(errors) == 1 and isinstance(errors[0], LeaseLostError), errors
         wait_until(lambda: bool(made), "the call made as the lease was lost")
-        (call,) = made
-        assert arbiter._calls.get(call.id) is call  # still waiting, not failed
+        (refused,) = made
+        assert isinstance(refused, UnavailableError), refused
+        assert "has answered for" in str(refused) and not arbiter._calls
         os.close(fd)
         fd = -1
-        allow.set()  # this process coordinates: the call is served
+        allow.set()  # this process coordinates: calls are served
+        while True:
+            try:
+                call = arbiter.submit("after", fresh=False)
+                break
+            except UnavailableError:  # until this process's own coordinator serves it
+                time.sleep(0.01)
         assert isinstance(call.inbox.get_sync(), Lead)
         arbiter.withdraw(call)
     finally:
@@ -205,3 +218,48 @@ def test_a_frozen_coordinator_fails_calls_after_about_reconnect_timeout(
     # begun as it ran out); the last waits at most _LAST_WAIT.
     assert sum(waits[:-1]) <= 1.0 + connection._LAST_WAIT, waits
     assert waits[-1] <= connection._LAST_WAIT, waits
+
+
+@pytest.mark.timeout(60)
+def test_calls_fail_fast_once_no_coordinator_answered_and_go_through_when_one_does(
+    h: Harness,
+) -> None:
+    """Calls fail fast once no coordinator answered for reconnect_timeout, and go through
+    again when one does.
+
+    The coordinator is frozen (it holds the election, its socket takes connections and
+    never answers): the call that waits through reconnect_timeout raises UnavailableError;
+    every later call, of that key or any other, raises it at once instead of waiting
+    reconnect_timeout again (200 such waits would be 60 s). The group keeps trying to
+    connect: once the frozen one is gone, this process is elected and the calls lead."""
+    from flightgroup import UnavailableError
+
+    os.makedirs(h.dir, mode=0o700)
+    election = h.take_election()
+    frozen = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    frozen.bind(h.path("flight.sock"))
+    frozen.listen(16)  # connections queue; nobody accepts or answers them
+    g = FlightGroup(directory=h.dir, codec=JSON, reconnect_timeout=0.3)
+    try:
+        with pytest.raises(UnavailableError, match=r"reconnect_timeout=0.3\)"):
+            g.run_sync("k", lambda: "never")
+        for key in ["k"] * 200 + [f"d{i}" for i in range(200)]:
+            with pytest.raises(UnavailableError, match="has answered for") as refused:
+                g.run_sync(key, lambda: "never")
+            assert refused.value.key == key
+        assert g.stats().flights == 0
+        frozen.close()
+        os.unlink(h.path("flight.sock"))
+        h.give_back_election(election)
+        while True:  # refused at once until this process is elected and connected
+            try:
+                got = g.run_sync("k", lambda: "led")
+                break
+            except UnavailableError as exc:
+                if "has answered for" not in str(exc):
+                    raise
+                time.sleep(0.01)
+        assert (got.value, got.joined) == ("led", False)
+    finally:
+        g.close()
+        frozen.close()

@@ -16,8 +16,9 @@ from flightgroup import (
     FlightInterruptedError,
     UnavailableError,
 )
+from flightgroup.redis.names import Names
 
-from ..infleet import fleet_group, fleet_of, never_runs
+from ..infleet import fleet_group, fleet_of, never_runs, refused_by_an_outage, when_reachable
 from ..redisproc import RedisServer
 from ..support import in_thread, wait_until
 
@@ -114,3 +115,63 @@ def test_the_first_call_does_not_wait_for_the_startup_pipeline(
         release.set()
         group.close()
     assert result.value == "v" and not result.joined
+
+
+@pytest.mark.timeout(60)
+def test_calls_fail_fast_while_redis_is_down_and_go_through_once_it_is_back() -> None:
+    """Redis stopped: the call that finds it out of reach raises UnavailableError, and every
+    later call, of that key or of any other, raises it at once (its ``__cause__`` the
+    client's error), without waiting for the undo of the first call's ACQUIRE. Redis
+    back on the same port: new calls lead through it again."""
+    server = RedisServer()
+    g = fleet_group(server.url, "down")
+    try:
+        g.run_sync("warm-up", lambda: 0)
+        server.kill()
+        with pytest.raises(UnavailableError) as first:
+            g.run_sync("a", never_runs)
+        assert isinstance(first.value.__cause__, redis.ConnectionError)
+        for key in ["a"] * 200 + [f"d{i}" for i in range(200)]:
+            with pytest.raises(UnavailableError) as refused:
+                g.run_sync(key, never_runs)
+            assert refused_by_an_outage(refused.value), refused.value
+            assert isinstance(refused.value.__cause__, redis.ConnectionError)
+            assert refused.value.key == key
+        server.start()
+        got = when_reachable(g, "a", lambda: "back")
+        assert (got.value, got.joined) == ("back", False)
+    finally:
+        g.close()
+        server.close()
+
+
+@pytest.mark.timeout(60)
+def test_calls_refused_during_an_outage_never_reach_redis() -> None:
+    """Redis frozen (SIGSTOP): only the first call's ACQUIRE waits on it; the calls made
+    after it are refused in this process, so when Redis resumes and runs what its
+    sockets buffered, it finds no flight of theirs (a call that had sent one would have
+    left a flight there, undone or not)."""
+    server = RedisServer()
+    g = fleet_group(server.url, "frozen", lease=0.6)
+    try:
+        g.run_sync("warm-up", lambda: 0)
+        server.stop()
+        try:
+            with pytest.raises(UnavailableError):
+                g.run_sync("first", never_runs)
+            keys = [f"later{i}" for i in range(200)]
+            for key in keys:
+                with pytest.raises(UnavailableError) as refused:
+                    g.run_sync(key, never_runs)
+                assert refused_by_an_outage(refused.value), refused.value
+        finally:
+            server.cont()
+        got = when_reachable(g, "first", lambda: "led")
+        assert (got.value, got.joined) == ("led", False)  # its ghost flight was undone
+        client = server.client()
+        for key in keys:
+            record = Names("frozen", key, False).record
+            assert client.exists(record) == 0 and not client.keys(f"{record}:*"), key
+    finally:
+        g.close()
+        server.close()

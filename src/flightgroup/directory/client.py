@@ -115,7 +115,8 @@ class DirectoryArbiter:
         self._maintainer: asyncio.Task[None] | None = None
         self._coordinator: Coordinator | None = None
         self._closing = False
-        self._given_up = False
+        self._given_up = False  # no coordinator for reconnect_timeout: calls fail fast
+        self._down_since = 0.0  # time.monotonic() when the outage that gave up began
         # Requests answered to a thread that waits (status, forget): id -> its future.
         self._waiters: dict[int, Future[Any]] = {}
         self._closed_future: Future[None] = Future()
@@ -200,6 +201,7 @@ class DirectoryArbiter:
         every lease of this process is lost, and its joined calls are interrupted."""
         if self._given_up:
             return
+        self._down_since = time.monotonic() - down
         self._given_up = True
         # The calls that waited through the outage; one made while the leases are lost
         # below (their works wake, their callers go on) is not failed with them.
@@ -215,6 +217,19 @@ class DirectoryArbiter:
                     f"(reconnect_timeout={self._reconnect_timeout:g})"
                 )
                 _finish(call, Refused(renewed(error)))
+
+    def _out_of_reach(self) -> BaseException:
+        """What a new call raises while no coordinator of our version has answered for
+        longer than ``reconnect_timeout`` (the connection keeps trying, as a probe: the
+        first coordinator that answers ends it): the refusal of another version's, if
+        one holds the election, else UnavailableError."""
+        if self._refusal is not None:
+            return renewed(self._refusal)
+        return UnavailableError(
+            f"no coordinator of {self.directory!r} has answered for "
+            f"{time.monotonic() - self._down_since:.1f} s "
+            f"(reconnect_timeout={self._reconnect_timeout:g}); still trying"
+        )
 
     def _fail_all(self, exc: BaseException) -> None:
         for call in self._take_unled():
@@ -423,6 +438,8 @@ class DirectoryArbiter:
             raise renewed(self._fatal)
         if self._election_error is not None and self._channel is None:
             raise renewed(self._election_error)
+        if self._given_up and self._channel is None:
+            raise self._out_of_reach()  # no call waits on an outage already seen out
         self.check_key(key)
         self._ensure_started()
         with self._send_lock:

@@ -41,6 +41,7 @@ from ..scope.loop import BackgroundLoop, closed_in_fork
 from ..scope.outcome import SharedOutcome
 from . import clients, scripts
 from .acquire import acquire
+from .breaker import Breaker
 from .calls import FleetCall, FleetLead
 from .clients import COMMAND_TIMEOUT, MAX_BLOCK, UNREACHABLE
 from .landing import complete
@@ -100,6 +101,7 @@ class RedisArbiter:
         self._close_returned = threading.Event()  # the first close() is done
         self._closed_why: str | None = None  # set in a forked child (see _forked)
         self._fatal: Exception | None = None  # the clients could not be made
+        self._breaker = Breaker(self)  # open while Redis is known out of reach
         # Called in a forked child of a started group (its group drops its flights).
         self.on_fork: Callable[[str], None] | None = None
 
@@ -155,7 +157,13 @@ class RedisArbiter:
         return closed_in_fork(self._closed_why)
 
     async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await self._scripts[name](keys=keys, args=args, client=self._client)
+        try:
+            reply = await self._scripts[name](keys=keys, args=args, client=self._client)
+        except BaseException as exc:
+            self._breaker.saw(exc)
+            raise
+        self._breaker.answered()
+        return reply
 
     def _unavailable(self, exc: BaseException) -> UnavailableError:
         error = UnavailableError(f"cannot reach Redis at {self._where()}: {exc}")
@@ -204,6 +212,9 @@ class RedisArbiter:
         (its next RENEW says so)."""
         if self._closing:
             raise self._closed()
+        refused = self._breaker.refusal()
+        if refused is not None:  # Redis is known out of reach: no call waits on it
+            raise refused
         loop = self._ensure_started()
         call = FleetCall(key, fresh, after, on_detached)
         with self._background.lock:  # in order with close(): a call posted here is seen by it
@@ -262,6 +273,9 @@ class RedisArbiter:
         running flight runs on for its joiners (parked under its token)."""
         if self._closing:
             return
+        refused = self._breaker.refusal()
+        if refused is not None:
+            raise refused
         names = Names(self.namespace, key, self._cluster)
         # The nonce makes a FORGET that redis-py re-sends (its reply was lost) answer
         # as the first send did, instead of parking the flight led in the gap.
@@ -275,6 +289,9 @@ class RedisArbiter:
 
     def status(self, timeout: float = 10.0, limit: int = 10_000) -> list[dict[str, Any]]:
         """The flights in progress in the namespace (a bounded SCAN, never KEYS)."""
+        refused = self._breaker.refusal()
+        if refused is not None:
+            raise refused
         flights: list[dict[str, Any]] = self._wait(self._status(limit), timeout)
         return flights
 
@@ -447,6 +464,7 @@ class RedisArbiter:
             await asyncio.wait(pending)
             pending = set(self._background.tasks)
         self._renewal.cancel()
+        self._breaker.stop()
         for client in (self._client, self._blocking):
             with contextlib.suppress(Exception):
                 await client.aclose()
@@ -466,6 +484,7 @@ class RedisArbiter:
         self._closed_why = why
         self._ready = None
         self._renewal = Renewal(self)
+        self._breaker = Breaker(self)
         self._client = self._blocking = None
         self._scripts = {}
         self._calls, self._leads = set(), set()

@@ -126,6 +126,7 @@ class _Reading:
             self.unreachable = None
         except UNREACHABLE as exc:
             self.unreachable, reply = exc, None
+            arbiter._breaker.saw(exc)
             await asyncio.sleep(RETRY_PAUSE)
         finally:
             call.reading = False

@@ -61,5 +61,8 @@ async def _undo(arbiter: RedisArbiter, key: str, names: Names) -> None:
         except UNREACHABLE:
             if arbiter._closing:
                 return
-            await asyncio.sleep(pause)
+            # The next try goes out once the probe heard Redis again, not a whole
+            # pause later: a key's next call waits for this undo.
+            await asyncio.sleep(RETRY_PAUSE)
+            await arbiter._breaker.wait_reachable(pause)
             pause = min(2 * pause, 1.0)
