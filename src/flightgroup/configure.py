@@ -13,7 +13,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .codec import Codec, check_codec
-from .policy import NO_POLICY, FlightPolicy, Limits, Retention, Retry, check_seconds
+from .policy import (
+    NO_POLICY,
+    FlightPolicy,
+    Limits,
+    OnUnavailable,
+    Retention,
+    Retry,
+    check_on_unavailable,
+    check_seconds,
+)
 
 if TYPE_CHECKING:
     from .scope.interface import Scope
@@ -54,6 +63,7 @@ def configure(
     retry: Retry | None,
     retention: Retention | None,
     limits: Limits | None,
+    on_unavailable: OnUnavailable,
     max_value_bytes: int | None,
     lease: float,
     cluster: bool,
@@ -81,6 +91,7 @@ def configure(
     check_seconds("reconnect_timeout", reconnect_timeout, allow_none=False)
     deadline = check_seconds("deadline", deadline, allow_zero=False, allow_inf=False)
     check_policies(retry=retry, retention=retention, limits=limits)
+    fallback = check_on_unavailable(on_unavailable, allow_none=False) or "raise"
     _check_bounds(max_value_bytes, max_frame_bytes, codec)
     # An argument of another scope would be ignored: say so rather than let a
     # misconfigured group run (a lease meant for Redis on a directory group).
@@ -97,7 +108,7 @@ def configure(
     for arg, value, default, owner in other:
         if value != default:
             raise ValueError(f"{arg} belongs to the {owner}")
-    policy = FlightPolicy(deadline, retry, retention, limits)
+    policy = FlightPolicy(deadline, retry, retention, limits, fallback)
     scope: Scope | None = None
     named = "FlightGroup()"
     if redis is not None:

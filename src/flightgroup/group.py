@@ -66,7 +66,15 @@ from .errors import (
     renewed,
 )
 from .lease import _CURRENT
-from .policy import FlightPolicy, Limits, Retention, Retry, check_seconds
+from .policy import (
+    FlightPolicy,
+    Limits,
+    OnUnavailable,
+    Retention,
+    Retry,
+    check_on_unavailable,
+    check_seconds,
+)
 from .stats import Stats
 
 if TYPE_CHECKING:
@@ -90,7 +98,10 @@ class FlightGroup:
     that uses the group. The wider scopes (``directory=``, ``redis=``) take the
     same calls; see API.md. ``lease`` and ``cluster`` belong to the fleet scope,
     ``reconnect_timeout`` and ``max_frame_bytes`` to the directory scope: another
-    scope refuses them (ValueError) rather than ignore them.
+    scope refuses them (ValueError) rather than ignore them. ``on_unavailable``
+    says what a call does while its wide scope cannot be reached: ``"raise"``
+    UnavailableError (the default), or ``"local"``: coalesce within this process alone
+    until the scope is back (docs/failures.md).
 
     A group is a context manager (``with`` / ``async with``); closing it makes
     every waiting call raise GroupClosedError and every later call too. Work
@@ -123,6 +134,7 @@ class FlightGroup:
         retry: Retry | None = None,
         retention: Retention | None = None,
         limits: Limits | None = None,
+        on_unavailable: OnUnavailable = "raise",
         max_value_bytes: int | None = None,
         lease: float = 10.0,
         cluster: bool = False,
@@ -132,8 +144,8 @@ class FlightGroup:
         self._build(configure(
             directory=directory, redis=redis, namespace=namespace, codec=codec,
             deadline=deadline, retry=retry, retention=retention, limits=limits,
-            max_value_bytes=max_value_bytes, lease=lease, cluster=cluster,
-            reconnect_timeout=reconnect_timeout, max_frame_bytes=max_frame_bytes,
+            on_unavailable=on_unavailable, max_value_bytes=max_value_bytes, lease=lease,
+            cluster=cluster, reconnect_timeout=reconnect_timeout, max_frame_bytes=max_frame_bytes,
         ))
 
     @classmethod
@@ -569,6 +581,7 @@ class FlightGroup:
         retry: Retry | None = None,
         retention: Retention | None = None,
         limits: Limits | None = None,
+        on_unavailable: OnUnavailable | None = None,
     ) -> _Coalesce:
         """Decorate an ``async def`` or a plain ``def`` so that concurrent calls with
         the same key share one run. The decorated function returns the value itself.
@@ -586,7 +599,9 @@ class FlightGroup:
             raise ValueError("name must be a non-empty str without NUL characters")
         check_seconds("deadline", deadline, allow_zero=False, allow_inf=False)
         check_policies(retry=retry, retention=retention, limits=limits)
-        policy = self._policy.override(deadline, retry, retention, limits)
+        policy = self._policy.override(
+            deadline, retry, retention, limits, check_on_unavailable(on_unavailable)
+        )
         decorator: _Coalesce = make_coalesce(self, key, name, policy)
         return decorator
 

@@ -9,8 +9,35 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
-__all__ = ["NO_POLICY", "FlightPolicy", "Limits", "Retention", "Retry", "check_seconds"]
+__all__ = [
+    "NO_POLICY",
+    "ON_UNAVAILABLE",
+    "FlightPolicy",
+    "Limits",
+    "OnUnavailable",
+    "Retention",
+    "Retry",
+    "check_on_unavailable",
+    "check_seconds",
+]
+
+OnUnavailable = Literal["raise", "local"]
+ON_UNAVAILABLE: tuple[OnUnavailable, ...] = ("raise", "local")
+
+
+def check_on_unavailable(value: object, *, allow_none: bool = True) -> OnUnavailable | None:
+    """Validate ``on_unavailable`` ("raise" or "local"; None: not given, where allowed)."""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"on_unavailable must be 'raise' or 'local', not {type(value).__name__}")
+    if value == "raise":
+        return "raise"
+    if value == "local":
+        return "local"
+    raise ValueError(f"on_unavailable must be 'raise' or 'local', not {value!r}")
 
 
 def check_seconds(name: str, value: object, *, allow_none: bool = True, allow_zero: bool = True,
@@ -128,6 +155,9 @@ class FlightPolicy:
     retry: Retry | None = None
     retention: Retention | None = None
     limits: Limits | None = None
+    # What a call does while its wide scope cannot be reached: raise UnavailableError,
+    # or coalesce within this process alone (docs/failures.md).
+    on_unavailable: OnUnavailable = "raise"
     keeps: bool = field(init=False, repr=False, compare=False)
     """True if a settled outcome may be kept (read on every settle)."""
 
@@ -142,6 +172,7 @@ class FlightPolicy:
         retry: Retry | None,
         retention: Retention | None,
         limits: Limits | None,
+        on_unavailable: OnUnavailable | None = None,
     ) -> FlightPolicy:
         """This policy with each given (not None) field replaced."""
         return FlightPolicy(
@@ -149,6 +180,7 @@ class FlightPolicy:
             retry if retry is not None else self.retry,
             retention if retention is not None else self.retention,
             limits if limits is not None else self.limits,
+            on_unavailable if on_unavailable is not None else self.on_unavailable,
         )
 
     def backoff(self, failed_attempts: int, uniform: Callable[[float, float], float]) -> float:

@@ -10,7 +10,8 @@ Metrics (with the default prefix ``flightgroup``):
 
 - counters: ``_calls_total``, ``_flights_total`` (times a work ran, attempts
   included), ``_joins_total``, ``_failures_total``, ``_interrupted_total``,
-  ``_lease_losses_total``;
+  ``_lease_losses_total``, ``_local_flights_total`` (flights led in this process
+  alone while the scope was out of reach, ``on_unavailable="local"``);
 - gauges: ``_in_flight``, ``_kept``;
 - histograms: ``_joiners_per_flight``, ``_flight_seconds``, ``_wait_seconds`` (a
   joiner's wait; each joiner counts its flight's mean joiner wait, so ``_sum`` and
@@ -90,6 +91,7 @@ class FlightGroupCollector(Collector):
             ("failures", "Flights whose work failed or timed out"),
             ("interrupted", "Flights that ended with no outcome"),
             ("lease_losses", "Flights led here that lost their lease"),
+            ("local_flights", "Flights led in this process alone: the scope was out of reach"),
         ):
             counter = CounterMetricFamily(f"{p}_{name}", doc, labels=["group"])
             for group, recorder in recorders:

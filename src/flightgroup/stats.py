@@ -25,7 +25,9 @@ class Stats:
     ``failures``: flights whose work failed or timed out; ``interrupted``: flights that
     ended with no outcome; ``in_flight``: flights running now; ``kept``: outcomes kept
     for later calls; ``coalescing_ratio``: flights / calls (0.0 before any call);
-    ``joiners_*``: joiners per flight; ``flight_seconds_*``: how long flights ran.
+    ``joiners_*``: joiners per flight; ``flight_seconds_*``: how long flights ran;
+    ``local_flights``: flights a wide group led in this process alone because its scope
+    could not be reached (``on_unavailable="local"``; also counted in ``flights``).
     """
 
     calls: int
@@ -41,6 +43,7 @@ class Stats:
     joiners_max: int
     flight_seconds_p50: float
     flight_seconds_p99: float
+    local_flights: int = 0
 
 
 _SUB_BITS = 4
@@ -130,6 +133,7 @@ class Recorder:
         "joins",
         "kept",
         "lease_losses",
+        "local_flights",
         "timing",
         "wait_us",
     )
@@ -141,6 +145,7 @@ class Recorder:
         self.failures = 0
         self.interrupted = 0
         self.lease_losses = 0
+        self.local_flights = 0
         self.in_flight = 0
         self.kept = 0
         self.joiners = Histogram()
@@ -168,7 +173,7 @@ class Recorder:
         """A copy of every counter and histogram (for an exporter; under the lock)."""
         made = Recorder()
         for name in ("calls", "flights", "joins", "failures", "interrupted", "lease_losses",
-                     "in_flight", "kept", "timing"):
+                     "local_flights", "in_flight", "kept", "timing"):
             setattr(made, name, getattr(self, name))
         made.joiners = self.joiners.copy()
         made.flight_us = self.flight_us.copy()
@@ -191,4 +196,5 @@ class Recorder:
             joiners_max=self.joiners.max,
             flight_seconds_p50=self.flight_us.percentile(0.50) / 1e6,
             flight_seconds_p99=self.flight_us.percentile(0.99) / 1e6,
+            local_flights=self.local_flights,
         )

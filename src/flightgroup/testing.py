@@ -49,7 +49,7 @@ from .codec import Codec
 from .configure import MAX_FRAME, configure
 from .errors import GroupClosedError, UnavailableError
 from .group import FlightGroup, internals
-from .policy import Limits, Retention, Retry
+from .policy import Limits, OnUnavailable, Retention, Retry
 from .retention import RetentionStore
 from .scope.events import (
     Inbox,
@@ -295,6 +295,7 @@ class FakeCoordinator:
         retry: Retry | None = None,
         retention: Retention | None = None,
         limits: Limits | None = None,
+        on_unavailable: OnUnavailable = "raise",
         max_value_bytes: int | None = None,
         pid: int | None = None,
     ) -> FlightGroup:
@@ -305,7 +306,8 @@ class FakeCoordinator:
             raise TypeError("a fake group needs a codec (for example codec=flightgroup.JSON)")
         made = configure(
             directory=None, redis=None, namespace=None, codec=codec, deadline=deadline,
-            retry=retry, retention=retention, limits=limits, max_value_bytes=max_value_bytes,
+            retry=retry, retention=retention, limits=limits, on_unavailable=on_unavailable,
+            max_value_bytes=max_value_bytes,
             lease=10.0, cluster=False, reconnect_timeout=5.0, max_frame_bytes=MAX_FRAME,
         )
         scope = self.scope(pid)

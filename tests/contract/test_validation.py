@@ -172,6 +172,11 @@ def test_an_argument_of_another_scope_or_a_bad_one_is_refused(
         (lambda: Limits(max_waiters=-1), ValueError, "max_waiters"),
         (lambda: Limits(max_flights=0), ValueError, "max_flights"),
         (lambda: Limits(max_flights="3"), TypeError, "max_flights"),
+        (lambda: FlightGroup(on_unavailable="sometimes"), ValueError, "on_unavailable"),
+        (lambda: FlightGroup(on_unavailable=None), TypeError, "on_unavailable"),
+        (lambda: FlightGroup(on_unavailable=True), TypeError, "on_unavailable"),
+        (lambda: FlightGroup().coalesce(on_unavailable="LOCAL"), ValueError, "on_unavailable"),
+        (lambda: FlightGroup().coalesce(on_unavailable=1), TypeError, "on_unavailable"),
     ],
 )
 def test_policies_validate_at_construction_naming_the_field(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 import redis
@@ -174,4 +175,43 @@ def test_calls_refused_during_an_outage_never_reach_redis() -> None:
             assert client.exists(record) == 0 and not client.keys(f"{record}:*"), key
     finally:
         g.close()
+        server.close()
+
+
+@pytest.mark.timeout(60)
+def test_local_calls_coalesce_here_while_redis_is_down_then_go_through_it_again() -> None:
+    """on_unavailable="local": with Redis stopped, a call runs its work in this process
+    (counted as a local flight); once Redis is back, a call of the key joins the flight
+    another process leads there."""
+    server = RedisServer()
+    g = fleet_group(server.url, "local", on_unavailable="local")
+    other = fleet_group(server.url, "local")
+    release, started = threading.Event(), threading.Event()
+    try:
+        g.run_sync("warm-up", lambda: 0)
+        server.kill()
+        assert g.run_sync("k", lambda: "here").value == "here"
+        assert g.run_sync("k", lambda: "here again").value == "here again"
+        assert g.stats().local_flights == 2
+        server.start()
+
+        def shared() -> str:
+            started.set()
+            release.wait(30)
+            return "shared"
+
+        lead, led = in_thread(other.run_sync, "k", shared)
+        assert started.wait(20)
+        while True:  # local flights until this group's probe heard Redis again
+            got = g.run_sync("k", lambda: "here", on_join=release.set)
+            if got.joined:
+                break
+            time.sleep(0.02)
+        assert got.value == "shared"
+        lead.join(20)
+        assert led["result"].value == "shared"
+    finally:
+        release.set()
+        g.close()
+        other.close()
         server.close()

@@ -151,3 +151,22 @@ def _wait_lost(lease: flightgroup.Lease) -> bool:
     thread = threading.Thread(target=lambda: asyncio.run(wait()), daemon=True)
     thread.start()
     return done.wait(10)
+
+
+def test_local_flights_are_counted() -> None:
+    """Flights led in this process alone while the scope is out of reach
+    (on_unavailable="local") are exported as ``_local_flights_total``."""
+    from flightgroup.testing import FakeCoordinator
+
+    registry = CollectorRegistry()
+    fake = FakeCoordinator()
+    group = fake.group(codec=JSON, on_unavailable="local")
+    register(group, registry)
+    try:
+        assert sample(registry, "flightgroup_local_flights_total") == 0.0
+        fake.unreachable()
+        assert group.run_sync("k", lambda: 1).value == 1
+        assert sample(registry, "flightgroup_local_flights_total") == 1.0
+        assert sample(registry, "flightgroup_flights_total") == 1.0
+    finally:
+        group.close()

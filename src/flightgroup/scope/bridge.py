@@ -7,6 +7,11 @@ and lease), or the local flight joins a flight led elsewhere and every local cal
 it is a joiner of that flight. The bridge drives that request (``start_async`` on the
 caller's loop, ``drive_sync`` in a thread), turns the scope's typed events into the
 flight's settling, and hands the leader's outcome to the scope (``land``).
+
+When the scope cannot be reached and the flight's policy says ``on_unavailable="local"``,
+the bridge leads the flight in this process alone instead (``_local``): the engine's
+guarantees hold among this process's callers, nothing is landed or kept in the scope,
+and the first such flight of an outage is logged.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING, Any, cast
 
+from .._log import log
 from ..engine import attempts as _attempts
 from ..engine.attempts import start_thread
 from ..engine.flight import JOINED, Attempt, Flight, Outcome, wake
@@ -51,7 +57,7 @@ class Bridge:
     ``closed_error`` makes the error a call of the closed group raises (the group's own:
     a forked child's carries its reason)."""
 
-    __slots__ = ("attempts", "closed_error", "max_value_bytes", "scope", "table")
+    __slots__ = ("attempts", "closed_error", "max_value_bytes", "outage", "scope", "table")
 
     def __init__(
         self,
@@ -67,6 +73,8 @@ class Bridge:
         self.attempts = attempts
         self.max_value_bytes = max_value_bytes
         self.closed_error = closed_error
+        # A flight was led here alone since the scope last answered (logged once each).
+        self.outage = False
 
     # -- asking the scope --------------------------------------------------------
 
@@ -102,9 +110,8 @@ class Bridge:
         try:
             call = self._submit(flight)
         except Exception as exc:  # a network directory, a refused version, closed
-            self.settle_remote(
-                flight, Outcome.INTERRUPTED, as_called(exc, flight), unserved=True
-            )
+            if self._local(flight, exc):
+                await self.attempts.drive_async(flight, work)
             return
         try:
             while True:
@@ -121,6 +128,9 @@ class Bridge:
         if type(event) is Lead:
             if self._lead(flight, call, event.token):
                 await self.attempts.drive_async(flight, work, call)
+        elif type(event) is Refused:
+            if self._local(flight, event.error):
+                await self.attempts.drive_async(flight, work)
         else:
             self._end(flight, event)
 
@@ -139,9 +149,8 @@ class Bridge:
         try:
             call = self._submit(flight)
         except Exception as exc:  # as in drive_async
-            self.settle_remote(
-                flight, Outcome.INTERRUPTED, as_called(exc, flight), unserved=True
-            )
+            if self._local(flight, exc):
+                self.attempts.drive_sync(flight, work, parent)
             return None
         pending: ScopeEvent | None = None  # read, not yet acted on
         try:
@@ -211,6 +220,9 @@ class Bridge:
         if type(event) is Lead:
             if self._lead(flight, call, event.token):
                 self.attempts.drive_sync(flight, work, parent, call)
+        elif type(event) is Refused:
+            if self._local(flight, event.error):
+                self.attempts.drive_sync(flight, work, parent)
         else:
             self._end(flight, event)
 
@@ -257,6 +269,7 @@ class Bridge:
             self.scope.withdraw(call)
             self.settle_remote(flight, Outcome.INTERRUPTED, self.closed_error())
             return False
+        self.outage = False
         flight.token = token
         attempt = flight.attempt = Attempt(flight, token)
         flight.wide = call
@@ -267,10 +280,36 @@ class Bridge:
 
     def _joined(self, flight: WideFlight, token: int) -> None:
         """The flight joined flight ``token`` led elsewhere: its callers are joiners."""
+        self.outage = False
         flight.token = token
         woken = self.table.joined_remote(flight)
         if woken is not None:
             wake(woken, JOINED)
+
+    def _local(self, flight: WideFlight, error: BaseException) -> bool:
+        """The scope could not serve ``flight`` (``error``): True if it is to run here
+        alone (its policy says ``on_unavailable="local"`` and ``error`` is the scope's
+        UnavailableError); else it settles with the error, or as closed."""
+        if flight.policy.on_unavailable != "local" or not isinstance(error, UnavailableError):
+            self.settle_remote(
+                flight, Outcome.INTERRUPTED, as_called(error, flight), unserved=True
+            )
+            return False
+        try:
+            promoted = self.table.ran_here(flight, local=True)
+        except GroupClosedError:
+            self.settle_remote(flight, Outcome.INTERRUPTED, self.closed_error())
+            return False
+        if not self.outage:
+            self.outage = True
+            log.warning(
+                "%s cannot be reached (%s): calls coalesce in this process alone "
+                "(on_unavailable='local') until it answers again",
+                self.scope.label, error,
+            )
+        if promoted:
+            wake(promoted, JOINED)
+        return True
 
     def _end(self, flight: WideFlight, event: ScopeEvent) -> None:
         """Settle a flight whose outcome came from the scope (or that cannot go on)."""
@@ -349,6 +388,9 @@ class Bridge:
         leader, the work's own error as its cause). Returns the outcome and error the
         leader ends with, as far as they are known now."""
         assert isinstance(flight, WideFlight)  # (made by the bridge's table)
+        if flight.local:  # nothing to hand over: its outcome is this process's alone
+            self.attempts.settle(flight, outcome, None, error, data)
+            return outcome, error
         call = flight.wide
         self.table.handing(flight)
         scope = self.scope

@@ -75,6 +75,9 @@ class WideFlight(Flight):
     # scope until each is set
     stragglers: list[threading.Event] | None = None
     fresh_lead = False  # its leader came with fresh=True (the scope must know)
+    # led in this process alone, the scope being out of reach (on_unavailable="local"):
+    # it has no call in the scope, and its outcome is neither landed nor kept
+    local = False
     # the token of the flight whose end its fresh callers waited for: a flight of the
     # scope that began after that one began after their calls
     after: int | None = None
@@ -315,8 +318,10 @@ class WideTable(FlightTable[WideFlight]):
 
     # -- the bridge's ----------------------------------------------------------
 
-    def ran_here(self, flight: WideFlight) -> list[Waiter] | None:
+    def ran_here(self, flight: WideFlight, *, local: bool = False) -> list[Waiter] | None:
         """(Wide scopes) the scope let ``flight``'s work run here: count the flight.
+        ``local``: the scope could not be reached and the flight runs in this process
+        alone (``on_unavailable="local"``): its end is no flight of the scope's.
 
         Its fresh callers came while it waited for the scope's answer, so before its
         work starts: they join it (ADR 0005: the next flight to start is this one)
@@ -330,8 +335,11 @@ class WideTable(FlightTable[WideFlight]):
             if self.closed:
                 raise GroupClosedError()
             self.stats.flights += 1
-            flight.scoped = True
+            flight.scoped = not local
             flight.led_here = True
+            if local:
+                flight.local = True
+                self.stats.local_flights += 1
             deferred = self._decided(flight)
             fresh = flight.fresh
             if not fresh or flight.state is not RUNNING:
