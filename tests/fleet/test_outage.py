@@ -15,7 +15,9 @@ import redis
 from flightgroup import (
     FlightGroup,
     FlightInterruptedError,
+    LeaseLostError,
     UnavailableError,
+    current_lease,
 )
 from flightgroup.redis.names import Names
 
@@ -215,3 +217,61 @@ def test_local_calls_coalesce_here_while_redis_is_down_then_go_through_it_again(
         g.close()
         other.close()
         server.close()
+
+
+@pytest.mark.timeout(60)
+def test_under_local_a_work_whose_lease_redis_could_not_renew_serves_this_process() -> None:
+    """on_unavailable="local": Redis frozen while the work runs, its lease is lost for
+    want of a renewal; the work's value still serves this process's callers (its leader
+    and a joiner here), as nothing newer took the key from it."""
+    server = RedisServer()
+    g = fleet_group(server.url, "lost", lease=0.6, on_unavailable="local")
+    started, joined = threading.Event(), threading.Event()
+
+    async def work() -> str:
+        started.set()
+        await asyncio.wait_for(current_lease().wait_lost(), 20)
+        return "mine"
+
+    try:
+        g.run_sync("warm-up", lambda: 0)
+        lead, led = in_thread(lambda: asyncio.run(g.run("k", work)))
+        assert started.wait(10)
+        join, got = in_thread(g.run_sync, "k", never_runs, on_join=joined.set)
+        assert joined.wait(10)
+        server.stop()
+        try:
+            lead.join(30)
+            join.join(30)
+        finally:
+            server.cont()
+        assert led["result"].value == "mine" and not led["result"].joined, led
+        assert got["result"].value == "mine" and got["result"].joined, got
+    finally:
+        g.close()
+        server.close()
+
+
+@pytest.mark.timeout(60)
+def test_under_local_a_lease_redis_took_away_still_fails_its_leader(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """on_unavailable="local" does not cover a lease Redis said is gone (a reply, not
+    silence: a forget or a newer flight may have it): the leader raises LeaseLostError."""
+    g = fleet_group(redis_server.url, namespace, lease=0.6, on_unavailable="local")
+    started = threading.Event()
+
+    async def work() -> str:
+        started.set()
+        await asyncio.wait_for(current_lease().wait_lost(), 20)
+        return "stale"
+
+    try:
+        lead, led = in_thread(lambda: asyncio.run(g.run("k", work)))
+        assert started.wait(10)
+        client = redis_server.client()
+        client.delete(Names(namespace, "k", False).record)  # its next renewal: gone
+        lead.join(30)
+        assert isinstance(led.get("error"), LeaseLostError), led
+    finally:
+        g.close()

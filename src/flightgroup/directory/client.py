@@ -207,7 +207,7 @@ class DirectoryArbiter:
         # below (their works wake, their callers go on) is not failed with them.
         waited = self._take_unled()
         for lead in list(self._leads.values()):
-            self._lose(lead, "no coordinator could be reached")
+            self._lose(lead, "no coordinator could be reached", unreachable=True)
         for call in waited:
             if call.joined:
                 _finish(call, NoOutcome("no coordinator could be reached"))
@@ -385,9 +385,9 @@ class DirectoryArbiter:
             call.fd = -1
         self._key_locks.take(call, fd, token)
 
-    def _lose(self, lead: DirectoryLead, reason: str) -> None:
+    def _lose(self, lead: DirectoryLead, reason: str, *, unreachable: bool = False) -> None:
         """``lead``'s lease is lost (see Leases.lose)."""
-        self._leases.lose(lead, reason)
+        self._leases.lose(lead, reason, unreachable=unreachable)
 
     def _end_lead(self, lead: DirectoryLead) -> None:
         """Free ``lead``'s key lock once it needs nothing more (see Leases.end)."""

@@ -68,15 +68,15 @@ class Leases:
                 elif not call.lead.acked:  # its reassert would be refused for ever
                     owner._lose(call.lead, str(key_too_long(call.key, limit)))
 
-    def lose(self, lead: DirectoryLead, reason: str) -> None:
+    def lose(self, lead: DirectoryLead, reason: str, *, unreachable: bool = False) -> None:
         """The lease is lost: the work hears it, the flight leaves its key here, a
         retry waiting for its token hears LeaseLost; the key lock goes once the work
-        ended."""
+        ended. ``unreachable``: no coordinator could be reached."""
         if lead.lost or lead.acked:
             return
         log.warning("lost the lease of a flight of %s (token %d): %s",
                     DigestOf(lead.call.key), lead.token, reason)
-        lead.lose()
+        lead.lose(unreachable=unreachable)
         # No longer the key's flight in the scope: it leaves the local table as a
         # forget() would take it, so a new call of the key here asks the coordinator
         # (and waits for the key lock this work holds) instead of joining a flight that

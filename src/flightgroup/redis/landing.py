@@ -77,7 +77,9 @@ async def complete(arbiter: RedisArbiter, lead: FleetLead, outcome: SharedOutcom
 async def _not_taken(arbiter: RedisArbiter, lead: FleetLead, exc: BaseException) -> Handed:
     """Redis did not take ``lead``'s landing for a lease (the last error ``exc``): the
     lease is lost."""
-    arbiter._renewal.lose(lead, f"Redis did not take its landing for a lease ({exc})")
+    arbiter._renewal.lose(
+        lead, f"Redis did not take its landing for a lease ({exc})", unreachable=True
+    )
     if isinstance(exc, ResponseError):  # it answers: tell the joiners
         await arbiter._abandon(lead, "Redis refused its leader's landing")
         return Handed(fenced=True)

@@ -52,10 +52,13 @@ class Renewal:
         if self.task is not None:
             self.task.cancel()
 
-    def lose(self, lead: FleetLead, reason: str, gone: bool = False) -> None:
+    def lose(
+        self, lead: FleetLead, reason: str, gone: bool = False, *, unreachable: bool = False
+    ) -> None:
         """``lead``'s lease is lost (its work hears it), for ``reason``. ``gone``: Redis
-        said it no longer holds the flight (a reply, not silence)."""
-        if lead.lose():
+        said it no longer holds the flight (a reply, not silence); ``unreachable``: Redis
+        could not be reached for a whole lease."""
+        if lead.lose(unreachable=unreachable):
             log.info("lost the lease of a flight of %s (token %d): %s",
                      key_digest(lead.call.key), lead.token, reason)
             if gone:
@@ -78,7 +81,7 @@ class Renewal:
             now = time.monotonic()
             for lead in list(arbiter._leads):
                 if not lead.lost and now - lead.renewed_at > lease:
-                    self.lose(lead, "no renewal reached Redis for a whole lease")
+                    self.lose(lead, "no renewal reached Redis for a whole lease", unreachable=True)
             # A flight younger than lease/3 needs no renewal yet (at the next tick it
             # is younger than 2/3 of its lease): a short flight costs two round trips.
             due = now - lease / 3
@@ -119,7 +122,9 @@ class Renewal:
             now = time.monotonic()
             for lead, _, _ in batch:
                 if now - lead.renewed_at > arbiter._lease:
-                    self.lose(lead, f"Redis was out of reach for a whole lease ({exc})")
+                    self.lose(
+                        lead, f"Redis was out of reach for a whole lease ({exc})", unreachable=True
+                    )
             return
         for (lead, token, moves), ok in zip(batch, renewed, strict=True):
             # A retry's ATTEMPT sent meanwhile may have run first in Redis (RENEW then
@@ -166,7 +171,8 @@ class Renewal:
                     )
                 except UNREACHABLE as exc:
                     if time.monotonic() - lead.renewed_at > arbiter._lease:
-                        self.lose(lead, f"Redis was out of reach for a whole lease ({exc})")
+                        reason = f"Redis was out of reach for a whole lease ({exc})"
+                        self.lose(lead, reason, unreachable=True)
                         call.inbox.put(LeaseLost("Redis was out of reach"))
                         return
                     await asyncio.sleep(RETRY_PAUSE)

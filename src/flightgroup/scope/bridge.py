@@ -396,6 +396,9 @@ class Bridge:
         scope = self.scope
         if is_lost(flight, call):
             scope.land(call, None, stragglers=flight.stragglers)
+            if serves_here(flight, call):
+                self.attempts.settle(flight, outcome, None, error, data)
+                return outcome, error
             lost = lease_lost(flight.key, error)
             self.attempts.settle(flight, Outcome.LOST, None, lost, None)
             return Outcome.LOST, lost
@@ -404,7 +407,11 @@ class Bridge:
             data = None
 
         def handed(answer: Handed) -> None:
-            if not answer.fenced:
+            if not answer.fenced or (
+                answer.unconfirmed is not None and flight.policy.on_unavailable == "local"
+            ):
+                # Taken; or not heard for a lease, the scope out of reach: under "local"
+                # its outcome still serves this process (no newer flight fenced it).
                 self.attempts.settle(flight, outcome, None, error, data)
                 return
             if answer.unconfirmed is None:
@@ -498,6 +505,20 @@ def is_lost(flight: WideFlight, call: ScopeCall) -> bool:
     lead = call.lead
     attempt = flight.attempt
     return (lead is not None and lead.lost) or (attempt is not None and attempt.revoked)
+
+
+def serves_here(flight: WideFlight, call: ScopeCall) -> bool:
+    """The lease of ``flight`` was lost only because its scope could not be reached,
+    and its policy says ``on_unavailable="local"``: its outcome serves this process's
+    callers (nothing newer took the key from it; it is not landed in the scope)."""
+    lead = call.lead
+    attempt = flight.attempt
+    return (
+        flight.policy.on_unavailable == "local"
+        and lead is not None
+        and lead.unreachable
+        and not (attempt is not None and attempt.timed_out)
+    )
 
 
 def lease_lost(key: str, error: BaseException | None) -> BaseException:

@@ -60,21 +60,26 @@ class LeadState:
     whether the lease is lost, whether the work has ended. ``lock`` guards them: a work
     ends on its own thread while the scope's thread may lose the lease."""
 
-    __slots__ = ("attempt", "lock", "lost", "work_done")
+    __slots__ = ("attempt", "lock", "lost", "unreachable", "work_done")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.attempt: Attempt | None = None
         self.lost = False
+        # lost only because the scope could not be reached (no newer flight took it):
+        # under on_unavailable="local" its outcome still serves this process's callers
+        self.unreachable = False
         self.work_done = False
 
-    def lose(self, only_running: bool = False) -> bool:
+    def lose(self, only_running: bool = False, *, unreachable: bool = False) -> bool:
         """The lease is lost: the running attempt's work is told. With ``only_running``,
-        only if the work has not ended. Returns whether it was lost now."""
+        only if the work has not ended; ``unreachable``: because the scope could not be
+        reached. Returns whether it was lost now."""
         with self.lock:
             if self.lost or (only_running and self.work_done):
                 return False
             self.lost = True
+            self.unreachable = unreachable
             attempt = self.attempt
         if attempt is not None:
             attempt.revoked = True
