@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +12,6 @@ from flightgroup import (
     JSON,
     FlightGroup,
     Retry,
-    UnavailableError,
 )
 from flightgroup.redis.arbiter import RedisArbiter
 
@@ -122,19 +120,3 @@ def hold_next_reply(
 
     arbiter._script = script  # type: ignore[method-assign]
 
-
-def refused_by_an_outage(error: BaseException | None) -> bool:
-    """True for the UnavailableError a call gets at once while Redis is known out of reach."""
-    return isinstance(error, UnavailableError) and "out of reach for" in str(error)
-
-
-def when_reachable(group: FlightGroup, key: str, work: Callable[[], Any]) -> Any:
-    """``group.run_sync(key, work)`` once the group's probe has heard Redis again (the
-    calls before are refused at once, and run no work)."""
-    while True:
-        try:
-            return group.run_sync(key, work)
-        except UnavailableError as exc:
-            if not refused_by_an_outage(exc):
-                raise
-            time.sleep(0.02)

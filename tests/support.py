@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -181,3 +182,31 @@ def waits_for_loss(lease: Any) -> int:
     whether it is lost, not who waits for that."""
     waiters = lease._waiters
     return 0 if waiters is None else len(waiters)
+
+
+def refused_by_an_outage(error: BaseException | None) -> bool:
+    """True for the UnavailableError a call gets at once while its scope is known out of
+    reach (the fleet's breaker is open; no directory coordinator answered)."""
+    from flightgroup import UnavailableError
+
+    return isinstance(error, UnavailableError) and (
+        "out of reach for" in str(error) or "has answered for" in str(error)
+    )
+
+
+def once_reachable(
+    call: Callable[[], Any], refused: list[BaseException] | None = None
+) -> Any:
+    """``call()`` once its group hears its scope again: until then each try is refused
+    at once (and runs no work; ``refused`` gets each refusal)."""
+    from flightgroup import UnavailableError
+
+    while True:
+        try:
+            return call()
+        except UnavailableError as exc:
+            if not refused_by_an_outage(exc):
+                raise
+            if refused is not None:
+                refused.append(exc)
+            time.sleep(0.02)

@@ -60,8 +60,8 @@ def test_a_call_made_while_the_leases_are_lost_is_refused_at_once(
         allow.wait()
         campaign(self)
 
-    def lose_then_call(self: DirectoryArbiter, lead: Any, reason: str) -> None:
-        lose(self, lead, reason)
+    def lose_then_call(self: DirectoryArbiter, lead: Any, reason: str, **how: Any) -> None:
+        lose(self, lead, reason, **how)
         if not made:
             try:
                 made.append(self.submit("after", fresh=False))

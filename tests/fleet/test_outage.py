@@ -21,9 +21,9 @@ from flightgroup import (
 )
 from flightgroup.redis.names import Names
 
-from ..infleet import fleet_group, fleet_of, never_runs, refused_by_an_outage, when_reachable
+from ..infleet import fleet_group, fleet_of, never_runs
 from ..redisproc import RedisServer
-from ..support import in_thread, wait_until
+from ..support import in_thread, once_reachable, refused_by_an_outage, wait_until
 
 
 def _blocked_clients(server: RedisServer) -> int:
@@ -141,7 +141,7 @@ def test_calls_fail_fast_while_redis_is_down_and_go_through_once_it_is_back() ->
             assert isinstance(refused.value.__cause__, redis.ConnectionError)
             assert refused.value.key == key
         server.start()
-        got = when_reachable(g, "a", lambda: "back")
+        got = once_reachable(lambda: g.run_sync("a", lambda: "back"))
         assert (got.value, got.joined) == ("back", False)
     finally:
         g.close()
@@ -169,7 +169,7 @@ def test_calls_refused_during_an_outage_never_reach_redis() -> None:
                 assert refused_by_an_outage(refused.value), refused.value
         finally:
             server.cont()
-        got = when_reachable(g, "first", lambda: "led")
+        got = once_reachable(lambda: g.run_sync("first", lambda: "led"))
         assert (got.value, got.joined) == ("led", False)  # its ghost flight was undone
         client = server.client()
         for key in keys:

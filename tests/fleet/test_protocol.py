@@ -40,9 +40,9 @@ from flightgroup.redis import scripts
 from flightgroup.redis.arbiter import RedisArbiter
 from flightgroup.redis.names import Names
 
-from ..infleet import fleet_of, when_reachable
+from ..infleet import fleet_of
 from ..redisproc import CutProxy, RedisCluster, RedisServer, free_port, keys_without_ttl
-from ..support import in_thread, wait_until
+from ..support import in_thread, once_reachable, wait_until
 
 LEASE_MS = 10_000
 FENCE_TTL_MS = 86_400_000
@@ -870,7 +870,7 @@ def test_calls_of_a_key_that_get_no_answer_share_one_undo() -> None:
         server = RedisServer(port)  # Redis answers now: each nonce is undone, twice
         wait_until(lambda: not fleet._undoing and not fleet._undo_nonces, "the undo ended")
         assert all(t.done() for t in undos)
-        got = when_reachable(g, "k", lambda: "led")
+        got = once_reachable(lambda: g.run_sync("k", lambda: "led"))
         assert (got.value, got.joined) == ("led", False)
     finally:
         g.close()
@@ -908,7 +908,8 @@ def test_an_acquire_a_frozen_server_ran_after_its_call_gave_up_is_undone() -> No
                 assert isinstance(out.get("error"), UnavailableError), out
         finally:
             server.cont()
-        got = when_reachable(g, "k", work("k"))  # not FlightInterruptedError: undone
+        # Not FlightInterruptedError: its ghost flight was undone.
+        got = once_reachable(lambda: g.run_sync("k", work("k")))
         assert (got.value, got.joined, ran) == ("k", False, ["k"])
         wait_until(lambda: not fleet_of(g)._undoing, "the undos end")
         client, names = server.client(), Names("ghost", "k2", False)

@@ -18,7 +18,7 @@ from ..support import in_thread, outcome, run, until, wait_until
 def test_fresh_group_stats_are_zero() -> None:
     stats = FlightGroup().stats()
     assert isinstance(stats, Stats)
-    assert dataclasses.astuple(stats) == (0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, 0.0, 0.0)
+    assert dataclasses.astuple(stats) == (0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, 0.0, 0.0, 0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         stats.calls = 3  # type: ignore[misc]
 

@@ -45,7 +45,7 @@ from flightgroup.otel import instrument
 from flightgroup.prometheus import register
 
 from ..dirproc import Harness, RawConn
-from ..support import until, wait_until
+from ..support import once_reachable, until, wait_until
 
 MARK = "qx7AUDITqx7"
 
@@ -321,12 +321,14 @@ def test_a_request_that_breaks_the_parser_is_logged_without_its_content(
 
 
 def lose_a_directory_lease(
-    h: Harness, group: FlightGroup, allow: threading.Event
+    h: Harness, group: FlightGroup, allow: threading.Event,
+    refused: list[BaseException] | None = None,
 ) -> BaseException | None:
     """``group`` (this process, its campaign held back) leads KEY under a child's
     coordinator; the child is killed and the test holds the election, so no coordinator
     serves for the group's reconnect_timeout: the lease is lost. Then the election is
-    given back and the group may campaign: it serves again. Returns the call's error."""
+    given back and the group may campaign: it serves again (the calls made before it
+    does are refused at once: ``refused``). Returns the call's error."""
     a = h.spawn_warm("a")
     started = threading.Event()
     errors: list[BaseException | None] = []
@@ -357,7 +359,9 @@ def lose_a_directory_lease(
     finally:
         allow.set()
         thread.join(20)
-    assert group.run_sync("after", lambda: 2, timeout=20).value == 2
+    # (refused at once until this group hears a coordinator again)
+    call = lambda: group.run_sync("after", lambda: 2, timeout=20)  # noqa: E731
+    assert once_reachable(call, refused).value == 2
     return errors[0]
 
 
@@ -615,15 +619,17 @@ def test_prometheus_counts_a_lost_directory_lease(
     registry = CollectorRegistry()
     group = FlightGroup(directory=h.dir, codec=JSON, reconnect_timeout=1)
     register(group, registry, name="d")
+    refused: list[BaseException] = []
     try:
-        error = lose_a_directory_lease(h, group, held_campaign)
+        error = lose_a_directory_lease(h, group, held_campaign, refused)
     finally:
         group.close()
     assert isinstance(error, LeaseLostError)
     assert sample(registry, "flightgroup_lease_losses_total", "d") == 1.0
     assert sample(registry, "flightgroup_interrupted_total", "d") == 1.0
     assert sample(registry, "flightgroup_failures_total", "d") == 0.0
-    assert sample(registry, "flightgroup_calls_total", "d") == 2.0  # and the call after
+    # the lost one, the call after, and the tries refused before the group was served
+    assert sample(registry, "flightgroup_calls_total", "d") == 2.0 + len(refused)
     assert sample(registry, "flightgroup_flights_total", "d") == 2.0
     assert sample(registry, "flightgroup_in_flight", "d") == 0.0
 

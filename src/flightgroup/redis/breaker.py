@@ -60,13 +60,12 @@ class Breaker:
     reads a stale value either pays one more round trip or is refused by an outage
     that ended within the last probe interval."""
 
-    __slots__ = ("_arbiter", "_probe", "error", "opened", "outages", "reachable")
+    __slots__ = ("_arbiter", "_probe", "error", "opened", "reachable")
 
     def __init__(self, arbiter: RedisArbiter) -> None:
         self._arbiter = arbiter
         self.error: BaseException | None = None  # the error that opened it; None: closed
         self.opened = 0.0  # time.monotonic() when it opened
-        self.outages = 0  # how many times it opened
         self._probe: asyncio.Task[None] | None = None
         # Set while closed: what waits for Redis to answer again waits on it (on the loop).
         self.reachable = asyncio.Event()
@@ -92,8 +91,7 @@ class Breaker:
             return
         if self.error is None:
             self.opened = time.monotonic()
-            self.outages += 1
-            log.warning(
+            log.info(
                 "Redis at %s is out of reach (%s): new calls raise "
                 "UnavailableError until it answers again",
                 self._arbiter._where(),
@@ -108,7 +106,7 @@ class Breaker:
         """(On the loop) Redis answered a step: close."""
         if self.error is None:
             return
-        log.warning(
+        log.info(
             "Redis at %s answers again after %.1f s",
             self._arbiter._where(),
             time.monotonic() - self.opened,
