@@ -22,6 +22,7 @@ from .policy import (
     Retry,
     check_on_unavailable,
     check_seconds,
+    check_takeover,
 )
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ def configure(
     retention: Retention | None,
     limits: Limits | None,
     on_unavailable: OnUnavailable,
+    takeover: int,
     max_value_bytes: int | None,
     lease: float,
     cluster: bool,
@@ -92,6 +94,7 @@ def configure(
     deadline = check_seconds("deadline", deadline, allow_zero=False, allow_inf=False)
     check_policies(retry=retry, retention=retention, limits=limits)
     fallback = check_on_unavailable(on_unavailable, allow_none=False) or "raise"
+    takeovers = check_takeover(takeover, allow_none=False) or 0
     _check_bounds(max_value_bytes, max_frame_bytes, codec)
     # An argument of another scope would be ignored: say so rather than let a
     # misconfigured group run (a lease meant for Redis on a directory group).
@@ -108,7 +111,7 @@ def configure(
     for arg, value, default, owner in other:
         if value != default:
             raise ValueError(f"{arg} belongs to the {owner}")
-    policy = FlightPolicy(deadline, retry, retention, limits, fallback)
+    policy = FlightPolicy(deadline, retry, retention, limits, fallback, takeovers)
     scope: Scope | None = None
     named = "FlightGroup()"
     if redis is not None:

@@ -74,6 +74,7 @@ from .policy import (
     Retry,
     check_on_unavailable,
     check_seconds,
+    check_takeover,
 )
 from .stats import Stats
 
@@ -101,7 +102,10 @@ class FlightGroup:
     scope refuses them (ValueError) rather than ignore them. ``on_unavailable``
     says what a call does while its wide scope cannot be reached: ``"raise"``
     UnavailableError (the default), or ``"local"``: coalesce within this process alone
-    until the scope is back (docs/failures.md).
+    until the scope is back (docs/failures.md). ``takeover=N``: the joiners of a flight
+    that ends interrupted (its leader died, lost its lease, was stopped) take it over,
+    N times at most, instead of raising FlightInterruptedError: one of them leads the
+    key's next flight and the others join it.
 
     A group is a context manager (``with`` / ``async with``); closing it makes
     every waiting call raise GroupClosedError and every later call too. Work
@@ -135,6 +139,7 @@ class FlightGroup:
         retention: Retention | None = None,
         limits: Limits | None = None,
         on_unavailable: OnUnavailable = "raise",
+        takeover: int = 0,
         max_value_bytes: int | None = None,
         lease: float = 10.0,
         cluster: bool = False,
@@ -144,8 +149,9 @@ class FlightGroup:
         self._build(configure(
             directory=directory, redis=redis, namespace=namespace, codec=codec,
             deadline=deadline, retry=retry, retention=retention, limits=limits,
-            on_unavailable=on_unavailable, max_value_bytes=max_value_bytes, lease=lease,
-            cluster=cluster, reconnect_timeout=reconnect_timeout, max_frame_bytes=max_frame_bytes,
+            on_unavailable=on_unavailable, takeover=takeover, max_value_bytes=max_value_bytes,
+            lease=lease, cluster=cluster, reconnect_timeout=reconnect_timeout,
+            max_frame_bytes=max_frame_bytes,
         ))
 
     @classmethod
@@ -268,7 +274,7 @@ class FlightGroup:
                     on_join()  # (wide scopes) it joined elsewhere, and the outcome came
                 return self._deliver(flight, True)
             if on_join is None and timeout is None:
-                return await self._lead_waiting(flight, loop)
+                return await self._lead_waiting(flight, work, loop, self._policy)
             role = Role.LEADING
         elif role is Role.KEPT:
             return self._deliver(flight, False)
@@ -278,11 +284,13 @@ class FlightGroup:
             try:
                 signal = await waiter  # type: ignore[misc]
             except BaseException:
-                self._table.withdraw(flight, waiter)  # type: ignore[arg-type]
+                self._table.give_up(flight, waiter)  # type: ignore[arg-type]
                 raise
             if signal is SETTLED:
                 return self._deliver(flight, False)
-            raise self._closed_error()
+            if signal is CLOSED:
+                raise self._closed_error()
+            return await self._claimed(signal, work, loop, self._policy)  # a takeover's
         return await self._follow(role, flight, waiter, work, on_join, timeout, loop, self._policy)
 
     async def _run_op(
@@ -310,33 +318,58 @@ class FlightGroup:
             self._attempts.start_async(flight, work, loop)
             if flight.outcome is not None:
                 return self._deliver(flight, True)
-            return await self._lead_waiting(flight, loop)
+            return await self._lead_waiting(flight, work, loop, policy)
         if role is Role.KEPT:
             return self._deliver(flight, False)
         return await self._follow(role, flight, waiter, work, None, None, loop, policy)
 
     async def _lead_waiting(
-        self, flight: Flight, loop: asyncio.AbstractEventLoop
+        self,
+        flight: Flight,
+        work: Callable[[], Awaitable[T]],
+        loop: asyncio.AbstractEventLoop,
+        policy: FlightPolicy,
     ) -> Result[Any]:
         """The leader whose work (or its scope's answer) has not come yet, with no
         on_join and no timeout: the follower's decisions for that case, without the
         follower (the miss path of every wide call, and of Python 3.11, which has no
         eager task). JOINED (a wide flight joined one led elsewhere) makes it wait again,
-        as a joiner now; SETTLED delivers; CLOSED raises."""
+        as a joiner now; SETTLED delivers; CLOSED raises; a claim (a takeover of the
+        interrupted flight it joined) claims the next flight."""
         table = self._table
         while True:
             fut = loop.create_future()
             if not table.wait_as_leader(flight, fut):
+                if self._bridge is not None and table.leader_takes_over(flight):
+                    role, following, waiter = table.take_over(flight, loop.create_future, policy)
+                    return await self._follow(
+                        role, following, waiter, work, None, None, loop, policy
+                    )
                 return self._deliver(flight, True)
             try:
                 signal = await fut
             except BaseException:
-                table.withdraw(flight, fut)
+                table.give_up(flight, fut)
                 raise
             if signal is SETTLED:
                 return self._deliver(flight, True)
-            if signal is not JOINED:
+            if signal is CLOSED:
                 raise self._closed_error()
+            if signal is not JOINED:
+                return await self._claimed(signal, work, loop, policy)
+
+    async def _claimed(
+        self,
+        following: Any,
+        work: Callable[[], Awaitable[T]],
+        loop: asyncio.AbstractEventLoop,
+        policy: FlightPolicy,
+    ) -> Result[T]:
+        """A joiner of an interrupted flight that its policy takes over claims the
+        flight after it (FlightTable.settle): it leads it, joins it, or takes its
+        outcome."""
+        role, waiter = self._table.claim(following, loop.create_future, policy)
+        return await self._follow(role, following, waiter, work, None, None, loop, policy)
 
     def _admit(
         self, key: object, work: object, on_join: object, timeout: object, fresh: object
@@ -449,8 +482,14 @@ class FlightGroup:
                 try:
                     waiter.acquire()  # type: ignore[union-attr]
                 except BaseException:
-                    self._table.withdraw(flight, waiter)  # type: ignore[arg-type]
+                    self._table.give_up(flight, waiter)  # type: ignore[arg-type]
                     raise
+                if flight.taken_over and waiter in flight.taken_over:  # a takeover's claim
+                    following = flight.next
+                    claimed, mine = table.claim(following, new_thread_waiter, self._policy)
+                    return self._follow_sync(
+                        claimed, following, mine, work, None, None, self._policy
+                    )
                 return self._deliver(flight, False)
         return self._follow_sync(role, flight, waiter, work, on_join, timeout, self._policy)
 
@@ -498,6 +537,11 @@ class FlightGroup:
                 return self._deliver(follower.flight, follower.leader)
             if step is START:
                 if self._attempts.start_sync(follower, work, own=at is None):
+                    if self._bridge is not None and self._table.leader_takes_over(
+                        follower.flight
+                    ):
+                        follower.take_over()  # it joined a flight that ended interrupted
+                        continue
                     return self._deliver(follower.flight, True)
                 follower.role = Role.LEADING
                 continue
@@ -582,6 +626,7 @@ class FlightGroup:
         retention: Retention | None = None,
         limits: Limits | None = None,
         on_unavailable: OnUnavailable | None = None,
+        takeover: int | None = None,
     ) -> _Coalesce:
         """Decorate an ``async def`` or a plain ``def`` so that concurrent calls with
         the same key share one run. The decorated function returns the value itself.
@@ -600,7 +645,8 @@ class FlightGroup:
         check_seconds("deadline", deadline, allow_zero=False, allow_inf=False)
         check_policies(retry=retry, retention=retention, limits=limits)
         policy = self._policy.override(
-            deadline, retry, retention, limits, check_on_unavailable(on_unavailable)
+            deadline, retry, retention, limits, check_on_unavailable(on_unavailable),
+            check_takeover(takeover),
         )
         decorator: _Coalesce = make_coalesce(self, key, name, policy)
         return decorator

@@ -21,6 +21,7 @@ __all__ = [
     "Retry",
     "check_on_unavailable",
     "check_seconds",
+    "check_takeover",
 ]
 
 OnUnavailable = Literal["raise", "local"]
@@ -38,6 +39,17 @@ def check_on_unavailable(value: object, *, allow_none: bool = True) -> OnUnavail
     if value == "local":
         return "local"
     raise ValueError(f"on_unavailable must be 'raise' or 'local', not {value!r}")
+
+
+def check_takeover(value: object, *, allow_none: bool = True) -> int | None:
+    """Validate ``takeover`` (an int >= 0; None: not given, where allowed)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"takeover must be an int, not {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"takeover must be 0 or more, not {value}")
+    return value
 
 
 def check_seconds(name: str, value: object, *, allow_none: bool = True, allow_zero: bool = True,
@@ -158,6 +170,10 @@ class FlightPolicy:
     # What a call does while its wide scope cannot be reached: raise UnavailableError,
     # or coalesce within this process alone (docs/failures.md).
     on_unavailable: OnUnavailable = "raise"
+    # How many times a caller whose flight ended interrupted (its leader died, lost its
+    # lease, was stopped) calls again instead of raising FlightInterruptedError: the
+    # first of them leads the key's next flight, the others join it (0: never).
+    takeover: int = 0
     keeps: bool = field(init=False, repr=False, compare=False)
     """True if a settled outcome may be kept (read on every settle)."""
 
@@ -173,6 +189,7 @@ class FlightPolicy:
         retention: Retention | None,
         limits: Limits | None,
         on_unavailable: OnUnavailable | None = None,
+        takeover: int | None = None,
     ) -> FlightPolicy:
         """This policy with each given (not None) field replaced."""
         return FlightPolicy(
@@ -181,6 +198,7 @@ class FlightPolicy:
             retention if retention is not None else self.retention,
             limits if limits is not None else self.limits,
             on_unavailable if on_unavailable is not None else self.on_unavailable,
+            takeover if takeover is not None else self.takeover,
         )
 
     def backoff(self, failed_attempts: int, uniform: Callable[[float, float], float]) -> float:

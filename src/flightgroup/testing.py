@@ -296,6 +296,7 @@ class FakeCoordinator:
         retention: Retention | None = None,
         limits: Limits | None = None,
         on_unavailable: OnUnavailable = "raise",
+        takeover: int = 0,
         max_value_bytes: int | None = None,
         pid: int | None = None,
     ) -> FlightGroup:
@@ -307,7 +308,7 @@ class FakeCoordinator:
         made = configure(
             directory=None, redis=None, namespace=None, codec=codec, deadline=deadline,
             retry=retry, retention=retention, limits=limits, on_unavailable=on_unavailable,
-            max_value_bytes=max_value_bytes,
+            takeover=takeover, max_value_bytes=max_value_bytes,
             lease=10.0, cluster=False, reconnect_timeout=5.0, max_frame_bytes=MAX_FRAME,
         )
         scope = self.scope(pid)

@@ -177,6 +177,12 @@ def test_an_argument_of_another_scope_or_a_bad_one_is_refused(
         (lambda: FlightGroup(on_unavailable=True), TypeError, "on_unavailable"),
         (lambda: FlightGroup().coalesce(on_unavailable="LOCAL"), ValueError, "on_unavailable"),
         (lambda: FlightGroup().coalesce(on_unavailable=1), TypeError, "on_unavailable"),
+        (lambda: FlightGroup(takeover=-1), ValueError, "takeover"),
+        (lambda: FlightGroup(takeover=1.0), TypeError, "takeover"),
+        (lambda: FlightGroup(takeover=True), TypeError, "takeover"),
+        (lambda: FlightGroup(takeover=None), TypeError, "takeover"),
+        (lambda: FlightGroup().coalesce(takeover=-2), ValueError, "takeover"),
+        (lambda: FlightGroup().coalesce(takeover="1"), TypeError, "takeover"),
     ],
 )
 def test_policies_validate_at_construction_naming_the_field(

@@ -241,6 +241,11 @@ class Flight:
     claims = 0  # pending claims on an IDLE flight (I4)
     joiners = 0
     next: Flight | None = None  # the flight after this one, for its fresh callers
+    # Ended interrupted under a policy with ``takeover``: its joiners that hold a claim
+    # on ``next`` instead of raising FlightInterruptedError (FlightTable.settle), and
+    # how many interrupted flights before it its callers took over.
+    taken_over: frozenset[Waiter] = frozenset()
+    takeovers = 0
     outcome: Outcome | None = None
     value: Any = None
     error: BaseException | None = None
@@ -310,6 +315,9 @@ def signal_of(flight: Flight, fresh_of: Flight | None, waiter: Waiter) -> Signal
     a fresh caller waited for, else None. (A wide table reads more: WideTable.signal_of.)"""
     if fresh_of is not None:
         following = fresh_of.next
+        return following if following is not None else CLOSED
+    if flight.taken_over and waiter in flight.taken_over:  # it takes the flight over
+        following = flight.next
         return following if following is not None else CLOSED
     return CLOSED if flight.closed else SETTLED
 

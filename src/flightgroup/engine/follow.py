@@ -147,6 +147,9 @@ class Follower:
             if not self.table.wait_as_leader(flight, waiter):
                 if self.on_join is not None and self._joined_elsewhere():
                     self.on_join()  # it joined elsewhere, and the outcome came
+                if self.table.leader_takes_over(flight):
+                    self.take_over()
+                    return self.step()
                 return DELIVER
             if self.on_join is not None and self._joined_elsewhere():
                 self._on_join_or_withdraw()
@@ -154,6 +157,9 @@ class Follower:
         if role is Role.TAKE:  # joined a flight that already ended
             if self.on_join is not None:
                 self.on_join()
+            if self.table.retakes(flight):  # it ended interrupted: take it over
+                self.take_over()
+                return self.step()
             self.leader = False
             return DELIVER
         if role is Role.JOIN and self.on_join is not None:
@@ -207,11 +213,22 @@ class Follower:
             return DELIVER
         if signal is CLOSED:
             raise self._closed_error()
-        # A claim on the flight after the one this caller waited for.
+        # A claim on the flight after the one this caller waited for (a fresh caller's),
+        # or after the interrupted one it takes over.
         assert isinstance(signal, Flight)
-        self.flight, self.fresh_of = signal, None
+        self.flight, self.fresh_of, self.leader = signal, None, False
         self.role, self.waiter = table.claim(signal, self._make_waiter, self.policy)
         return WAIT
+
+    def take_over(self) -> None:
+        """This leading caller, a joiner of a flight led elsewhere that ended
+        interrupted, takes it over (``FlightTable.take_over``): it leads or joins the
+        key's next flight."""
+        self.on_join = None  # once per call, never after a rejoin
+        self.role, self.flight, self.waiter = self.table.take_over(
+            self.flight, self._make_waiter, self.policy
+        )
+        self.leader = False
 
     def abandon(self) -> None:
         """This caller stops waiting (cancel, interrupt, on_join raised).
@@ -221,9 +238,9 @@ class Follower:
         hands back (I4)."""
         flight, waiter, fresh_of = self.flight, self.waiter, self.fresh_of
         assert waiter is not None
-        if not self.table.withdraw(flight, waiter) and fresh_of is not None:
+        if not self.table.withdraw(flight, waiter):
             signal = self.table.signal_of(flight, fresh_of, waiter)
-            if isinstance(signal, Flight):
+            if isinstance(signal, Flight):  # a fresh caller's claim, or a takeover's
                 self.table.release_claim(signal)
 
     def _on_join_or_withdraw(self) -> None:

@@ -39,7 +39,7 @@ from ..engine.flight import (
     _calls_itself,
 )
 from ..engine.table import FlightTable
-from ..errors import GroupClosedError
+from ..errors import FlightInterruptedError, GroupClosedError
 from ..policy import NO_POLICY, FlightPolicy
 
 if TYPE_CHECKING:
@@ -254,9 +254,32 @@ class WideTable(FlightTable[WideFlight]):
         made = following is None
         taken = super()._next_for_fresh(flight, fresh, outcome)
         following = flight.next
-        if made and following is not None and flight.scoped and outcome is not Outcome.LOST:
-            following.after = flight.token
+        if made and following is not None:
+            if flight.scoped and outcome is not Outcome.LOST:
+                following.after = flight.token
+            elif (
+                flight.taken_over and len(fresh) == len(flight.taken_over)
+                and flight.decided and not flight.local
+            ):
+                # Only callers taking the flight over: any flight of the scope newer than
+                # the one interrupted will do (another process may have taken it over
+                # first: they join it rather than wait for its end and run it again).
+                following.after = flight.token
         return taken
+
+    def _leader_joins(self, flight: WideFlight) -> bool:
+        return flight.joined_remote
+
+    def _made_to_take_over(self, flight: WideFlight, following: WideFlight) -> None:
+        if flight.decided and not flight.local:
+            following.after = flight.token  # any newer flight of the scope will do
+
+    def _takes_over(self, flight: WideFlight) -> bool:
+        # A flight the scope could not serve ended with the scope's error, not an
+        # interruption: nothing to take over.
+        return not flight.unserved and (
+            not flight.remote or isinstance(flight.error, FlightInterruptedError)
+        )
 
     def _on_close(self, closed: list[tuple[WideFlight, list[Waiter]]]) -> None:
         # A flight whose work runs on here still holds its key in the scope until it
@@ -289,6 +312,9 @@ class WideTable(FlightTable[WideFlight]):
             return following if following is not None else CLOSED
         if flight.promoted and waiter in flight.promoted:  # a joiner whose on_join waited
             return JOINED
+        if flight.taken_over and waiter in flight.taken_over:  # it takes the flight over
+            following = flight.next
+            return following if following is not None else CLOSED
         return CLOSED if flight.closed else SETTLED
 
     def waited_on(self, flight: WideFlight, waiter: Waiter) -> WideFlight:
