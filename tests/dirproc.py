@@ -162,6 +162,8 @@ class _ChildMain:
             )
         if cfg.get("max_waiters") is not None:
             kwargs["limits"] = flightgroup.Limits(max_waiters=cfg["max_waiters"])
+        if cfg.get("takeover") is not None:
+            kwargs["takeover"] = cfg["takeover"]
         if cfg.get("redis"):  # the fleet scope
             for name in ("lease", "cluster"):
                 if cfg.get(name) is not None:
@@ -234,6 +236,8 @@ class _ChildMain:
             lease = self._begin(call_id, key, spec)
             if self._blocks(call_id, spec):
                 self.release_event(call_id).wait()
+            if spec.get("sleep"):
+                time.sleep(float(spec["sleep"]))
             if spec.get("wait_lost"):
                 asyncio.run(lease.wait_lost())
                 self.emit("lost", id=call_id, lost=lease.lost)
@@ -255,6 +259,8 @@ class _ChildMain:
 
                 threading.Thread(target=waiter, daemon=True).start()
                 await fut
+            if spec.get("sleep"):
+                await asyncio.sleep(float(spec["sleep"]))
             if spec.get("wait_lost"):
                 await lease.wait_lost()
                 self.emit("lost", id=call_id, lost=lease.lost)
@@ -1030,3 +1036,38 @@ def frames_until(conn: Any, op: str, key: str) -> dict[str, Any]:
 
 if __name__ == "__main__":
     child_main(sys.argv)
+
+
+def herd_takes_over_a_killed_leader(h: Harness, children: list[Child], callers: int) -> None:
+    """``callers`` calls of one key in each of ``children`` (groups with ``takeover``):
+    the first child's first call leads and its work blocks; every other call joins it
+    (half sync, half async). The leader's process is SIGKILLed: no caller of the other
+    processes fails, they all get the value of one takeover run, and the work ran
+    exactly twice (the killed run and that one), the second under a greater token."""
+    leader, *others = children
+    leader.call("l", "k", h.work(block=True, **{"return": "never"}))
+    started = leader.expect("started", "l")
+    # The takeover's work lasts long enough for every process to hear the leader died
+    # before it ends (a later one would lead another run).
+    takeover = h.work(sleep=1.5, **{"return": "taken over"})
+    ids = [f"j{i}" for i in range(callers)]
+    for child in children:
+        for i, call_id in enumerate(ids):
+            if child is leader and i == 0:
+                continue
+            child.call(call_id, "k", takeover, mode="async" if i % 2 else "sync")
+    for child in children:
+        for i, call_id in enumerate(ids):
+            if not (child is leader and i == 0):
+                child.expect("joined", call_id)
+    leader.kill()
+    tokens = set()
+    for child in others:
+        for call_id in ids:
+            done = child.expect("done", call_id, timeout=30)
+            assert done.get("ok") and done["value"] == "taken over", (child.name, done)
+            tokens.add(done["token"])
+    runs = h.runs_of("k")
+    assert len(runs) == 2 and runs[0] == (leader.pid, "k", started["token"]), runs
+    assert runs[1][0] in {child.pid for child in others}
+    assert tokens == {runs[1][2]} and runs[1][2] > started["token"], (tokens, runs)

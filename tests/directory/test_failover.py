@@ -14,7 +14,15 @@ from typing import Any
 
 import pytest
 
-from ..dirproc import HELLO, Child, Harness, assert_error, assert_value, key_lock_held
+from ..dirproc import (
+    HELLO,
+    Child,
+    Harness,
+    assert_error,
+    assert_value,
+    herd_takes_over_a_killed_leader,
+    key_lock_held,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -457,6 +465,15 @@ def test_leader_loses_its_lease_while_another_version_holds_the_election(h: Harn
     attrs = assert_error(leader.expect("done", "n"), "ProtocolVersionError")
     assert (attrs["ours"], attrs["theirs"]) == (1, 2)
     assert h.runs_of("k2") == []
+
+
+def test_a_herd_takes_over_the_flight_of_a_killed_leader(h: Harness) -> None:
+    """takeover=1: the leader's process (not the coordinator's) is SIGKILLed mid-work in a
+    herd of 4 processes x 75 callers: no caller of the other three fails and the work ran
+    exactly twice."""
+    coordinator = h.spawn_warm("a", takeover=1)
+    others = [h.spawn_warm(name, takeover=1) for name in "bcd"]
+    herd_takes_over_a_killed_leader(h, [others[0], coordinator, *others[1:]], callers=75)
 
 
 def test_joiner_killed_the_flight_goes_on(h: Harness) -> None:

@@ -17,7 +17,15 @@ from typing import Any
 
 import pytest
 
-from ..dirproc import Child, Harness, assert_error, assert_value, wait_any, wait_for
+from ..dirproc import (
+    Child,
+    Harness,
+    assert_error,
+    assert_value,
+    herd_takes_over_a_killed_leader,
+    wait_any,
+    wait_for,
+)
 from ..redisproc import RedisServer, keys_without_ttl
 
 # the last test checks what the others left in the module's server: one worker, in order
@@ -242,6 +250,18 @@ def test_leader_killed_joiner_interrupted_next_call_leads(
     assert_value(done, "again", joined=False)
     assert done["token"] > started["token"]
     assert [entry[0] for entry in h.runs_of("k")] == [a.pid, b.pid]
+
+
+def test_a_herd_takes_over_the_flight_of_a_killed_leader(
+    h: Harness, redis_server: RedisServer, namespace: str
+) -> None:
+    """takeover=1: the leader's process is SIGKILLed mid-work in a herd of 4 processes x
+    75 callers: no caller of the other three fails (they hear it when its lease runs
+    out) and the work ran exactly twice."""
+    children = [
+        fleet(h, name, redis_server, namespace, lease=1.0, takeover=1) for name in "abcd"
+    ]
+    herd_takes_over_a_killed_leader(h, children, callers=75)
 
 
 def test_leader_killed_a_waiting_fresh_caller_leads_the_next_flight(
