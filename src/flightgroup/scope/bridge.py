@@ -158,6 +158,7 @@ class Bridge:
                     try:
                         call_on_join()
                     except BaseException as exc:  # also a KeyboardInterrupt during it
+                        self.table.leader_left_flight(flight)
                         # This caller withdraws now; the flight goes on for the others
                         # here on a thread of its own, to its outcome (no thread: it
                         # ends interrupted, below, and this caller raises its own error).
@@ -171,6 +172,7 @@ class Bridge:
                             raise
                         return exc
         except BaseException as exc:  # KeyboardInterrupt while waiting
+            self.table.leader_left_flight(flight)
             # This caller withdraws; the flight goes on for its other callers here, on
             # a thread of its own, from where it was (DESIGN.md: a caller that cancels
             # withdraws only itself). Without a thread it ends interrupted for all.
