@@ -412,6 +412,9 @@ class FlightGroup:
             key = self._admit(key, work, on_join, timeout, fresh)
         elif not callable(work):
             check_call(work, None, None, False)
+        loop = events._get_running_loop()
+        if loop is not None:  # (whether it would wait is the other callers' timing)
+            _warn_blocks_loop(f"run_sync({key!r})", stacklevel=3)
         table = self._table
         if table.kept is not None and not fresh:
             kept = table.take_kept(key)
@@ -421,7 +424,7 @@ class FlightGroup:
         parent = None if current is None else current.flight
         role, flight, waiter = table.arrive(
             key, key, fresh=fresh, make_waiter=new_thread_waiter, chain=parent,
-            blocking_loop=events._get_running_loop(), policy=self._policy,
+            blocking_loop=loop, policy=self._policy,
         )
         if role is Role.KEPT:
             return self._deliver(flight, False)
@@ -448,9 +451,13 @@ class FlightGroup:
         """``run_sync`` for a decorated function: ``tkey`` is its namespaced key."""
         current = _CURRENT.get()
         parent = None if current is None else current.flight
+        loop = events._get_running_loop()
+        if loop is not None:
+            namespace, op = cast("tuple[str, str]", tkey)
+            _warn_blocks_loop(f"{namespace}({op!r})", stacklevel=4)
         role, flight, waiter = self._table.arrive(
             tkey, key, fresh=False, make_waiter=new_thread_waiter, chain=parent,
-            blocking_loop=events._get_running_loop(), policy=policy,
+            blocking_loop=loop, policy=policy,
         )
         if role is Role.KEPT:
             return self._deliver(flight, False)
@@ -696,6 +703,23 @@ class FlightGroup:
         scope = "process scope" if self._scope is None else self._scope.label
         return f"<FlightGroup {scope}, {state}, {len(self._table.flights)} flights>"
 
+
+
+def _warn_blocks_loop(call: str, *, stacklevel: int) -> None:
+    """A sync call (``call``, naming its key) made on the thread of a running event loop:
+    whether it leads (its work runs in this thread) or joins (it waits for another
+    caller's work), that loop runs nothing until the call returns. Said for every such
+    call, a kept outcome's too: whether one would wait depends on the other callers'
+    timing, the warning must not. Said before the call reaches the table: a warning
+    turned into an error changes nothing."""
+    warnings.warn(
+        f"{call} was called on the thread of a running event loop: it blocks that loop "
+        "until the flight's outcome comes (a leader runs the work in this thread, a joiner "
+        "waits for another caller's); use await run() there, or call it from another "
+        "thread (asyncio.to_thread)",
+        RuntimeWarning,
+        stacklevel=stacklevel,
+    )
 
 
 def _close_dropped(scope: Scope, name: str) -> None:
