@@ -10,6 +10,7 @@ from typing import Any
 from .command import Scope, UsageError, open_group
 from .errors import UnavailableError
 from .group import FlightGroup, internals
+from .scope.interface import key_as_shown
 
 __all__ = ["status_command"]
 
@@ -43,10 +44,6 @@ def _flights(group: FlightGroup | None, fleet: bool) -> list[dict[str, Any]]:
     return flights
 
 
-def _shown(key: str) -> str:
-    return key if key.isprintable() else ascii(key)
-
-
 def _table(flights: list[dict[str, Any]], fleet: bool) -> str:
     if not flights:
         return "no flights in progress"
@@ -54,7 +51,7 @@ def _table(flights: list[dict[str, Any]], fleet: bool) -> str:
     rows = [head]
     for flight in flights:
         row = [
-            _shown(str(flight["key"])),
+            key_as_shown(str(flight["key"])),
             str(flight["token"]),
             str(flight["leader_pid"]),
             str(flight["joiners"]),

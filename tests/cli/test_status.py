@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from flightgroup import JSON, FlightGroup
+
 from ..infleet import fleet_group
 from ..infresh import held
 from ..ingroup import Background
@@ -73,6 +75,35 @@ def test_fleet_status_shows_a_key_that_is_not_utf8_as_it_was_called(
     finally:
         release.set()
         g.close()
+
+
+def test_status_shows_a_decorated_functions_key_as_its_name_and_key(directory: str) -> None:
+    """status shows a decorated function's flight as name(key); --json keeps the raw key."""
+    g = FlightGroup(directory=directory, codec=JSON)
+    started, release = threading.Event(), threading.Event()
+
+    @g.coalesce(key=lambda day: f"report:{day}", name="reports.rep")
+    def rep(day: str) -> str:
+        started.set()
+        assert release.wait(30), "the test never released the work"
+        return day
+
+    try:
+        leader = Background(lambda: rep("2026-11-01"))
+        assert started.wait(10)
+        shown = run_flightgroup("status", "--dir", directory)
+        raw = run_flightgroup("status", "--dir", directory, "--json")
+        release.set()
+        assert leader.wait() == "2026-11-01"
+    finally:
+        release.set()
+        g.close()
+    assert shown.returncode == 0, shown.stderr
+    [head, line] = shown.stdout.decode().splitlines()
+    assert head.split()[0] == "KEY"
+    assert line.split()[0] == "reports.rep(report:2026-11-01)", line
+    [flight] = json.loads(raw.stdout)["flights"]
+    assert flight["key"] == "\x00reports.rep\x00report:2026-11-01"
 
 
 @pytest.mark.timeout(60)

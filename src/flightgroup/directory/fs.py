@@ -220,8 +220,47 @@ def ensure_directory(path: str) -> None:
     """Create ``path`` (and each missing parent) with mode 0700, and its ``execution-locks``
     and ``state`` subfolders. The mode of a directory that exists is left alone.
 
-    Idempotent and safe when several threads or processes do it at once.
+    Idempotent and safe when several threads or processes do it at once. Raises an
+    OSError (of the class its errno maps to) that names ``path`` and the reason: a
+    component of it that is no directory (NotADirectoryError), no permission to create
+    one (PermissionError), or the system's own reason.
     """
+    try:
+        _ensure_directory(path)
+    except OSError as exc:
+        raise cannot_create(path, exc) from exc
+
+
+def cannot_create(path: str, exc: OSError) -> OSError:
+    """The error of a group directory ``path`` that could not be made (``exc``: the
+    error of one component of it), in words that name ``path`` and the reason."""
+    number, reason = why_not_created(path, exc)
+    return OSError(number, f"cannot create the group's directory {path!r}: {reason}")
+
+
+def why_not_created(path: str, exc: OSError) -> tuple[int, str]:
+    """The errno and the reason, in words, why making ``path`` failed with ``exc`` (about
+    one component of it, ``exc.filename``)."""
+    where = exc.filename if isinstance(exc.filename, str) else path
+    if isinstance(exc, (FileExistsError, NotADirectoryError)):
+        # mkdir of a component that exists but is no directory (EEXIST), or of one under
+        # such a component (ENOTDIR): name the component that is in the way.
+        blocker = where
+        probe = os.path.abspath(where)
+        while probe != os.path.dirname(probe):
+            if os.path.lexists(probe) and not os.path.isdir(probe):
+                blocker = probe
+                break
+            probe = os.path.dirname(probe)
+        kind = "a file, not a directory" if os.path.isfile(blocker) else "not a directory"
+        return errno.ENOTDIR, f"{blocker!r} is {kind}"
+    if isinstance(exc, PermissionError):
+        return exc.errno or errno.EACCES, f"no permission to create {where!r}"
+    return exc.errno or errno.EIO, f"cannot create {where!r} ({exc.strerror or exc})"
+
+
+def _ensure_directory(path: str) -> None:
+    """``ensure_directory``, raising the OSError of the component that failed."""
     missing: list[str] = []
     current = os.path.abspath(path)
     while not os.path.isdir(current):

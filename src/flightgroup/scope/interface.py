@@ -39,6 +39,7 @@ __all__ = [
     "Scope",
     "ScopeCall",
     "key_as_called",
+    "key_as_shown",
 ]
 
 
@@ -206,6 +207,22 @@ class Scope(Protocol):
     def close(self) -> None:
         """Hand over the landings already made, then let go of every resource; the leads
         still running are interrupted for their joiners elsewhere."""
+
+
+def key_as_shown(key: str) -> str:
+    """A key as :func:`key_as_called` gives it, as a person reads it: a decorated
+    function's (NUL, namespace, NUL, key) as ``namespace(key)``, any text that is not
+    printable as its ``ascii()``. (A plain key that itself starts with a NUL and holds
+    another reads the same as a decorated function's once called: it is shown so.)"""
+    if key.startswith("\x00"):
+        namespace, nul, op = key[1:].partition("\x00")
+        if nul and namespace:
+            return f"{_printable(namespace)}({_printable(op)})"
+    return _printable(key)
+
+
+def _printable(text: str) -> str:
+    return text if text.isprintable() else ascii(text)
 
 
 def key_as_called(sent: str) -> str:
