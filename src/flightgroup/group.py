@@ -182,6 +182,8 @@ class FlightGroup:
             max_value_bytes=made.max_value_bytes, closed_error=self._closed_error,
         )
         scope.on_fork = functools.partial(_forget_flights, weakref.ref(self))
+        # Every process of the group sees this one's threads left past a deadline.
+        self._attempts.workers.on_left = scope.report_left_threads
         # A group dropped without close() lets go of its threads, sockets, locks and
         # connections when collected (not at exit: the process's end does that).
         self._finalizer = weakref.finalize(self, _close_dropped, scope, made.named)

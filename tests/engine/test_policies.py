@@ -418,7 +418,11 @@ def test_an_idle_kept_thread_does_not_keep_the_process_from_exiting() -> None:
         "assert g.stats().threads == 1\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=20, check=False,
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")},
     )
     assert proc.returncode == 0, proc.stderr

@@ -31,7 +31,10 @@ from collections.abc import Callable
 from contextvars import Context
 from typing import Final
 
+from .._log import log
+
 __all__ = ["IDLE_SECONDS", "MAX_LEFT_THREADS", "Job", "Workers"]
+
 
 IDLE_SECONDS: Final = 30.0
 """How long a kept thread waits for the next attempt before it ends."""
@@ -85,11 +88,27 @@ class Workers:
     ``threads`` (threads alive: idle, or running a job), ``left`` (jobs left past their
     deadline whose work has not returned), ``closed``."""
 
-    __slots__ = ("__weakref__", "closed", "idle", "left", "lock", "max_left", "room", "threads")
+    __slots__ = (
+        "__weakref__",
+        "_reporting",
+        "closed",
+        "idle",
+        "left",
+        "lock",
+        "max_left",
+        "on_left",
+        "room",
+        "threads",
+    )
 
     def __init__(self, max_left: int = MAX_LEFT_THREADS) -> None:
         _POOLS.add(self)
         self.max_left = max_left
+        # Told (left, max_left) after ``left`` changed, outside ``lock`` (a wide scope
+        # publishes it for ``flightgroup status``); reports are made one at a time, each
+        # with the count as it is then, so the last one told is the latest.
+        self.on_left: Callable[[int, int], object] | None = None
+        self._reporting = threading.Lock()
         self.lock = threading.Lock()
         self.room = threading.Condition(self.lock)  # notified when a left job returns
         self.idle: list[_Thread] = []
@@ -164,7 +183,8 @@ class Workers:
                 ran = True
             finally:
                 with lock:
-                    if job.state == LEFT:
+                    was_left = job.state == LEFT
+                    if was_left:
                         self.left -= 1
                         self.room.notify()
                     job.state = RETURNED
@@ -175,6 +195,8 @@ class Workers:
                         # (before ``done``: its driver's next attempt finds it idle)
                         self.idle.append(kept)
                 job.done.release()
+                if was_left:
+                    self._report()
             if ending:
                 return
             if not kept.go.acquire(timeout=IDLE_SECONDS):
@@ -203,22 +225,40 @@ class Workers:
         with self.lock:
             if job.state == RETURNED:  # (also one that returned as the deadline passed)
                 return True
-            if job.state == RUNNING:  # (a wait cut short after this counted it already)
-                job.state = LEFT
-                self.left += 1
+            if job.state != RUNNING:  # (a wait cut short after this counted it already)
+                return False
+            job.state = LEFT
+            self.left += 1
+        self._report()
         return False
 
     def abandon(self, job: Job) -> bool:
         """Nobody will wait for ``job``: True if its work runs (now counted left); a job
         not handed over yet never runs."""
         with self.lock:
-            if job.state == RUNNING:
-                job.state = LEFT
-                self.left += 1
-                return True
-            if job.state == WAITING:
-                job.state = GAVE_UP
-            return False
+            if job.state != RUNNING:
+                if job.state == WAITING:
+                    job.state = GAVE_UP
+                return False
+            job.state = LEFT
+            self.left += 1
+        self._report()
+        return True
+
+    def _report(self) -> None:
+        """Tell ``on_left`` the count of left threads as it is now."""
+        on_left = self.on_left
+        if on_left is None:
+            return
+        with self._reporting:
+            with self.lock:
+                left = self.left
+            try:
+                on_left(left, self.max_left)
+            except Exception:  # a report that fails must not stop an attempt or a thread
+                log.warning(
+                    "could not publish the count of threads left past a deadline", exc_info=True
+                )
 
     def close(self) -> None:
         """End the idle threads; a thread running a job ends once its work returns."""
@@ -235,6 +275,7 @@ class Workers:
         """(In a forked child, the only thread) the threads were not copied, and the
         works they ran run in the parent only."""
         self.lock = threading.Lock()
+        self._reporting = threading.Lock()
         self.room = threading.Condition(self.lock)
         self.idle = []
         self.threads = 0
