@@ -15,7 +15,7 @@ from .group import FlightGroup, internals
 __all__ = ["status_command"]
 
 _FIELDS = ("key", "token", "leader_pid", "joiners", "age_s")
-_LEFT_FIELDS = ("pid", "left_threads", "max_left_threads")
+_LEFT_FIELDS = ("pid", "left_threads", "max_deadline_threads")
 _CONNECT_WAIT = 5.0  # a directory group's first connection (or election) takes a moment
 _WATCH_EVERY = 1.0
 
@@ -58,7 +58,7 @@ def _left(group: FlightGroup | None, fleet: bool) -> list[dict[str, Any]]:
 def _left_table(left: list[dict[str, Any]], fleet: bool) -> str:
     head = ["PID", "LEFT THREADS", "MAX"] + (["HOST"] if fleet else [])
     rows = [head] + [
-        [str(entry["pid"]), str(entry["left_threads"]), str(entry["max_left_threads"])]
+        [str(entry["pid"]), str(entry["left_threads"]), str(entry["max_deadline_threads"])]
         + ([str(entry.get("host"))] if fleet else [])
         for entry in left
     ]

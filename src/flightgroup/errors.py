@@ -110,9 +110,10 @@ class FlightTimeoutError(FlightError):
     """The work of the flight ran past its ``deadline`` (after its retries).
 
     ``attempts``: how many attempts the flight made, retries included (None where it is
-    not known: a joiner in another process of a fleet group). ``max_left_threads``: set
-    when the last attempt never ran because the group's bound on threads left past a
-    deadline was reached for all of its deadline (a sync work's; ADR 0038), else None.
+    not known: a joiner in another process of a fleet group). ``max_deadline_threads``: set
+    when the last attempt (a sync work's) never ran because the group's threads for sync
+    works under a deadline were all busy, in time or left past their deadlines, for all
+    of its deadline (ADR 0038); else None.
     """
 
     def __init__(
@@ -120,24 +121,25 @@ class FlightTimeoutError(FlightError):
         key: str,
         deadline: float,
         attempts: int | None = None,
-        max_left_threads: int | None = None,
+        max_deadline_threads: int | None = None,
     ):
         self.key = key
         self.deadline = deadline
         self.attempts = attempts
-        self.max_left_threads = max_left_threads
+        self.max_deadline_threads = max_deadline_threads
         text = f"The flight of {key!r} ran past its deadline of {deadline:g} s"
         if attempts is not None:
             text += f" ({attempts} attempt{'' if attempts == 1 else 's'})"
-        if max_left_threads is not None:
+        if max_deadline_threads is not None:
             text += (
-                f"; the last never ran: {max_left_threads} threads of this group "
-                "(its max_left_threads) still ran works left past their deadlines"
+                f"; the last never ran: all {max_deadline_threads} threads this group runs "
+                "sync works under a deadline on (its max_deadline_threads) stayed busy, "
+                "in time or left past their deadlines"
             )
         super().__init__(text + ".")
 
     def _init_args(self) -> tuple[Any, ...]:
-        return (self.key, self.deadline, self.attempts, self.max_left_threads)
+        return (self.key, self.deadline, self.attempts, self.max_deadline_threads)
 
 
 class LeaseLostError(FlightError):

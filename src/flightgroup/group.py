@@ -59,7 +59,7 @@ from .engine.flight import (
 )
 from .engine.follow import DELIVER, START, Follower, WideRules, signal_for
 from .engine.table import FlightTable
-from .engine.workers import MAX_LEFT_THREADS
+from .engine.workers import MAX_DEADLINE_THREADS
 from .errors import (
     FlightFailedError,
     FlightInterruptedError,
@@ -130,14 +130,14 @@ class FlightGroup:
         cluster: bool = False,
         reconnect_timeout: float = 5.0,
         max_frame_bytes: int = MAX_FRAME,
-        max_left_threads: int = MAX_LEFT_THREADS,
+        max_deadline_threads: int = MAX_DEADLINE_THREADS,
     ) -> None:
         self._build(configure(
             directory=directory, redis=redis, namespace=namespace, codec=codec,
             deadline=deadline, retry=retry, retention=retention, limits=limits,
             max_value_bytes=max_value_bytes, lease=lease, cluster=cluster,
             reconnect_timeout=reconnect_timeout, max_frame_bytes=max_frame_bytes,
-            max_left_threads=max_left_threads,
+            max_deadline_threads=max_deadline_threads,
         ))
 
     @classmethod
@@ -164,7 +164,7 @@ class FlightGroup:
             self._table = FlightTable()
             self._attempts = Attempts(
                 self._table, codec=made.codec, max_value_bytes=made.max_value_bytes,
-                max_left_threads=made.max_left_threads,
+                max_deadline_threads=made.max_deadline_threads,
             )
             return
         from .scope.bridge import Bridge
@@ -175,7 +175,7 @@ class FlightGroup:
         self._table = WideTable(scope.identity, left_holds=scope.left_flights_hold_keys)
         self._attempts = Attempts(
             self._table, codec=made.codec, max_value_bytes=made.max_value_bytes,
-            max_left_threads=made.max_left_threads,
+            max_deadline_threads=made.max_deadline_threads,
         )
         self._bridge = self._attempts.bridge = Bridge(
             scope, table=self._table, attempts=self._attempts,
@@ -638,10 +638,14 @@ class FlightGroup:
     def stats(self) -> Stats:
         """A snapshot of this group's counters in this process."""
         workers = self._attempts.workers
-        threads, left = workers.counts()
+        threads, busy, left = workers.counts()
         stats: Stats = self._table.snapshot()
         return dataclasses.replace(
-            stats, threads=threads, left_threads=left, max_left_threads=workers.max_left
+            stats,
+            threads=threads,
+            deadline_threads=busy,
+            left_threads=left,
+            max_deadline_threads=workers.bound,
         )
 
     @property

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from .codec import Codec
 from .configure import MAX_FRAME, configure
-from .engine.workers import MAX_LEFT_THREADS
+from .engine.workers import MAX_DEADLINE_THREADS
 from .errors import GroupClosedError, UnavailableError
 from .group import FlightGroup, internals
 from .policy import Limits, Retention, Retry
@@ -253,7 +253,7 @@ class FakeScope:
 
     def left_threads(self) -> list[dict[str, Any]]:
         """The "processes" with threads past their deadlines: pid, left_threads,
-        max_left_threads. Raises GroupClosedError once closed."""
+        max_deadline_threads. Raises GroupClosedError once closed."""
         if self.closed:
             raise GroupClosedError()
         return self.coordinator._left_threads()
@@ -311,7 +311,7 @@ class FakeCoordinator:
         retention: Retention | None = None,
         limits: Limits | None = None,
         max_value_bytes: int | None = None,
-        max_left_threads: int = MAX_LEFT_THREADS,
+        max_deadline_threads: int = MAX_DEADLINE_THREADS,
         pid: int | None = None,
     ) -> FlightGroup:
         """A FlightGroup over a new "process" of this coordinator. Arguments as
@@ -323,7 +323,7 @@ class FakeCoordinator:
             directory=None, redis=None, namespace=None, codec=codec, deadline=deadline,
             retry=retry, retention=retention, limits=limits, max_value_bytes=max_value_bytes,
             lease=10.0, cluster=False, reconnect_timeout=5.0, max_frame_bytes=MAX_FRAME,
-            max_left_threads=max_left_threads,
+            max_deadline_threads=max_deadline_threads,
         )
         scope = self.scope(pid)
         return FlightGroup._over(dataclasses.replace(
@@ -415,7 +415,7 @@ class FakeCoordinator:
     def _left_threads(self) -> list[dict[str, Any]]:
         with self._lock:
             return [
-                {"pid": scope.pid, "left_threads": left, "max_left_threads": bound}
+                {"pid": scope.pid, "left_threads": left, "max_deadline_threads": bound}
                 for scope, (left, bound) in self._left.items()
             ]
 

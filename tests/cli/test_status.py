@@ -192,7 +192,7 @@ def _left_past_deadline(g: FlightGroup, release: threading.Event) -> None:
 
 def test_status_shows_a_process_s_threads_left_past_their_deadlines(directory: str) -> None:
     """status shows each process's threads left past their deadlines, until they return."""
-    g = FlightGroup(directory=directory, codec=JSON, deadline=0.05, max_left_threads=3)
+    g = FlightGroup(directory=directory, codec=JSON, deadline=0.05, max_deadline_threads=3)
     release = threading.Event()
     try:
         _left_past_deadline(g, release)
@@ -200,7 +200,7 @@ def test_status_shows_a_process_s_threads_left_past_their_deadlines(directory: s
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout) == {
             "flights": [],
-            "left_threads": [{"pid": os.getpid(), "left_threads": 1, "max_left_threads": 3}],
+            "left_threads": [{"pid": os.getpid(), "left_threads": 1, "max_deadline_threads": 3}],
         }
         proc = run_flightgroup("status", "--dir", directory)
         assert proc.returncode == 0, proc.stderr
@@ -223,7 +223,7 @@ def test_fleet_status_shows_a_process_s_threads_left_past_their_deadlines(
     redis_server: Any, namespace: str
 ) -> None:
     """status on the fleet shows each process's threads left past their deadlines."""
-    g = fleet_group(redis_server.url, namespace, deadline=0.05, max_left_threads=3)
+    g = fleet_group(redis_server.url, namespace, deadline=0.05, max_deadline_threads=3)
     release = threading.Event()
     try:
         _left_past_deadline(g, release)
@@ -238,7 +238,7 @@ def test_fleet_status_shows_a_process_s_threads_left_past_their_deadlines(
             {
                 "pid": os.getpid(),
                 "left_threads": 1,
-                "max_left_threads": 3,
+                "max_deadline_threads": 3,
                 "host": socket.gethostname(),
             }
         ]

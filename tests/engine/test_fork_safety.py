@@ -168,7 +168,7 @@ def test_a_child_forked_while_a_thread_leads_a_key_leads_it_anew(how: str) -> No
 
 
 KEPT_THREADS = r'''
-g = FlightGroup(deadline=0.2, max_left_threads=1)
+g = FlightGroup(deadline=0.2, max_deadline_threads=1)
 release = threading.Event()
 try:
     g.run_sync("a", lambda: release.wait(20))

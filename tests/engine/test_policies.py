@@ -262,7 +262,7 @@ def test_a_flight_timeout_error_names_the_attempts_its_flight_made() -> None:
             g.run_sync("s", lambda: release.wait(10))
         assert sync_raised.value.attempts == 3
         assert "(3 attempts)" in str(sync_raised.value)
-        assert sync_raised.value.max_left_threads is None  # every attempt ran
+        assert sync_raised.value.max_deadline_threads is None  # every attempt ran
 
         async def hangs() -> None:
             await asyncio.Event().wait()
@@ -300,11 +300,11 @@ def test_a_joiner_s_flight_timeout_error_names_the_attempts_too() -> None:
 
 
 def test_threads_left_past_a_deadline_are_bounded_per_group() -> None:
-    """A group runs at most max_left_threads works left past their deadlines: beyond
+    """A group runs at most max_deadline_threads works left past their deadlines: beyond
     them an attempt waits for one to return, at most until its own deadline, and then
     times out without running, its FlightTimeoutError naming the bound."""
-    g = FlightGroup(deadline=0.05, max_left_threads=2)
-    other = FlightGroup(deadline=0.05, max_left_threads=2)
+    g = FlightGroup(deadline=0.05, max_deadline_threads=2)
+    other = FlightGroup(deadline=0.05, max_deadline_threads=2)
     release = threading.Event()
     ran: list[str] = []
 
@@ -316,7 +316,7 @@ def test_threads_left_past_a_deadline_are_bounded_per_group() -> None:
         return work
 
     try:
-        assert g.stats().max_left_threads == 2
+        assert g.stats().max_deadline_threads == 2
         for key in ("a", "b"):
             with pytest.raises(FlightTimeoutError):
                 g.run_sync(key, hangs(key))
@@ -326,8 +326,8 @@ def test_threads_left_past_a_deadline_are_bounded_per_group() -> None:
         with pytest.raises(FlightTimeoutError) as refused:
             g.run_sync("c", hangs("c"))
         assert time.monotonic() - began < 2.0  # its deadline (0.05 s) and no more
-        assert refused.value.max_left_threads == 2 and refused.value.attempts == 1
-        assert "max_left_threads" in str(refused.value)
+        assert refused.value.max_deadline_threads == 2 and refused.value.attempts == 1
+        assert "max_deadline_threads" in str(refused.value)
         assert ran == ["a", "b"], "the attempt over the bound never ran"
         assert (g.stats().left_threads, g.stats().threads) == (2, 2)
         # the bound is each group's own
@@ -345,9 +345,36 @@ def test_threads_left_past_a_deadline_are_bounded_per_group() -> None:
         other.close()
 
 
+def test_concurrent_hung_flights_never_leave_more_threads_than_the_bound() -> None:
+    """Concurrent flights whose works all hang leave at most max_deadline_threads threads:
+    an attempt running in time counts against the bound, as it may be left."""
+    g = FlightGroup(deadline=0.2, max_deadline_threads=2)
+    release = threading.Event()
+    ran: list[int] = []
+
+    def work() -> None:
+        ran.append(1)
+        release.wait(20)
+
+    try:
+        with ThreadPoolExecutor(5) as pool:
+            calls = [pool.submit(g.run_sync, f"k{i}", work) for i in range(5)]
+            errors = [call.exception(10) for call in calls]
+        assert all(isinstance(error, FlightTimeoutError) for error in errors), errors
+        refused = [
+            e for e in errors if isinstance(e, FlightTimeoutError) and e.max_deadline_threads
+        ]
+        assert len(refused) == 3 and len(ran) == 2
+        stats = g.stats()
+        assert (stats.threads, stats.deadline_threads, stats.left_threads) == (2, 2, 2)
+    finally:
+        release.set()
+        g.close()
+
+
 def test_an_attempt_over_the_bound_runs_once_a_left_thread_returns() -> None:
     """An attempt over the bound runs once a left work returns, within its deadline."""
-    g = FlightGroup(max_left_threads=1)
+    g = FlightGroup(max_deadline_threads=1)
     short = g.coalesce(key=lambda: "short", deadline=0.05)
     long = g.coalesce(key=lambda: "long", deadline=20.0)
     release = threading.Event()
@@ -428,15 +455,15 @@ def test_an_idle_kept_thread_does_not_keep_the_process_from_exiting() -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-def test_max_left_threads_must_be_a_positive_int() -> None:
-    """max_left_threads must be a positive int."""
+def test_max_deadline_threads_must_be_a_positive_int() -> None:
+    """max_deadline_threads must be a positive int."""
     with pytest.raises(TypeError):
-        FlightGroup(max_left_threads=1.5)  # type: ignore[arg-type]
+        FlightGroup(max_deadline_threads=1.5)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        FlightGroup(max_left_threads=True)
+        FlightGroup(max_deadline_threads=True)
     with pytest.raises(ValueError):
-        FlightGroup(max_left_threads=0)
-    assert FlightGroup().stats().max_left_threads == 64
+        FlightGroup(max_deadline_threads=0)
+    assert FlightGroup().stats().max_deadline_threads == 64
 
 
 # -- retention ------------------------------------------------------------------

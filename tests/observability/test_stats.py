@@ -20,7 +20,7 @@ def test_fresh_group_stats_are_zero() -> None:
     assert isinstance(stats, Stats)
     # (every counter is zero; the last field is the bound on threads left past a deadline)
     assert dataclasses.astuple(stats) == (
-        0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, 0.0, 0.0, 0, 0, 64
+        0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, 0.0, 0.0, 0, 0, 0, 64
     )
     with pytest.raises(dataclasses.FrozenInstanceError):
         stats.calls = 3  # type: ignore[misc]

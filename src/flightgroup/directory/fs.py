@@ -560,7 +560,7 @@ def write_left_threads(path: str, pid: int, left: int, bound: int) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         return
-    body = b'{"pid": %d, "left_threads": %d, "max_left_threads": %d}\n' % (pid, left, bound)
+    body = b'{"pid": %d, "left_threads": %d, "max_deadline_threads": %d}\n' % (pid, left, bound)
     temp = f"{path}.{uuid.uuid4().hex}.tmp"
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -594,7 +594,7 @@ def read_left_threads(directory: str) -> list[dict[str, int]]:
             counts = {
                 "pid": pid,
                 "left_threads": int(entry["left_threads"]),
-                "max_left_threads": int(entry["max_left_threads"]),
+                "max_deadline_threads": int(entry["max_deadline_threads"]),
             }
         except (OSError, ValueError, KeyError, TypeError):
             continue

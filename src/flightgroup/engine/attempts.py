@@ -75,13 +75,13 @@ class Attempts:
         *,
         codec: Codec | None,
         max_value_bytes: int | None,
-        max_left_threads: int,
+        max_deadline_threads: int,
     ) -> None:
         self.table = table
         self.codec = codec
         self.max_value_bytes = max_value_bytes
         self.bridge: Bridge | None = None
-        self.workers = Workers(max_left_threads)  # where sync attempts under a deadline run
+        self.workers = Workers(max_deadline_threads)  # where sync attempts under a deadline run
 
     def start_async(
         self,
@@ -565,7 +565,7 @@ class TimedAttempt:
             workers.start(job)
         if job.state == GAVE_UP:
             # Its deadline passed while the group's bound on left threads was reached.
-            return self._timed_out(workers.max_left)
+            return self._timed_out(workers.bound)
         if workers.wait(job):
             ending = self.ending
             assert ending is not None

@@ -9,15 +9,14 @@ the work runs on, *left*, until it returns. This module owns those threads (ADR 
   An idle thread ends after ``IDLE_SECONDS``, at the group's close, and is not in a
   forked child (a fork copies only the forking thread). Every thread is a daemon: an
   idle pool never keeps a process from exiting.
-- **Bounded**: a thread whose attempt ran past its deadline is counted *left* until its
-  work returns. While ``max_left`` are left, an attempt that needs a thread waits for one
-  of them to return, at most until its own deadline; if none does, the attempt times out
-  without its work having run (its driver says so in its FlightTimeoutError). So the
-  group never runs more than ``max_left`` works past their deadlines, no wait outlasts a
-  deadline, and nothing waits for a thread that another wait holds: no deadlock.
-
-Threads that run attempts within their deadline are not bounded here: there is at most
-one per flight running now (``Limits.max_flights`` bounds those).
+- **Bounded**: a thread whose attempt ran past its deadline is *left* until its work
+  returns. Any attempt running now may be left at its deadline, so the bound counts both:
+  at most ``bound`` threads run sync works under a deadline at once, in time or left
+  (``busy``), and so at most ``bound`` are ever left. An attempt that finds ``bound``
+  busy waits for one of them to return, at most until its own deadline; if none does,
+  the attempt times out without its work having run (its driver says so in its
+  FlightTimeoutError). No wait outlasts a deadline, and nothing waits for a thread that
+  another wait holds: no deadlock.
 """
 
 from __future__ import annotations
@@ -33,19 +32,20 @@ from typing import Final
 
 from .._log import log
 
-__all__ = ["IDLE_SECONDS", "MAX_LEFT_THREADS", "Job", "Workers"]
+__all__ = ["IDLE_SECONDS", "MAX_DEADLINE_THREADS", "Job", "Workers"]
 
 
 IDLE_SECONDS: Final = 30.0
 """How long a kept thread waits for the next attempt before it ends."""
 
-MAX_LEFT_THREADS: Final = 64
-"""The default bound on a group's threads left past their deadlines."""
+MAX_DEADLINE_THREADS: Final = 64
+"""The default bound on a group's threads that run sync works under a deadline (in time
+or left past it), and so on its threads left past a deadline."""
 
 # A job's states. Each change is made under its pool's lock.
-WAITING: Final = 0  # no thread yet: it waits for room under the bound
-RUNNING: Final = 1  # its work runs, within its deadline
-LEFT: Final = 2  # its work runs on past its deadline: counted in ``Workers.left``
+WAITING: Final = 0  # no thread yet: it may wait for room under the bound
+RUNNING: Final = 1  # its work runs, within its deadline: counted in ``Workers.busy``
+LEFT: Final = 2  # its work runs on past its deadline: counted in ``busy`` and ``left``
 RETURNED: Final = 3  # its work returned (in time, or late: then no longer counted)
 GAVE_UP: Final = 4  # its deadline passed before it got a thread: it never ran
 
@@ -82,29 +82,32 @@ class _Thread:
 
 
 class Workers:
-    """The kept threads of one group and its bound on threads left past a deadline.
+    """The kept threads of one group and its bound on the threads that run sync works
+    under a deadline (so on those left past one).
 
     Fields are read and written under ``lock``: ``idle`` (threads waiting for a job),
-    ``threads`` (threads alive: idle, or running a job), ``left`` (jobs left past their
-    deadline whose work has not returned), ``closed``."""
+    ``threads`` (threads alive: idle, or running a job), ``busy`` (jobs handed over whose
+    work has not returned: at most ``bound``), ``left`` (those of them past their
+    deadline), ``closed``."""
 
     __slots__ = (
         "__weakref__",
         "_reporting",
+        "bound",
+        "busy",
         "closed",
         "idle",
         "left",
         "lock",
-        "max_left",
         "on_left",
         "room",
         "threads",
     )
 
-    def __init__(self, max_left: int = MAX_LEFT_THREADS) -> None:
+    def __init__(self, bound: int = MAX_DEADLINE_THREADS) -> None:
         _POOLS.add(self)
-        self.max_left = max_left
-        # Told (left, max_left) after ``left`` changed, outside ``lock`` (a wide scope
+        self.bound = bound
+        # Told (left, bound) after ``left`` changed, outside ``lock`` (a wide scope
         # publishes it for ``flightgroup status``); reports are made one at a time, each
         # with the count as it is then, so the last one told is the latest.
         self.on_left: Callable[[int, int], object] | None = None
@@ -113,27 +116,30 @@ class Workers:
         self.room = threading.Condition(self.lock)  # notified when a left job returns
         self.idle: list[_Thread] = []
         self.threads = 0
+        self.busy = 0
         self.left = 0
         self.closed = False
 
-    def counts(self) -> tuple[int, int]:
-        """(threads alive now, threads left past a deadline now)."""
+    def counts(self) -> tuple[int, int, int]:
+        """(threads alive now, threads running a job now, threads left past a deadline
+        now)."""
         with self.lock:
-            return self.threads, self.left
+            return self.threads, self.busy, self.left
 
     def start(self, job: Job) -> None:
         """Run ``job`` on a kept thread (a new one if none is idle): its state is then
-        RUNNING; or GAVE_UP if its deadline passed while ``max_left`` threads were left
-        (it never runs). Raises what ``Thread.start`` raises (no thread to be had), or
+        RUNNING; or GAVE_UP if its deadline passed while ``bound`` jobs were busy (it
+        never runs). Raises what ``Thread.start`` raises (no thread to be had), or
         a KeyboardInterrupt that landed meanwhile: ``job.state`` then says whether it
         was handed over (RUNNING) or not (WAITING: start it again, or it never runs)."""
         with self.lock:
-            while self.left >= self.max_left:
+            while self.busy >= self.bound:
                 remaining = job.until - time.monotonic()
                 if remaining <= 0:
                     job.state = GAVE_UP
                     return
                 self.room.wait(min(remaining, threading.TIMEOUT_MAX))
+            self.busy += 1  # (given back if no thread can be started for it)
             if self.idle:
                 kept = self.idle.pop()
                 kept.job = job
@@ -158,6 +164,8 @@ class Workers:
             if gate.acquire(blocking=False):  # the thread never got going: nothing ran
                 with self.lock:
                     self.threads -= 1
+                    self.busy -= 1
+                    self.room.notify()
                 raise
             # it got going: the job runs (its state says so), and this caller hears of
             # the interrupt that landed in start()
@@ -186,7 +194,8 @@ class Workers:
                     was_left = job.state == LEFT
                     if was_left:
                         self.left -= 1
-                        self.room.notify()
+                    self.busy -= 1
+                    self.room.notify()
                     job.state = RETURNED
                     ending = self.closed or not ran
                     if ending:
@@ -216,12 +225,13 @@ class Workers:
     def wait(self, job: Job) -> bool:
         """Wait for ``job``'s work to return, at most until its deadline: True if it did.
         False: it runs on, counted left until it returns."""
-        # (RETURNED is set before ``done`` is released: a wait cut short after it took
-        # ``done`` finds it here.)
-        if job.state != RETURNED:
-            remaining = job.until - time.monotonic()
-            if remaining > 0:
-                job.done.acquire(timeout=min(remaining, threading.TIMEOUT_MAX))
+        # RETURNED is set before ``done`` is released: a wait cut short after it took
+        # ``done`` finds it here, and ``done`` taken means RETURNED.
+        if job.state == RETURNED:
+            return True
+        remaining = job.until - time.monotonic()
+        if remaining > 0 and job.done.acquire(timeout=min(remaining, threading.TIMEOUT_MAX)):
+            return True
         with self.lock:
             if job.state == RETURNED:  # (also one that returned as the deadline passed)
                 return True
@@ -254,7 +264,7 @@ class Workers:
             with self.lock:
                 left = self.left
             try:
-                on_left(left, self.max_left)
+                on_left(left, self.bound)
             except Exception:  # a report that fails must not stop an attempt or a thread
                 log.warning(
                     "could not publish the count of threads left past a deadline", exc_info=True
@@ -279,6 +289,7 @@ class Workers:
         self.room = threading.Condition(self.lock)
         self.idle = []
         self.threads = 0
+        self.busy = 0
         self.left = 0
 
 

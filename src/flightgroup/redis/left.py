@@ -2,7 +2,7 @@
 
 Each group of each process with threads running sync works past their deadlines keeps
 one string key, ``fg:{<namespace>}:left:<host>:<pid>:<n>``, holding a JSON object (pid,
-host, left_threads, max_left_threads). It is written when the count changes and again
+host, left_threads, max_deadline_threads). It is written when the count changes and again
 every ``REFRESH`` seconds while it is not 0, with a TTL of ``TTL_MS``, and deleted when
 the count falls to 0 or the group closes: the key of a process that died goes within
 the TTL. Status reads the keys with a bounded SCAN (never KEYS). ADR 0038.
@@ -72,7 +72,7 @@ class LeftThreads:
                             "pid": self.pid,
                             "host": self.host,
                             "left_threads": count,
-                            "max_left_threads": bound,
+                            "max_deadline_threads": bound,
                         }
                     )
                     await client.set(self.name, body, px=TTL_MS)
@@ -121,7 +121,7 @@ async def left_threads(client: Any, namespace: str, limit: int) -> list[dict[str
                     "pid": int(entry["pid"]),
                     "host": str(entry["host"]),
                     "left_threads": int(entry["left_threads"]),
-                    "max_left_threads": int(entry["max_left_threads"]),
+                    "max_deadline_threads": int(entry["max_deadline_threads"]),
                 }
             )
         except (ValueError, KeyError, TypeError):

@@ -205,8 +205,8 @@ def test_a_joiner_elsewhere_times_out_with_the_leader(wide: Scope) -> None:
 
 def test_a_sync_work_left_past_its_deadline_is_counted_until_it_returns(scope: Scope) -> None:
     """A sync work left past its deadline counts in stats().left_threads until it returns,
-    and over max_left_threads an attempt times out without running, in every scope."""
-    g = scope.group(deadline=0.1, max_left_threads=1)
+    and over max_deadline_threads an attempt times out without running, in every scope."""
+    g = scope.group(deadline=0.1, max_deadline_threads=1)
     release = threading.Event()
     ran: list[str] = []
 
@@ -223,7 +223,7 @@ def test_a_sync_work_left_past_its_deadline_is_counted_until_it_returns(scope: S
         assert g.stats().left_threads == 1
         with pytest.raises(FlightTimeoutError) as refused:
             g.run_sync("b", hangs("b"))
-        assert refused.value.max_left_threads == 1 and ran == ["a"]
+        assert refused.value.max_deadline_threads == 1 and ran == ["a"]
         release.set()
         wait_until(lambda: g.stats().left_threads == 0, "the left work returned")
         assert g.run_sync("b", lambda: "v").value == "v"
