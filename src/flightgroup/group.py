@@ -92,7 +92,9 @@ class FlightGroup:
     that uses the group. The wider scopes (``directory=``, ``redis=``) take the
     same calls; see API.md. ``lease`` and ``cluster`` belong to the fleet scope,
     ``reconnect_timeout`` and ``max_frame_bytes`` to the directory scope: another
-    scope refuses them (ValueError) rather than ignore them.
+    scope refuses them (ValueError) rather than ignore them. ``max_deadline_threads``
+    (default 64) is the most threads of the group that run sync works under a
+    ``deadline`` at once, in time or left running past it (ADR 0038).
 
     A group is a context manager (``with`` / ``async with``); closing it makes
     every waiting call raise GroupClosedError and every later call too. Work

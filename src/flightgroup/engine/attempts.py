@@ -564,7 +564,7 @@ class TimedAttempt:
         if job.state == WAITING:
             workers.start(job)
         if job.state == GAVE_UP:
-            # Its deadline passed while the group's bound on left threads was reached.
+            # Its deadline passed while the group's deadline threads were all busy.
             return self._timed_out(workers.bound)
         if workers.wait(job):
             ending = self.ending

@@ -113,7 +113,7 @@ class Workers:
         self.on_left: Callable[[int, int], object] | None = None
         self._reporting = threading.Lock()
         self.lock = threading.Lock()
-        self.room = threading.Condition(self.lock)  # notified when a left job returns
+        self.room = threading.Condition(self.lock)  # notified when a busy job returns
         self.idle: list[_Thread] = []
         self.threads = 0
         self.busy = 0
