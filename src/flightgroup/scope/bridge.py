@@ -536,7 +536,7 @@ def to_shared(
             return Failure(kind, module, message)
         return Failure(kind, module, message, keep, retention.max_items, retention.max_bytes)
     if outcome is Outcome.TIMEOUT and isinstance(error, FlightTimeoutError):
-        return Timeout(error.deadline)
+        return Timeout(error.deadline, error.attempts)
     return Interrupted(f"its work was stopped by {type(error).__qualname__}")
 
 
@@ -552,5 +552,5 @@ def from_shared(
             key, outcome.type, outcome.message, outcome.module
         ), None
     if isinstance(outcome, Timeout):
-        return Outcome.TIMEOUT, FlightTimeoutError(key, outcome.deadline), None
+        return Outcome.TIMEOUT, FlightTimeoutError(key, outcome.deadline, outcome.attempts), None
     return Outcome.INTERRUPTED, FlightInterruptedError(key, outcome.reason), None
