@@ -1,18 +1,23 @@
 """Retention in the directory scope: the leader's bounds (max_items, max_bytes) travel in
 its landing and the coordinator applies them to the group's kept outcomes (API.md: "LRU
-by items, then by encoded bytes; a hit counts as a use").
+by items, then by encoded bytes; a hit counts as a use"); kept outcomes outlive the
+coordinator that kept it, in their files (ADR 0039).
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 
 from flightgroup import FlightFailedError, Retention
 from flightgroup.directory import wire
 
-from ..dirproc import HELLO_OK, RawConn
+from ..dirproc import HELLO_OK, ROOT, Child, Harness, RawConn, assert_error, assert_value
 from ..ingroup import arbiter, close, coordinating, group
 
 pytestmark = pytest.mark.timeout(60)
@@ -164,3 +169,188 @@ def test_retention_max_items_bounds_the_directorys_kept_outcomes(directory: str)
         assert (again.value, again.joined) == ("new", False)
     finally:
         close(a, b)
+
+
+# -- kept outcomes outlive their coordinator (ADR 0039) -----------------------------------
+
+# A short-lived process (a cron job): one call of "k" with Retention, then its end. Each
+# run of the work appends a line to argv[2].
+SHORT_LIVED = r"""
+import os, sys
+from flightgroup import JSON, FlightGroup, Retention
+
+def work():
+    with open(sys.argv[2], "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return "v"
+
+with FlightGroup(directory=sys.argv[1], codec=JSON, retention=Retention(success=60.0)) as g:
+    result = g.run_sync("k", work)
+print(result.value, result.joined, flush=True)
+"""
+
+
+def _kept_files(h: Harness) -> list[str]:
+    try:
+        return sorted(os.listdir(h.path("state", "kept")))
+    except FileNotFoundError:
+        return []
+
+
+def _served(child: Child) -> None:
+    """The coordinator read every frame ``child`` sent before (a forget of an unused key
+    is confirmed after them: frames of one connection are read in order)."""
+    child.send(cmd="forget", key="unused")
+    assert child.expect("forgot")["error"] is None
+
+
+def _end(child: Child, how: str) -> None:
+    """End ``child``'s process: its group closed, a plain exit, or SIGKILL; the last two
+    once the coordinator read the landings sent before."""
+    if how == "close":
+        child.send(cmd="close", group="g0")
+        assert child.expect("closed")["error"] is None
+        child.send(cmd="exit")
+        child.proc.wait(20)
+        return
+    _served(child)
+    if how == "exit":
+        child.send(cmd="exit")
+        child.proc.wait(20)
+    else:
+        child.kill()
+
+
+def test_short_lived_processes_run_a_kept_key_once(h: Harness) -> None:
+    """Short-lived processes that call one kept key one after another run its work once."""
+    runs = os.path.join(h.root, "runs")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "src")]))
+    answers = []
+    for _ in range(3):
+        done = subprocess.run(
+            [sys.executable, "-c", SHORT_LIVED, h.dir, runs],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=env,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        answers.append(done.stdout.split())
+    assert answers == [["v", "False"], ["v", "True"], ["v", "True"]]
+    with open(runs) as f:
+        assert len(f.read().splitlines()) == 1  # the work ran once in three processes
+    assert h.epoch() == 3  # each process coordinated a term of its own
+
+
+@pytest.mark.parametrize("how", ["close", "exit", "kill"])
+def test_a_kept_value_outlives_the_coordinator_that_kept_it(h: Harness, how: str) -> None:
+    """The next coordinator serves a kept value after the one that kept it ended."""
+    a = h.spawn("a", keep_success=60.0)  # coordinates and leads
+    a.call("l", "k", h.work(**{"return": "v"}))
+    assert_value(a.expect("done", "l"), "v", joined=False)
+    _end(a, how)
+
+    b = h.spawn("b", keep_success=60.0)  # elected after a ended
+    b.call("c", "k", h.work(**{"return": "again"}))
+    done = b.expect("done", "c")
+    assert_value(done, "v", joined=True)
+    assert done["token"] >> 32 == 1  # the token of the flight that produced it
+    assert not b.seen("joined", "c")  # a kept outcome calls no on_join
+    assert [pid for pid, _, _ in h.runs_of("k")] == [a.pid]
+    assert h.epoch() == 2
+
+
+def test_a_kept_outcome_keeps_its_time_across_coordinators(h: Harness) -> None:
+    """The next coordinator serves a kept outcome only for the time it had left."""
+    a = h.spawn_warm("a", keep_success=2.0)  # the coordinator
+    b = h.spawn_warm("b", keep_success=2.0)
+    a.call("l", "k", h.work(**{"return": "old"}))
+    assert_value(a.expect("done", "l"), "old", joined=False)
+    _served(a)
+    kept_before = time.monotonic()  # a kept it before this, for 2 s
+    a.kill()
+    b.call("kept", "k", h.work(**{"return": "new"}))
+    assert_value(b.expect("done", "kept"), "old", joined=True)  # b coordinates now
+    # Past the 2 s it was kept for (counted from a's keep, not from b's election).
+    threading.Event().wait(max(0.0, kept_before + 2.0 - time.monotonic()))
+    b.call("late", "k", h.work(**{"return": "new"}))
+    assert_value(b.expect("done", "late"), "new", joined=False)
+    assert [pid for pid, _, _ in h.runs_of("k")] == [a.pid, b.pid]
+
+
+def test_a_forgotten_kept_outcome_stays_forgotten_in_later_terms(h: Harness) -> None:
+    """A forget() removes a kept outcome for good: a later coordinator does not serve it."""
+    a = h.spawn_warm("a", keep_success=60.0)  # the coordinator
+    b = h.spawn_warm("b", keep_success=60.0)
+    a.call("l", "k", h.work(**{"return": "old"}))
+    a.call("o", "other", h.work(**{"return": "kept"}))
+    a.expect("done", "l")
+    a.expect("done", "o")
+    b.send(cmd="forget", key="k")
+    assert b.expect("forgot")["error"] is None  # confirmed by the coordinator
+    a.kill()
+
+    b.call("c", "k", h.work(**{"return": "new"}))
+    assert_value(b.expect("done", "c"), "new", joined=False)
+    b.call("c2", "other", h.work())
+    assert_value(b.expect("done", "c2"), "kept", joined=True)  # only k was forgotten
+
+
+def test_a_fresh_call_is_not_served_an_earlier_terms_kept_outcome(h: Harness) -> None:
+    """A fresh call leads past a kept outcome an earlier coordinator kept."""
+    a = h.spawn("a", keep_success=60.0)
+    a.call("l", "k", h.work(**{"return": "old"}))
+    a.expect("done", "l")
+    _end(a, "kill")
+
+    b = h.spawn("b", keep_success=60.0)
+    b.call("f", "k", h.work(**{"return": "new"}), fresh=True)
+    assert_value(b.expect("done", "f"), "new", joined=False)
+    b.call("c", "k", h.work())
+    assert_value(b.expect("done", "c"), "new", joined=True)  # the fresh flight's, kept
+
+
+def test_a_kept_failure_outlives_its_coordinator_its_cause_stays_in_its_group(
+    h: Harness,
+) -> None:
+    """A kept failure outlives its coordinator; its cause stays in the group that led it."""
+    a = h.spawn_warm("a", keep_error=60.0)  # the coordinator
+    b = h.spawn_warm("b", keep_error=60.0)
+    b.call("l", "k", h.work(**{"raise": "boom"}))
+    assert_error(b.expect("done", "l"), "ValueError")
+    _served(b)
+    a.kill()
+
+    b.call("again", "k", h.work())  # the leading group, now the coordinator too
+    done = b.expect("done", "again")
+    attrs = assert_error(done, "FlightFailedError")
+    assert (attrs["error_type"], attrs["message"]) == ("ValueError", "boom")
+    assert done["cause"] == {"type": "ValueError", "message": "boom"}
+
+    c = h.spawn("c", keep_error=60.0)
+    c.call("other", "k", h.work())
+    done = c.expect("done", "other")
+    attrs = assert_error(done, "FlightFailedError")
+    assert (attrs["error_type"], attrs["message"]) == ("ValueError", "boom")
+    assert done["cause"] is None  # only in the leader's process
+    assert [pid for pid, _, _ in h.runs_of("k")] == [b.pid]
+
+
+@pytest.mark.parametrize("bound", [{"keep_max_items": 2}, {"keep_max_bytes": 8}])
+def test_retentions_bounds_hold_for_the_kept_files(h: Harness, bound: dict[str, int]) -> None:
+    """max_items and max_bytes bound the kept outcomes the next coordinator serves."""
+    a = h.spawn("a", keep_success=60.0, **bound)
+    for key in ("k1", "k2", "k3"):  # each value is 4 bytes of JSON: k1 is evicted
+        a.call(key, key, h.work(**{"return": key[1] * 2}))
+        a.expect("done", key)
+    _end(a, "kill")
+    assert len(_kept_files(h)) == 2
+
+    b = h.spawn("b", keep_success=60.0, **bound)
+    for key, joined in (("k3", True), ("k2", True), ("k1", False)):
+        b.call(key, key, h.work(**{"return": key[1] * 2}))
+        done = b.expect("done", key)
+        assert done["joined"] is joined, (key, done)
+    _served(b)
+    assert len(_kept_files(h)) == 2  # k1's keep evicted k3, the least recently used
