@@ -6,11 +6,18 @@ coordinator that kept it, in their files (ADR 0039).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
+import struct
 import subprocess
 import sys
 import threading
 import time
+import zlib
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -354,3 +361,171 @@ def test_retentions_bounds_hold_for_the_kept_files(h: Harness, bound: dict[str, 
         assert done["joined"] is joined, (key, done)
     _served(b)
     assert len(_kept_files(h)) == 2  # k1's keep evicted k3, the least recently used
+
+
+def _kept_path(directory: str, key: str) -> str:
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    return os.path.join(directory, "state", "kept", digest)
+
+
+def _names(directory: str, *keys: str) -> list[str]:
+    """The sorted file names of ``keys``' kept outcomes."""
+    return sorted(os.path.basename(_kept_path(directory, key)) for key in keys)
+
+
+def _rewrite_header(path: str, change: Callable[[dict[str, Any]], None]) -> None:
+    """Change a kept file's header, its CRC made right again (the layout of ADR 0039: a
+    magic line, the header's length and a CRC-32, both 4 bytes big-endian, the header,
+    the payload)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    start = data.index(b"\n") + 1
+    length, _ = struct.unpack_from(">II", data, start)
+    header = json.loads(data[start + 8 : start + 8 + length])
+    payload = data[start + 8 + length :]
+    change(header)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    body = head + payload
+    with open(path, "wb") as f:
+        f.write(data[:start] + struct.pack(">II", len(head), zlib.crc32(body)) + body)
+
+
+def _cut(size: int) -> Callable[[str, str], None]:
+    def damage(path: str, other: str) -> None:
+        os.truncate(path, size if size >= 0 else os.path.getsize(path) + size)
+
+    return damage
+
+
+def _flip_payload(path: str, other: str) -> None:
+    with open(path, "r+b") as f:
+        f.seek(-2, os.SEEK_END)  # in "vvvv": the value is still JSON, "vvvw"
+        byte = f.read(1)
+        f.seek(-2, os.SEEK_END)
+        f.write(bytes([byte[0] ^ 1]))
+
+
+def _garbage(path: str, other: str) -> None:
+    with open(path, "wb") as f:
+        f.write(os.urandom(300))
+
+
+def _other_keys(path: str, other: str) -> None:
+    shutil.copyfile(other, path)
+
+
+def _fifo(path: str, other: str) -> None:
+    os.unlink(path)
+    os.mkfifo(path, 0o600)
+
+
+def _another_boot(path: str, other: str) -> None:
+    _rewrite_header(path, lambda header: header.update(boot="another boot"))
+
+
+def _more_time_than_kept(path: str, other: str) -> None:
+    # More time left than it was kept for: the reading of another clock.
+    _rewrite_header(path, lambda header: header.update(expires=header["expires"] + 1000.0))
+
+
+DAMAGES: dict[str, Callable[[str, str], None]] = {
+    "empty": _cut(0),
+    "cut in its header": _cut(30),
+    "cut in its payload": _cut(-2),
+    "a byte of its payload changed": _flip_payload,
+    "garbage": _garbage,
+    "another key's file": _other_keys,
+    "a FIFO": _fifo,
+    "kept in another boot": _another_boot,
+    "more time left than it was kept for": _more_time_than_kept,
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_damaged_kept_file_is_never_served(directory: str, damage: str) -> None:
+    """A damaged, cut short or foreign kept file is not served; the next coordinator
+    serves the others."""
+    keep = Retention(success=60.0)
+    a = coordinating(directory, retention=keep)
+    try:
+        a.run_sync("k", lambda: "vvvv")
+        a.run_sync("other", lambda: "kept")
+        a.forget("unused")  # confirmed after the coordinator read both landings
+    finally:
+        close(a)  # its coordinator resigns
+    DAMAGES[damage](_kept_path(directory, "k"), _kept_path(directory, "other"))
+
+    b = group(directory, retention=keep)  # coordinates the next term
+    try:
+        again = b.run_sync("k", lambda: "new")
+        assert (again.value, again.joined) == ("new", False)
+        assert b.run_sync("other", lambda: "").value == "kept"
+        assert b.run_sync("k", lambda: "").value == "new"  # its own file, whole again
+    finally:
+        close(b)
+
+
+def test_the_kept_files_are_one_per_kept_outcome(directory: str) -> None:
+    """One kept file per kept outcome: replaced, evicted, forgotten and expired ones go."""
+    kept = os.path.join(directory, "state", "kept")
+    a = coordinating(directory, retention=Retention(success=60.0, max_items=3))
+    short = group(directory, retention=Retention(success=0.2))
+    try:
+        for n in range(5):
+            a.run_sync("k", lambda n=n: n, fresh=True)  # each replaces the one before
+        a.forget("unused")  # the coordinator read every landing before
+        assert sorted(os.listdir(kept)) == _names(directory, "k", "warm-up")
+        for n in range(10):
+            a.run_sync(f"k{n}", lambda n=n: n)
+        a.forget("k9")
+        assert len(os.listdir(kept)) == 2  # max_items=3, then the forget
+        short.run_sync("short", lambda: "brief")
+        kept_before = time.monotonic()
+        short.forget("unused")
+        assert len(os.listdir(kept)) == 3
+        threading.Event().wait(max(0.0, kept_before + 0.2 - time.monotonic()))
+        # Its time ran out: the next keep drops it, file and all (nothing evicted live).
+        a.run_sync("k", lambda: "again", fresh=True)
+        a.forget("unused")
+        assert sorted(os.listdir(kept)) == _names(directory, "k", "k7", "k8")
+    finally:
+        close(a, short)
+
+
+def test_a_new_term_drops_expired_kept_files_and_cut_short_writes(directory: str) -> None:
+    """A new coordinator removes the expired kept files and the temp files of cut-short
+    writes."""
+    a = coordinating(directory, retention=Retention(success=0.2))
+    try:
+        a.run_sync("k", lambda: 1)
+        kept_before = time.monotonic()
+        a.forget("unused")
+    finally:
+        close(a)
+    kept = os.path.join(directory, "state", "kept")
+    cut_short = _kept_path(directory, "x") + ".0123.tmp"
+    with open(cut_short, "wb") as f:
+        f.write(b"flightgroup-kept 1\n")
+    threading.Event().wait(max(0.0, kept_before + 0.2 - time.monotonic()))
+
+    b = coordinating(directory)
+    try:
+        assert os.listdir(kept) == []
+        assert b.run_sync("k", lambda: 2).value == 2
+    finally:
+        close(b)
+
+
+def test_a_landing_that_keeps_nothing_writes_nothing(directory: str) -> None:
+    """Without Retention, landings write no kept file."""
+    a = coordinating(directory)
+    b = group(directory, retention=Retention(success=None, error=None))
+    try:
+        a.run_sync("k", lambda: 1)
+        b.run_sync("k", lambda: 2)
+        with pytest.raises(ValueError):
+            a.run_sync("e", lambda: int("x"))
+        b.forget("unused")
+        assert not os.path.exists(os.path.join(directory, "state", "kept"))
+    finally:
+        close(a, b)
