@@ -318,6 +318,21 @@ def test_a_fresh_call_is_not_served_an_earlier_terms_kept_outcome(h: Harness) ->
     assert_value(b.expect("done", "c"), "new", joined=True)  # the fresh flight's, kept
 
 
+def test_a_kept_outcome_led_past_does_not_outlive_its_coordinator(h: Harness) -> None:
+    """A kept outcome a fresh flight led past is not served in the next term when that
+    flight died with the coordinator, as in one term (a newer flight ended it)."""
+    a = h.spawn_warm("a", keep_success=60.0)  # the coordinator
+    b = h.spawn_warm("b", keep_success=60.0)
+    a.call("l", "k", h.work(**{"return": "old"}))
+    a.expect("done", "l")
+    a.call("f", "k", h.work(block=True), fresh=True)
+    a.expect("started", "f")  # the fresh flight leads past the kept outcome
+    a.kill()
+
+    b.call("c", "k", h.work(**{"return": "new"}))
+    assert_value(b.expect("done", "c"), "new", joined=False)
+
+
 def test_a_kept_failure_outlives_its_coordinator_its_cause_stays_in_its_group(
     h: Harness,
 ) -> None:

@@ -286,6 +286,7 @@ class Coordinator:
             session.send(wire.error_frame(id, f"no token to lead with: {exc}"))
             return
         self._releasing.pop(key, None)
+        self._outcomes.led_past(key)
         flight = Flight(key, token, session, id, time.monotonic())
         flight.tokens.add(flight.token)
         self._flights[key] = flight
@@ -452,6 +453,7 @@ class Coordinator:
             return
         self._flights[key] = flight
         self._releasing.pop(key, None)
+        self._outcomes.led_past(key)
         for caller, id in moved:
             if not caller.closed and caller.parties.get(id) is older:
                 caller.parties[id] = flight
@@ -535,7 +537,7 @@ class Coordinator:
         makes a new leader wait for its work's end). Its token is written down before
         the forget is confirmed, so a later term that hears its reassert keeps it
         detached too (ADR 0020)."""
-        self._outcomes.drop_kept(key)
+        self._outcomes.drop_kept(key, forgotten=True)  # before the forget is confirmed
         flight = self._flights.pop(key, None)
         if flight is not None:
             self._releasing.pop(key, None)

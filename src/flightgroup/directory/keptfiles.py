@@ -213,9 +213,10 @@ class KeptFiles:
             return
         self._written.add(record.key)
 
-    def remove(self, key: str) -> None:
-        """``key``'s outcome left the store: its file goes (if this term knows one)."""
-        if key not in self._written:
+    def remove(self, key: str, *, always: bool = False) -> None:
+        """``key``'s outcome left the store: its file goes, if this term knows one (a set
+        lookup otherwise); ``always``: whatever file the key has."""
+        if key not in self._written and not (always and self._boot is not None):
             return
         self._written.discard(key)
         try:

@@ -219,7 +219,16 @@ class Outcomes:
         outcome: SharedOutcome = entry.payload
         return entry.token, outcome
 
-    def drop_kept(self, key: str) -> None:
+    def drop_kept(self, key: str, *, forgotten: bool = False) -> None:
+        """``key``'s kept outcome goes, its file too; ``forgotten`` (a ``forget()``):
+        whatever file the key has, even one this term could not read."""
         self.kept.discard(key)
+        if self._files is not None:
+            self._files.remove(key, always=forgotten)
+
+    def led_past(self, key: str) -> None:
+        """A new flight of ``key`` is its current one: its kept outcome ends with that
+        flight (replaced or dropped when it ends), so a next term must not serve it if
+        this one stops first. Until then the flight shadows it here. Its file goes."""
         if self._files is not None:
             self._files.remove(key)
