@@ -9,6 +9,7 @@ Layout of a group's directory (API.md, docs/directory-protocol.md)::
     execution-locks/<sha256> the key locks; each holds the last fencing token written to it
     state/epoch              a second durable copy of the epoch (ADR 0009)
     state/forgotten/<sha256> the last token of a key's flight a forget() detached (ADR 0020)
+    state/kept/<sha256>      a key's kept outcome (Retention), :mod:`.keptfiles` (ADR 0039)
 
 Nothing here locks: ``next_epoch`` is called only by the winner of the election, which
 holds ``flight.lock`` for as long as it writes the epoch.
