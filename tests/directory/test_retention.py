@@ -429,6 +429,11 @@ def _other_keys(path: str, other: str) -> None:
     shutil.copyfile(other, path)
 
 
+def _symlink(path: str, other: str) -> None:
+    os.unlink(path)
+    os.symlink(other, path)
+
+
 def _fifo(path: str, other: str) -> None:
     os.unlink(path)
     os.mkfifo(path, 0o600)
@@ -450,6 +455,7 @@ DAMAGES: dict[str, Callable[[str, str], None]] = {
     "a byte of its payload changed": _flip_payload,
     "garbage": _garbage,
     "another key's file": _other_keys,
+    "a symbolic link to another key's file": _symlink,
     "a FIFO": _fifo,
     "kept in another boot": _another_boot,
     "more time left than it was kept for": _more_time_than_kept,

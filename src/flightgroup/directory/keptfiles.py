@@ -260,7 +260,11 @@ class KeptFiles:
                     os.unlink(entry.path)
                 continue
             except OSError as exc:
+                # Not served in this term: it must not be served in a later one either
+                # (this term's own landings of the key would not remove it).
                 log.warning("cannot read the kept outcome %s (%s)", entry.path, exc.strerror or exc)
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
                 continue
             except Exception as exc:  # a damage the checks did not foresee: still not served
                 log.warning(
@@ -277,9 +281,22 @@ class KeptFiles:
         records.sort(key=lambda r: r.at)
         return records
 
+    def clear(self) -> None:
+        """Remove every kept outcome's file (a term that could not load them serves
+        none, and must not leave them to a later one)."""
+        self._written.clear()
+        try:
+            names = os.listdir(self._folder)
+        except OSError:
+            return
+        for name in names:
+            if len(name) == _DIGEST_LENGTH or name.endswith(".tmp"):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self._folder, name))
+
     def _read(self, path: str, name: str, now: float, max_payload: int) -> Record | None:
         # O_NONBLOCK: a FIFO put in a file's place must not block the new term's start.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):

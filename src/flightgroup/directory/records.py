@@ -17,6 +17,7 @@ Which of two flights of a key is newer is decided by their current tokens.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -46,6 +47,8 @@ __all__ = [
 KEPT_MAX_ITEMS = 10_000
 KEPT_MAX_BYTES = 256 * 1024 * 1024
 _TOKENS_MAX = wire.MAX_EARLIER + 1  # the tokens a flight keeps: its current and earlier ones
+
+log = logging.getLogger("flightgroup")
 
 
 @dataclass(eq=False)
@@ -199,15 +202,24 @@ class Outcomes:
     def load(self) -> None:
         """(At the start of a term) keep the outcomes the terms before kept, with the
         time each has left, in the order they were kept (so the latest bounds decide)."""
-        if self._files is None:
+        files = self._files
+        if files is None:
             return
-        now = time.monotonic()
-        for record in self._files.load(KEPT_MAX_BYTES):
-            left = record.expires - now
-            if left > 0:
-                self._put(record.key, record.token, record.outcome, left, None)
-            else:
-                self._files.remove(record.key)
+        try:
+            now = time.monotonic()
+            for record in files.load(KEPT_MAX_BYTES):
+                left = record.expires - now
+                if left > 0:
+                    self._put(record.key, record.token, record.outcome, left, None)
+                else:
+                    files.remove(record.key)
+        except Exception as exc:  # kept outcomes save work: never a reason not to serve
+            log.warning(
+                "cannot load the kept outcomes of earlier terms (%s): dropped them all",
+                type(exc).__qualname__,
+            )
+            self.kept.clear()
+            files.clear()
 
     def kept_of(self, key: str) -> tuple[int, SharedOutcome] | None:
         """The token and outcome kept for ``key``, if any."""
