@@ -270,17 +270,17 @@ def test_a_kept_value_outlives_the_coordinator_that_kept_it(h: Harness, how: str
 
 def test_a_kept_outcome_keeps_its_time_across_coordinators(h: Harness) -> None:
     """The next coordinator serves a kept outcome only for the time it had left."""
-    a = h.spawn_warm("a", keep_success=2.0)  # the coordinator
-    b = h.spawn_warm("b", keep_success=2.0)
+    a = h.spawn_warm("a", keep_success=3.0)  # the coordinator
+    b = h.spawn_warm("b", keep_success=3.0)
     a.call("l", "k", h.work(**{"return": "old"}))
     assert_value(a.expect("done", "l"), "old", joined=False)
     _served(a)
-    kept_before = time.monotonic()  # a kept it before this, for 2 s
+    kept_before = time.monotonic()  # a kept it before this, for 3 s
     a.kill()
     b.call("kept", "k", h.work(**{"return": "new"}))
     assert_value(b.expect("done", "kept"), "old", joined=True)  # b coordinates now
-    # Past the 2 s it was kept for (counted from a's keep, not from b's election).
-    threading.Event().wait(max(0.0, kept_before + 2.0 - time.monotonic()))
+    # Past the 3 s it was kept for (counted from a's keep, not from b's election).
+    threading.Event().wait(max(0.0, kept_before + 3.0 - time.monotonic()))
     b.call("late", "k", h.work(**{"return": "new"}))
     assert_value(b.expect("done", "late"), "new", joined=False)
     assert [pid for pid, _, _ in h.runs_of("k")] == [a.pid, b.pid]
