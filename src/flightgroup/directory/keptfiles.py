@@ -161,10 +161,10 @@ def decode(data: bytes, name: str, boot: str, now: float, max_payload: int) -> R
 class KeptFiles:
     """``state/kept/`` of one directory, as one coordinator's term writes and reads it.
 
-    ``enabled`` is False where the boot cannot be told (then nothing is written or
-    read). Every failure to write or remove is logged, never raised: the outcome is
-    still kept in memory for this term; a failed write removes the key's older file, so
-    a later term never serves an outcome older than one this term served."""
+    Where the boot cannot be told, nothing is written or read. Every failure to write or
+    remove is logged, never raised: the outcome is still kept in memory for this term; a
+    failed write removes the key's older file, so a later term never serves an outcome
+    older than one this term served."""
 
     __slots__ = ("_boot", "_folder", "_written")
 
@@ -174,10 +174,6 @@ class KeptFiles:
         # The keys with a file (written in this term, or loaded): removing one of any
         # other key is a set lookup, no system call.
         self._written: set[str] = set()
-
-    @property
-    def enabled(self) -> bool:
-        return self._boot is not None
 
     def write(self, record: Record) -> None:
         """Write ``record``'s file, replacing the key's older one atomically."""
