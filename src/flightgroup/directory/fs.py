@@ -11,6 +11,7 @@ Layout of a group's directory (API.md, docs/directory-protocol.md)::
     state/forgotten/<sha256> the last token of a key's flight a forget() detached (ADR 0020)
     state/left-threads/<pid>-<n> a group's threads running works past their deadlines,
                              while there are any (ADR 0038)
+    state/kept/<sha256>      a key's kept outcome (Retention), :mod:`.keptfiles` (ADR 0039)
 
 Nothing here locks: ``next_epoch`` is called only by the winner of the election, which
 holds ``flight.lock`` for as long as it writes the epoch.
