@@ -11,7 +11,13 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
 from pathlib import Path
 from unittest.mock import ANY
 
@@ -108,20 +114,49 @@ def test_a_directory_that_cannot_be_made_fails_every_call_naming_it_and_why(
         g.close()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may create folders anywhere")
-def test_a_directory_without_permission_to_make_it_raises_permission_error(
-    tmp_path: Path,
-) -> None:
-    """No permission to make the directory: PermissionError naming it and the folder."""
-    locked = tmp_path / "locked"
-    locked.mkdir(mode=0o500)
-    g = FlightGroup(directory=str(locked / "flights"), codec=JSON)
+def test_a_directory_without_permission_to_make_it_raises_permission_error() -> None:
+    """No permission to make the directory: PermissionError naming it and the folder.
+
+    Made in a child process that is not root (root may create folders anywhere: a root
+    test run drops the child to the user nobody), in a folder it may read, not write."""
+    base = tempfile.mkdtemp(prefix="fgperm", dir="/tmp")
     try:
-        with pytest.raises(PermissionError, match=r"group's directory .*no permission to"):
-            g.run_sync("k", lambda: 1)
+        os.chmod(base, 0o755)
+        locked = os.path.join(base, "locked")
+        os.mkdir(locked, 0o555)
+        os.chmod(locked, 0o555)
+        program = textwrap.dedent(
+            f"""
+            import importlib, os, pkgutil
+            import flightgroup
+            from flightgroup import JSON, FlightGroup
+            # Everything a call imports, imported while the files can still be read.
+            for sub in ("directory", "engine", "scope"):
+                package = importlib.import_module("flightgroup." + sub)
+                for found in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+                    importlib.import_module(found.name)
+            if os.geteuid() == 0:
+                os.setgid(65534)
+                os.setuid(65534)
+            g = FlightGroup(directory={os.path.join(locked, "flights")!r}, codec=JSON)
+            try:
+                g.run_sync("k", lambda: 1)
+            except PermissionError as exc:
+                print(type(exc).__name__, exc)
+            finally:
+                g.close()
+            """
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", program], capture_output=True, text=True, timeout=30,
+            cwd="/",
+        )
+        assert done.returncode == 0, done.stderr
+        assert re.match(r"PermissionError .*group's directory .*no permission to", done.stdout), (
+            done.stdout, done.stderr,
+        )
     finally:
-        g.close()
-        locked.chmod(0o700)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 async def one() -> int:
