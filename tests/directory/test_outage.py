@@ -27,6 +27,7 @@ from ..dirproc import (
     COORDINATOR_PROGRAM,
     Harness,
     MuteCoordinator,
+    acknowledge_landing,
     frames_until,
     wait_for,
 )
@@ -157,6 +158,7 @@ def test_a_stall_of_this_process_is_not_an_outage(h: Harness, stall: str) -> Non
         conn = mute.accept()
         run = frames_until(conn, "run", "k")
         conn.send(wire.lead_frame(run["id"], 1 << 32 | 1))
+        acknowledge_landing(conn, run["id"])
         assert call.wait().value == "v"
         mute.close()
     finally:

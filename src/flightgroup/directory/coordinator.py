@@ -347,7 +347,9 @@ class Coordinator:
             self._releasing[key] = flight.token
         else:
             self._releasing.pop(key, None)
-        self._server.ack_when_drained(session, land.id, written, self._rejoin_window)
+        self._server.ack_when_drained(
+            session, land.id, written, self._rejoin_window, taken=land.taken
+        )
         self._after(flight)
 
     def _deliver(self, flight: Flight, outcome: SharedOutcome) -> set[Session]:
