@@ -20,6 +20,7 @@ import pytest
 from flightgroup import (
     JSON,
     FlightGroup,
+    UnavailableError,
 )
 from flightgroup.directory import wire
 
@@ -207,3 +208,26 @@ def test_a_frozen_coordinator_fails_calls_after_about_reconnect_timeout(
     # begun as it ran out); the last waits at most _LAST_WAIT.
     assert sum(waits[:-1]) <= 1.0 + connection._LAST_WAIT, waits
     assert waits[-1] <= connection._LAST_WAIT, waits
+
+
+@pytest.mark.timeout(60)
+def test_a_lease_lost_after_a_gone_coordinator_took_the_landing_is_unconfirmed(
+    h: Harness, mute: MuteCoordinator
+) -> None:
+    """A leader whose landing a coordinator read, unacknowledged, before it went, and no
+    other could be reached, raises UnavailableError: its joiners may have the value."""
+    g = FlightGroup(directory=h.dir, codec=JSON, reconnect_timeout=1.0)
+    try:
+        call = Background(lambda: g.run_sync("k", lambda: "v"))
+        conn = mute.accept()
+        run = frames_until(conn, "run", "k")
+        conn.send(wire.lead_frame(run["id"], 1 << 32 | 1))
+        while conn.read_frame()[0]["op"] != "land":  # the coordinator read the landing
+            pass
+        assert not call.done.is_set()  # no ack: the leader waits
+        mute.close()  # it goes; none serves after it (the test holds the election)
+        with pytest.raises(UnavailableError) as raised:
+            call.wait()
+        assert "may have its outcome" in str(raised.value)
+    finally:
+        g.close()
