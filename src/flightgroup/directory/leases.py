@@ -105,11 +105,12 @@ class Leases:
 
     def acked(self, lead: DirectoryLead) -> None:
         """(On the loop) a coordinator acknowledged ``lead``'s landing: it took it, so
-        the flight settles here with its outcome, and the key lock may go."""
+        the key lock may go (first: the key's next flight waits for it), and the flight
+        settles here with its outcome."""
         with lead.lock:
             lead.acked = True
-        self.tell(lead, Handed())
         self.end(lead)
+        self.tell(lead, Handed())
 
     def taken(self, lead: DirectoryLead) -> None:
         """(On the loop) the coordinator read ``lead``'s landing and its ack waits for
