@@ -49,9 +49,10 @@ CONFIG_JSON: ``directory`` (or ``redis`` and ``namespace``, with optional ``leas
 ``cluster``: a fleet group); ``codec`` ("json", "pickle", or "test": JSON whose decode
 fails for a str starting with ``!dec`` when ``fail_decode`` is true); optional
 ``reconnect_timeout``, ``max_value_bytes``, ``deadline``, ``keep_success`` (Retention),
-``retry_attempts`` (Retry without backoff), ``keep_error`` (Retention), ``max_waiters``
-(Limits); ``block_log`` (a text: the first flightgroup log record that holds it stops
-the thread that logs it until "unblock_log"); ``process_scope`` (a plain FlightGroup(),
+``retry_attempts`` (Retry without backoff), ``keep_error``, ``keep_max_items``,
+``keep_max_bytes`` (Retention), ``max_waiters`` (Limits); ``block_log`` (a text: the
+first flightgroup log record that holds it stops the thread that logs it until
+"unblock_log"); ``process_scope`` (a plain FlightGroup(),
 only for checking this harness itself).
 
 A large str value in a ``done`` event is reported as ``value_len`` and
@@ -164,7 +165,10 @@ class _ChildMain:
             )
         if cfg.get("keep_success") is not None or cfg.get("keep_error") is not None:
             kwargs["retention"] = flightgroup.Retention(
-                success=cfg.get("keep_success"), error=cfg.get("keep_error")
+                success=cfg.get("keep_success"),
+                error=cfg.get("keep_error"),
+                max_items=cfg.get("keep_max_items", 10_000),
+                max_bytes=cfg.get("keep_max_bytes"),
             )
         if cfg.get("max_waiters") is not None:
             kwargs["limits"] = flightgroup.Limits(max_waiters=cfg["max_waiters"])

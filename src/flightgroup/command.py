@@ -159,9 +159,13 @@ def open_group(scope: Scope, *, create: bool = True) -> FlightGroup | None:
                 fs.ensure_directory(scope.directory)
             except OSError as exc:
                 group.close()
-                raise UsageError(
-                    f"cannot use the directory {scope.directory}: {exc.strerror or exc}"
-                ) from None
+                cause = exc.__cause__
+                reason = (
+                    fs.why_not_created(scope.directory, cause)[1]
+                    if isinstance(cause, OSError)
+                    else exc.strerror or str(exc)
+                )
+                raise UsageError(f"cannot use the directory {scope.directory}: {reason}") from None
         return group
     except NotImplementedError:
         raise UsageError("the fleet scope is not available in this version") from None

@@ -1,4 +1,5 @@
-"""``flightgroup status``: the flights in progress, once or every second."""
+"""``flightgroup status``: the flights in progress, and the processes whose threads run
+works past their deadlines, once or every second."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from typing import Any
 from .command import Scope, UsageError, open_group
 from .errors import UnavailableError
 from .group import FlightGroup, internals
+from .scope.interface import key_as_shown
 
 __all__ = ["status_command"]
 
 _FIELDS = ("key", "token", "leader_pid", "joiners", "age_s")
+_LEFT_FIELDS = ("pid", "left_threads", "max_deadline_threads")
 _CONNECT_WAIT = 5.0  # a directory group's first connection (or election) takes a moment
 _WATCH_EVERY = 1.0
 
@@ -43,8 +46,29 @@ def _flights(group: FlightGroup | None, fleet: bool) -> list[dict[str, Any]]:
     return flights
 
 
-def _shown(key: str) -> str:
-    return key if key.isprintable() else ascii(key)
+def _left(group: FlightGroup | None, fleet: bool) -> list[dict[str, Any]]:
+    """The processes of the group with threads left past a deadline (ADR 0038)."""
+    if group is None:
+        return []
+    scope = internals(group).scope
+    assert scope is not None
+    fields = (*_LEFT_FIELDS, "host") if fleet else _LEFT_FIELDS
+    return [{name: entry.get(name) for name in fields} for entry in scope.left_threads()]
+
+
+def _left_table(left: list[dict[str, Any]], fleet: bool) -> str:
+    head = ["PID", "LEFT THREADS", "MAX"] + (["HOST"] if fleet else [])
+    rows = [head] + [
+        [str(entry["pid"]), str(entry["left_threads"]), str(entry["max_deadline_threads"])]
+        + ([str(entry.get("host"))] if fleet else [])
+        for entry in left
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    return "\n".join(["threads running works past their deadlines:", *lines])
 
 
 def _table(flights: list[dict[str, Any]], fleet: bool) -> str:
@@ -54,7 +78,7 @@ def _table(flights: list[dict[str, Any]], fleet: bool) -> str:
     rows = [head]
     for flight in flights:
         row = [
-            _shown(str(flight["key"])),
+            key_as_shown(str(flight["key"])),
             str(flight["token"]),
             str(flight["leader_pid"]),
             str(flight["joiners"]),
@@ -81,10 +105,16 @@ def status_command(scope: Scope, as_json: bool, watch: bool) -> int:
                 # creating it.
                 group = open_group(scope, create=False)
             flights = _flights(group, fleet)
+            left = _left(group, fleet)
             if as_json:
-                text = json.dumps({"flights": flights})
+                shown: dict[str, Any] = {"flights": flights}
+                if left:  # (only then: no thread left past a deadline is {"flights": [...]})
+                    shown["left_threads"] = left
+                text = json.dumps(shown)
             else:
                 text = _table(flights, fleet)
+                if left:
+                    text = f"{text}\n\n{_left_table(left, fleet)}"
                 if watch:
                     stamp = time.strftime("%H:%M:%S")
                     text = f"flightgroup status ({stamp}, Ctrl-C to stop)\n\n{text}\n"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .codec import Codec, check_codec
+from .engine.workers import MAX_DEADLINE_THREADS
 from .policy import NO_POLICY, FlightPolicy, Limits, Retention, Retry, check_seconds
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ class Configuration:
     max_value_bytes: int | None
     scope: Scope | None
     named: str
+    max_deadline_threads: int = MAX_DEADLINE_THREADS
 
 
 def configure(
@@ -59,6 +61,7 @@ def configure(
     cluster: bool,
     reconnect_timeout: float,
     max_frame_bytes: int,
+    max_deadline_threads: int = MAX_DEADLINE_THREADS,
 ) -> Configuration:
     """Check a FlightGroup's arguments (see its docstring and API.md) and make its scope.
     Raises TypeError or ValueError for the first bad one; nothing is started."""
@@ -82,6 +85,10 @@ def configure(
     deadline = check_seconds("deadline", deadline, allow_zero=False, allow_inf=False)
     check_policies(retry=retry, retention=retention, limits=limits)
     _check_bounds(max_value_bytes, max_frame_bytes, codec)
+    if isinstance(max_deadline_threads, bool) or not isinstance(max_deadline_threads, int):
+        raise TypeError("max_deadline_threads must be an int")
+    if max_deadline_threads < 1:
+        raise ValueError(f"max_deadline_threads must be at least 1, got {max_deadline_threads}")
     # An argument of another scope would be ignored: say so rather than let a
     # misconfigured group run (a lease meant for Redis on a directory group).
     other: list[tuple[str, object, object, str]] = []
@@ -125,6 +132,7 @@ def configure(
         max_value_bytes=max_value_bytes,
         scope=scope,
         named=named,
+        max_deadline_threads=max_deadline_threads,
     )
 
 

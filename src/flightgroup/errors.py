@@ -107,15 +107,39 @@ class FlightInterruptedError(FlightError):
 
 
 class FlightTimeoutError(FlightError):
-    """The work of the flight ran past its ``deadline`` (after its retries)."""
+    """The work of the flight ran past its ``deadline`` (after its retries).
 
-    def __init__(self, key: str, deadline: float):
+    ``attempts``: how many attempts the flight made, retries included (None where it is
+    not known: a joiner in another process of a fleet group). ``max_deadline_threads``: set
+    when the last attempt (a sync work's) never ran because the group's threads for sync
+    works under a deadline were all busy, in time or left past their deadlines, for all
+    of its deadline (ADR 0038); else None.
+    """
+
+    def __init__(
+        self,
+        key: str,
+        deadline: float,
+        attempts: int | None = None,
+        max_deadline_threads: int | None = None,
+    ):
         self.key = key
         self.deadline = deadline
-        super().__init__(f"The flight of {key!r} ran past its deadline of {deadline:g} s.")
+        self.attempts = attempts
+        self.max_deadline_threads = max_deadline_threads
+        text = f"The flight of {key!r} ran past its deadline of {deadline:g} s"
+        if attempts is not None:
+            text += f" ({attempts} attempt{'' if attempts == 1 else 's'})"
+        if max_deadline_threads is not None:
+            text += (
+                f"; the last never ran: all {max_deadline_threads} threads this group runs "
+                "sync works under a deadline on (its max_deadline_threads) stayed busy, "
+                "in time or left past their deadlines"
+            )
+        super().__init__(text + ".")
 
     def _init_args(self) -> tuple[Any, ...]:
-        return (self.key, self.deadline)
+        return (self.key, self.deadline, self.attempts, self.max_deadline_threads)
 
 
 class LeaseLostError(FlightError):

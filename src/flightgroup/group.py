@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -58,6 +59,7 @@ from .engine.flight import (
 )
 from .engine.follow import DELIVER, START, Follower, WideRules, signal_for
 from .engine.table import FlightTable
+from .engine.workers import MAX_DEADLINE_THREADS
 from .errors import (
     FlightFailedError,
     FlightInterruptedError,
@@ -90,7 +92,9 @@ class FlightGroup:
     that uses the group. The wider scopes (``directory=``, ``redis=``) take the
     same calls; see API.md. ``lease`` and ``cluster`` belong to the fleet scope,
     ``reconnect_timeout`` and ``max_frame_bytes`` to the directory scope: another
-    scope refuses them (ValueError) rather than ignore them.
+    scope refuses them (ValueError) rather than ignore them. ``max_deadline_threads``
+    (default 64) is the most threads of the group that run sync works under a
+    ``deadline`` at once, in time or left running past it (ADR 0038).
 
     A group is a context manager (``with`` / ``async with``); closing it makes
     every waiting call raise GroupClosedError and every later call too. Work
@@ -128,12 +132,14 @@ class FlightGroup:
         cluster: bool = False,
         reconnect_timeout: float = 5.0,
         max_frame_bytes: int = MAX_FRAME,
+        max_deadline_threads: int = MAX_DEADLINE_THREADS,
     ) -> None:
         self._build(configure(
             directory=directory, redis=redis, namespace=namespace, codec=codec,
             deadline=deadline, retry=retry, retention=retention, limits=limits,
             max_value_bytes=max_value_bytes, lease=lease, cluster=cluster,
             reconnect_timeout=reconnect_timeout, max_frame_bytes=max_frame_bytes,
+            max_deadline_threads=max_deadline_threads,
         ))
 
     @classmethod
@@ -159,7 +165,8 @@ class FlightGroup:
         if scope is None:
             self._table = FlightTable()
             self._attempts = Attempts(
-                self._table, codec=made.codec, max_value_bytes=made.max_value_bytes
+                self._table, codec=made.codec, max_value_bytes=made.max_value_bytes,
+                max_deadline_threads=made.max_deadline_threads,
             )
             return
         from .scope.bridge import Bridge
@@ -169,13 +176,16 @@ class FlightGroup:
         # other's flights (WideTable.scope).
         self._table = WideTable(scope.identity, left_holds=scope.left_flights_hold_keys)
         self._attempts = Attempts(
-            self._table, codec=made.codec, max_value_bytes=made.max_value_bytes
+            self._table, codec=made.codec, max_value_bytes=made.max_value_bytes,
+            max_deadline_threads=made.max_deadline_threads,
         )
         self._bridge = self._attempts.bridge = Bridge(
             scope, table=self._table, attempts=self._attempts,
             max_value_bytes=made.max_value_bytes, closed_error=self._closed_error,
         )
         scope.on_fork = functools.partial(_forget_flights, weakref.ref(self))
+        # Every process of the group sees this one's threads left past a deadline.
+        self._attempts.workers.on_left = scope.report_left_threads
         # A group dropped without close() lets go of its threads, sockets, locks and
         # connections when collected (not at exit: the process's end does that).
         self._finalizer = weakref.finalize(self, _close_dropped, scope, made.named)
@@ -412,6 +422,9 @@ class FlightGroup:
             key = self._admit(key, work, on_join, timeout, fresh)
         elif not callable(work):
             check_call(work, None, None, False)
+        loop = events._get_running_loop()
+        if loop is not None:  # (whether it would wait is the other callers' timing)
+            _warn_blocks_loop(f"run_sync({key!r})", stacklevel=3)
         table = self._table
         if table.kept is not None and not fresh:
             kept = table.take_kept(key)
@@ -421,14 +434,14 @@ class FlightGroup:
         parent = None if current is None else current.flight
         role, flight, waiter = table.arrive(
             key, key, fresh=fresh, make_waiter=new_thread_waiter, chain=parent,
-            blocking_loop=events._get_running_loop(), policy=self._policy,
+            blocking_loop=loop, policy=self._policy,
         )
         if role is Role.KEPT:
             return self._deliver(flight, False)
         if timeout is None and self._scope is None:
-            # (Under a deadline the leader only waits: _follow_sync drives on a thread.)
-            if role is Role.LEAD and flight.policy.deadline is None:
-                # the common case: no waiting at all
+            if role is Role.LEAD:
+                # the common case: no waiting at all (under a deadline the attempt runs
+                # on a kept thread, and this thread waits for it: ADR 0038)
                 self._attempts.drive_sync(flight, work, parent)
                 return self._deliver(flight, True)
             if role is Role.JOIN and on_join is None:
@@ -448,13 +461,17 @@ class FlightGroup:
         """``run_sync`` for a decorated function: ``tkey`` is its namespaced key."""
         current = _CURRENT.get()
         parent = None if current is None else current.flight
+        loop = events._get_running_loop()
+        if loop is not None:
+            namespace, op = cast("tuple[str, str]", tkey)
+            _warn_blocks_loop(f"{namespace}({op!r})", stacklevel=4)
         role, flight, waiter = self._table.arrive(
             tkey, key, fresh=False, make_waiter=new_thread_waiter, chain=parent,
-            blocking_loop=events._get_running_loop(), policy=policy,
+            blocking_loop=loop, policy=policy,
         )
         if role is Role.KEPT:
             return self._deliver(flight, False)
-        if role is Role.LEAD and self._scope is None and policy.deadline is None:
+        if role is Role.LEAD and self._scope is None:
             self._attempts.drive_sync(flight, work, parent)
             return self._deliver(flight, True)
         return self._follow_sync(role, flight, waiter, work, None, None, policy)
@@ -548,7 +565,7 @@ class FlightGroup:
             raise FlightInterruptedError(flight.key, "its leader lost its lease") from None
         if outcome is Outcome.TIMEOUT:
             assert isinstance(error, FlightTimeoutError)
-            raise FlightTimeoutError(flight.key, error.deadline) from None
+            raise renewed(error) from None
         if outcome is Outcome.ERROR:
             description = flight.failure
             if description is None:  # a race here only makes the same tuple twice
@@ -629,7 +646,16 @@ class FlightGroup:
 
     def stats(self) -> Stats:
         """A snapshot of this group's counters in this process."""
-        return self._table.snapshot()  # type: ignore[no-any-return]
+        workers = self._attempts.workers
+        threads, busy, left = workers.counts()
+        stats: Stats = self._table.snapshot()
+        return dataclasses.replace(
+            stats,
+            threads=threads,
+            deadline_threads=busy,
+            left_threads=left,
+            max_deadline_threads=workers.bound,
+        )
 
     @property
     def closed(self) -> bool:
@@ -671,6 +697,7 @@ class FlightGroup:
         """Close this process's side: every waiting call is woken with CLOSED and every
         running work's lease is lost. Returns the scope still to close, if any."""
         self._closed = True
+        self._attempts.workers.close()
         for flight, waiters in self._table.close():
             if waiters:
                 wake(waiters, CLOSED)
@@ -696,6 +723,23 @@ class FlightGroup:
         scope = "process scope" if self._scope is None else self._scope.label
         return f"<FlightGroup {scope}, {state}, {len(self._table.flights)} flights>"
 
+
+
+def _warn_blocks_loop(call: str, *, stacklevel: int) -> None:
+    """A sync call (``call``, naming its key) made on the thread of a running event loop:
+    whether it leads (its work runs in this thread) or joins (it waits for another
+    caller's work), that loop runs nothing until the call returns. Said for every such
+    call, a kept outcome's too: whether one would wait depends on the other callers'
+    timing, the warning must not. Said before the call reaches the table: a warning
+    turned into an error changes nothing."""
+    warnings.warn(
+        f"{call} was called on the thread of a running event loop: it blocks that loop "
+        "until the flight's outcome comes (a leader runs the work in this thread, a joiner "
+        "waits for another caller's); use await run() there, or call it from another "
+        "thread (asyncio.to_thread)",
+        RuntimeWarning,
+        stacklevel=stacklevel,
+    )
 
 
 def _close_dropped(scope: Scope, name: str) -> None:

@@ -25,7 +25,12 @@ class Stats:
     ``failures``: flights whose work failed or timed out; ``interrupted``: flights that
     ended with no outcome; ``in_flight``: flights running now; ``kept``: outcomes kept
     for later calls; ``coalescing_ratio``: flights / calls (0.0 before any call);
-    ``joiners_*``: joiners per flight; ``flight_seconds_*``: how long flights ran.
+    ``joiners_*``: joiners per flight; ``flight_seconds_*``: how long flights ran;
+    ``threads``: the group's kept threads alive now (on which sync attempts under a
+    deadline run, idle ones included); ``deadline_threads``: those of them running a
+    work now, in time or past its deadline; ``left_threads``: those whose work ran past
+    its deadline and has not returned yet; ``max_deadline_threads``: the group's bound on
+    ``deadline_threads``, and so on ``left_threads`` (ADR 0038).
     """
 
     calls: int
@@ -41,6 +46,10 @@ class Stats:
     joiners_max: int
     flight_seconds_p50: float
     flight_seconds_p99: float
+    threads: int = 0
+    deadline_threads: int = 0
+    left_threads: int = 0
+    max_deadline_threads: int = 0
 
 
 _SUB_BITS = 4

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from .codec import Codec
 from .configure import MAX_FRAME, configure
+from .engine.workers import MAX_DEADLINE_THREADS
 from .errors import GroupClosedError, UnavailableError
 from .group import FlightGroup, internals
 from .policy import Limits, Retention, Retry
@@ -245,6 +246,18 @@ class FakeScope:
             raise GroupClosedError()
         return self.coordinator._status(self)
 
+    def report_left_threads(self, left: int, bound: int) -> None:
+        """This "process" now has ``left`` threads past their deadlines (of ``bound``):
+        kept by the coordinator (dropped at 0 and when this scope closes)."""
+        self.coordinator._report_left(self, left, bound)
+
+    def left_threads(self) -> list[dict[str, Any]]:
+        """The "processes" with threads past their deadlines: pid, left_threads,
+        max_deadline_threads. Raises GroupClosedError once closed."""
+        if self.closed:
+            raise GroupClosedError()
+        return self.coordinator._left_threads()
+
     def close(self) -> None:
         """The flights this scope leads whose work has not ended are interrupted for
         their joiners elsewhere; its calls still waiting are refused (GroupClosedError),
@@ -279,6 +292,8 @@ class FakeCoordinator:
         self._unreachable = False
         self._held: dict[str | None, list[Callable[[], object]]] = {}
         self._drops: dict[type[ScopeEvent], int] = {}
+        # each scope's threads past their deadlines: (left, bound), while left > 0
+        self._left: dict[FakeScope, tuple[int, int]] = {}
 
     # -- making groups -----------------------------------------------------------
 
@@ -296,6 +311,7 @@ class FakeCoordinator:
         retention: Retention | None = None,
         limits: Limits | None = None,
         max_value_bytes: int | None = None,
+        max_deadline_threads: int = MAX_DEADLINE_THREADS,
         pid: int | None = None,
     ) -> FlightGroup:
         """A FlightGroup over a new "process" of this coordinator. Arguments as
@@ -307,6 +323,7 @@ class FakeCoordinator:
             directory=None, redis=None, namespace=None, codec=codec, deadline=deadline,
             retry=retry, retention=retention, limits=limits, max_value_bytes=max_value_bytes,
             lease=10.0, cluster=False, reconnect_timeout=5.0, max_frame_bytes=MAX_FRAME,
+            max_deadline_threads=max_deadline_threads,
         )
         scope = self.scope(pid)
         return FlightGroup._over(dataclasses.replace(
@@ -387,6 +404,20 @@ class FakeCoordinator:
         UnavailableError. Its work, if running, runs on unheard."""
         scope = group if isinstance(group, FakeScope) else self.scope_of(group)
         self._close(scope, killed=True)
+
+    def _report_left(self, scope: FakeScope, left: int, bound: int) -> None:
+        with self._lock:
+            if left and not scope.closed:
+                self._left[scope] = (left, bound)
+            else:
+                self._left.pop(scope, None)
+
+    def _left_threads(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [
+                {"pid": scope.pid, "left_threads": left, "max_deadline_threads": bound}
+                for scope, (left, bound) in self._left.items()
+            ]
 
     def status(self) -> list[dict[str, Any]]:
         """The flights in progress, as a scope's ``status()`` says them (for tests)."""
@@ -578,6 +609,7 @@ class FakeCoordinator:
                 return
             scope.closed = True
             scope.killed = scope.killed or killed
+            self._left.pop(scope, None)
             actions: list[_Action] = []
             losing: list[tuple[FakeCall, _FakeLead]] = []
             flights = [*self._flights.values(), *self._detached]

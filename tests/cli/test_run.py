@@ -458,6 +458,8 @@ def test_run_with_a_dir_that_cannot_be_a_directory_group_is_bad_usage(
     [line] = proc.stderr.splitlines()
     assert line.startswith(b"flightgroup: error: cannot use the directory ")
     assert str(path).encode() in line
+    if where != "in /proc":  # the reason names the file in the way
+        assert f"{str(place / 'afile')!r} is a file, not a directory".encode() in line, line
 
 
 def run_flightgroup(*args: str) -> subprocess.CompletedProcess[bytes]:

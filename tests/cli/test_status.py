@@ -11,6 +11,7 @@ import pty
 import re
 import select
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -19,9 +20,13 @@ from typing import Any
 
 import pytest
 
+from flightgroup import JSON, FlightGroup, FlightTimeoutError
+from flightgroup.group import internals
+
 from ..infleet import fleet_group
 from ..infresh import held
 from ..ingroup import Background
+from ..support import wait_until
 from .test_run import (
     PY,
     Run,
@@ -73,6 +78,35 @@ def test_fleet_status_shows_a_key_that_is_not_utf8_as_it_was_called(
     finally:
         release.set()
         g.close()
+
+
+def test_status_shows_a_decorated_functions_key_as_its_name_and_key(directory: str) -> None:
+    """status shows a decorated function's flight as name(key); --json keeps the raw key."""
+    g = FlightGroup(directory=directory, codec=JSON)
+    started, release = threading.Event(), threading.Event()
+
+    @g.coalesce(key=lambda day: f"report:{day}", name="reports.rep")
+    def rep(day: str) -> str:
+        started.set()
+        assert release.wait(30), "the test never released the work"
+        return day
+
+    try:
+        leader = Background(lambda: rep("2026-11-01"))
+        assert started.wait(10)
+        shown = run_flightgroup("status", "--dir", directory)
+        raw = run_flightgroup("status", "--dir", directory, "--json")
+        release.set()
+        assert leader.wait() == "2026-11-01"
+    finally:
+        release.set()
+        g.close()
+    assert shown.returncode == 0, shown.stderr
+    [head, line] = shown.stdout.decode().splitlines()
+    assert head.split()[0] == "KEY"
+    assert line.split()[0] == "reports.rep(report:2026-11-01)", line
+    [flight] = json.loads(raw.stdout)["flights"]
+    assert flight["key"] == "\x00reports.rep\x00report:2026-11-01"
 
 
 @pytest.mark.timeout(60)
@@ -171,3 +205,88 @@ def test_status_into_a_closed_pipe_has_no_traceback(directory: str, watch: bool)
     assert b"Traceback" not in proc.stderr, proc.stderr
     assert b"Exception ignored" not in proc.stderr, proc.stderr
     assert proc.returncode == 141  # 128 + SIGPIPE, as a shell reports a command it killed
+
+
+def _left_past_deadline(g: FlightGroup, release: threading.Event) -> None:
+    """g's call of "k" runs past its deadline: its work stays blocked on ``release``."""
+
+    def hangs() -> None:
+        release.wait(30)
+
+    with pytest.raises(FlightTimeoutError) as timed_out:
+        g.run_sync("k", hangs)
+    assert timed_out.value.attempts == 1
+    assert g.stats().left_threads == 1
+
+
+def test_status_shows_a_process_s_threads_left_past_their_deadlines(directory: str) -> None:
+    """status shows each process's threads left past their deadlines, until they return."""
+    g = FlightGroup(directory=directory, codec=JSON, deadline=0.05, max_deadline_threads=3)
+    release = threading.Event()
+    try:
+        _left_past_deadline(g, release)
+        proc = run_flightgroup("status", "--dir", directory, "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout) == {
+            "flights": [],
+            "left_threads": [{"pid": os.getpid(), "left_threads": 1, "max_deadline_threads": 3}],
+        }
+        proc = run_flightgroup("status", "--dir", directory)
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.decode().splitlines()
+        assert "threads running works past their deadlines:" in lines
+        assert re.match(rf"{os.getpid()}\s+1\s+3$", lines[-1]), lines
+        release.set()  # the work returns: its thread is no longer left
+        wait_until(lambda: g.stats().left_threads == 0, "the left work returned")
+        scope = internals(g).scope
+        assert scope is not None
+        wait_until(lambda: scope.left_threads() == [], "the count was published")
+        proc = run_flightgroup("status", "--dir", directory, "--json")
+        assert json.loads(proc.stdout) == {"flights": []}
+    finally:
+        release.set()
+        g.close()
+
+
+def test_fleet_status_shows_a_process_s_threads_left_past_their_deadlines(
+    redis_server: Any, namespace: str
+) -> None:
+    """status on the fleet shows each process's threads left past their deadlines."""
+    g = fleet_group(redis_server.url, namespace, deadline=0.05, max_deadline_threads=3)
+    release = threading.Event()
+    try:
+        _left_past_deadline(g, release)
+        scope = internals(g).scope
+        assert scope is not None
+        wait_until(lambda: scope.left_threads() != [], "the count was published")
+        proc = run_flightgroup(
+            "status", "--redis", redis_server.url, "--namespace", namespace, "--json"
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["left_threads"] == [
+            {
+                "pid": os.getpid(),
+                "left_threads": 1,
+                "max_deadline_threads": 3,
+                "host": socket.gethostname(),
+            }
+        ]
+        release.set()
+        wait_until(lambda: scope.left_threads() == [], "the key was deleted")
+    finally:
+        release.set()
+        g.close()
+
+
+def test_a_closed_group_s_left_threads_are_no_longer_shown(directory: str) -> None:
+    """A closed group's threads left past their deadlines are no longer shown."""
+    g = FlightGroup(directory=directory, codec=JSON, deadline=0.05)
+    release = threading.Event()
+    try:
+        _left_past_deadline(g, release)
+        g.close()
+        proc = run_flightgroup("status", "--dir", directory, "--json")
+        assert json.loads(proc.stdout) == {"flights": []}
+    finally:
+        release.set()
+        g.close()

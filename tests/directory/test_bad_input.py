@@ -8,9 +8,11 @@ connection only).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
+from pathlib import Path
 from unittest.mock import ANY
 
 import pytest
@@ -27,6 +29,7 @@ from ..dirproc import (
     assert_error,
     assert_value,
 )
+from ..support import run
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -70,6 +73,59 @@ def test_socket_path_of_103_bytes_works(h: Harness) -> None:
     b.release("l")
     assert_value(a.expect("done", "j"), 1, joined=True)
     assert_value(b.expect("done", "l"), 1, joined=False)
+
+
+# -- a directory that cannot be made ------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["under a file", "deeper under a file", "a file itself"])
+def test_a_directory_that_cannot_be_made_fails_every_call_naming_it_and_why(
+    tmp_path: Path, where: str
+) -> None:
+    """A file in the directory's path: NotADirectoryError naming both, at every call."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a folder")
+    directory = {
+        "under a file": blocker / "flights",
+        "deeper under a file": blocker / "a" / "flights",
+        "a file itself": blocker,
+    }[where]
+    g = FlightGroup(directory=str(directory), codec=JSON)  # construction makes nothing
+    try:
+        errors = []
+        for call in (lambda: g.run_sync("k", lambda: 1), lambda: run(g.run("k", one))):
+            with pytest.raises(NotADirectoryError) as caught:
+                call()
+            errors.append(caught.value)
+        for error in errors:  # the first call's error, and the same one after it
+            assert error.errno == errno.ENOTDIR
+            assert str(error) == (
+                f"[Errno 20] cannot create the group's directory {str(directory)!r}: "
+                f"{str(blocker)!r} is a file, not a directory"
+            )
+        assert blocker.read_text() == "not a folder"
+    finally:
+        g.close()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may create folders anywhere")
+def test_a_directory_without_permission_to_make_it_raises_permission_error(
+    tmp_path: Path,
+) -> None:
+    """No permission to make the directory: PermissionError naming it and the folder."""
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    g = FlightGroup(directory=str(locked / "flights"), codec=JSON)
+    try:
+        with pytest.raises(PermissionError, match=r"group's directory .*no permission to"):
+            g.run_sync("k", lambda: 1)
+    finally:
+        g.close()
+        locked.chmod(0o700)
+
+
+async def one() -> int:
+    return 1
 
 
 # -- another protocol version -----------------------------------------------------

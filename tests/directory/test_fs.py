@@ -3,6 +3,7 @@ epoch, on real files in tmp_path (only the mountinfo text is ever made up)."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -203,6 +204,34 @@ def test_ensure_directory_sets_0700_even_under_a_strict_umask(tmp_path: Path) ->
         os.umask(old)
     assert mode_of(target) == 0o700
     assert mode_of(target / fs.STATE) == 0o700
+
+
+def test_ensure_directory_names_the_directory_and_the_component_in_the_way(
+    tmp_path: Path,
+) -> None:
+    """A file in the path: NotADirectoryError naming the directory and that file."""
+    (tmp_path / "afile").touch()
+    target = tmp_path / "afile" / "sub" / "flights"
+    with pytest.raises(NotADirectoryError) as caught:
+        fs.ensure_directory(str(target))
+    assert caught.value.strerror == (
+        f"cannot create the group's directory {str(target)!r}: "
+        f"{str(tmp_path / 'afile')!r} is a file, not a directory"
+    )
+    assert isinstance(caught.value.__cause__, FileExistsError)  # the system's own
+
+
+def test_a_refused_component_is_said_as_no_permission_naming_it(tmp_path: Path) -> None:
+    """(As root no mkdir is refused: the system's error is made here.) EACCES on a
+    component: PermissionError naming the directory and the component."""
+    target = str(tmp_path / "locked" / "flights")
+    refused = PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "locked"))
+    made = fs.cannot_create(target, refused)
+    assert isinstance(made, PermissionError) and made.errno == errno.EACCES
+    assert made.strerror == (
+        f"cannot create the group's directory {target!r}: no permission to create "
+        f"{str(tmp_path / 'locked')!r}"
+    )
 
 
 def test_ensure_directory_leaves_an_existing_directory_alone(tmp_path: Path) -> None:

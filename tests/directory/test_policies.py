@@ -205,7 +205,8 @@ def test_each_attempt_gets_a_new_token_from_the_coordinator(directory: str) -> N
 
 
 def test_max_waiters_counts_this_process_only(directory: str) -> None:
-    a, b = _groups(directory, limits=Limits(max_waiters=1))
+    """Each process counts the joiners waiting in it, its first caller among them."""
+    a, b = _groups(directory, limits=Limits(max_waiters=2))
     try:
         async def main() -> None:
             entered, release = asyncio.Event(), asyncio.Event()
@@ -218,8 +219,9 @@ def test_max_waiters_counts_this_process_only(directory: str) -> None:
             leader = asyncio.create_task(a.run("k", work))
             await entered.wait()
             joined_b = asyncio.Event()
-            # b's first caller asks the directory (one request for b), its second joins
-            # b's local flight: one local joiner, at the limit.
+            # b's first caller asks the directory (one request for b) and joins a's
+            # flight, its second joins b's local flight: two joiners wait in b, its
+            # limit.
             b1 = asyncio.create_task(b.run("k", work, on_join=joined_b.set))
             await joined_b.wait()
             joined_b2 = asyncio.Event()
@@ -227,12 +229,15 @@ def test_max_waiters_counts_this_process_only(directory: str) -> None:
             await joined_b2.wait()
             with pytest.raises(TooManyWaitersError):
                 await b.run("k", work)
-            # a's own joiner is counted in a, not in b
-            joined_a = asyncio.Event()
+            # a's own joiners are counted in a, not in b (its leader is none)
+            joined_a, joined_a3 = asyncio.Event(), asyncio.Event()
             a2 = asyncio.create_task(a.run("k", work, on_join=joined_a.set))
+            a3 = asyncio.create_task(a.run("k", work, on_join=joined_a3.set))
             await joined_a.wait()
+            await joined_a3.wait()
             release.set()
-            assert [r.value for r in await asyncio.gather(leader, b1, b2, a2)] == [7] * 4
+            results = await asyncio.gather(leader, b1, b2, a2, a3)
+            assert [r.value for r in results] == [7] * 5
 
         run(main())
     finally:

@@ -167,6 +167,39 @@ def test_a_child_forked_while_a_thread_leads_a_key_leads_it_anew(how: str) -> No
     assert out["parent"] == [["parent", False], ["parent", True]]
 
 
+KEPT_THREADS = r'''
+g = FlightGroup(deadline=0.2, max_deadline_threads=1)
+release = threading.Event()
+try:
+    g.run_sync("a", lambda: release.wait(20))
+except Exception as exc:
+    assert type(exc).__name__ == "FlightTimeoutError", exc
+assert (g.stats().threads, g.stats().left_threads) == (1, 1)
+
+def body():
+    s = g.stats()
+    before = [s.threads, s.left_threads]
+    # (with the parent's left thread counted here, it would wait for room and time out)
+    value = g.run_sync("b", lambda: "child").value
+    s = g.stats()
+    return {"before": before, "value": value, "after": [s.threads, s.left_threads]}
+
+pid, r = in_child(body)
+out = heard(pid, r)
+release.set()
+print(json.dumps(out))
+'''
+
+
+def test_a_forked_child_has_none_of_its_parent_s_kept_or_left_threads() -> None:
+    """A forked child has none of the parent's kept threads nor its threads left past a
+    deadline: its attempts under a deadline run on threads of its own, not held back by
+    the parent's bound."""
+    out = run(KEPT_THREADS)
+    assert out["rc"] == 0, out
+    assert out["said"] == {"before": [0, 0], "value": "child", "after": [1, 0]}
+
+
 HELD_LOCKS = r'''
 import flightgroup.lease as lease_module
 import flightgroup.prometheus as prom

@@ -152,7 +152,7 @@ def test_run_sync_on_the_loop_of_a_left_flights_work_raises(directory: str, how:
             groups.append(FlightGroup(directory=directory, codec=JSON))
         else:
             groups[0].forget("k")  # detached: its work runs on, holding the key lock
-        with pytest.raises(RuntimeError, match="block"):
+        with pytest.warns(RuntimeWarning), pytest.raises(RuntimeError, match="block"):
             groups[-1].run_sync("k", lambda: "new")
         go.set()
         if how == "close":
@@ -349,7 +349,8 @@ def test_in_the_fleet_run_sync_on_the_loop_of_a_left_flights_work_leads(
             groups.append(FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON))
         else:
             groups[0].forget("k")
-        result = groups[-1].run_sync("k", lambda: "new", timeout=20)
+        with pytest.warns(RuntimeWarning, match="blocks that loop"):
+            result = groups[-1].run_sync("k", lambda: "new", timeout=20)
         go.set()
         with contextlib.suppress(GroupClosedError, LeaseLostError):
             await task
@@ -388,11 +389,13 @@ def test_in_the_fleet_run_sync_on_the_loop_of_a_flight_being_forgotten_raises(
         task, go = await held_lead(g, "k")
         forgetting, box = in_thread(g.forget, "k")
         await asyncio.to_thread(asking.wait, 20)
-        refused = raised(g.run_sync, "k", lambda: "new", timeout=5)
+        with pytest.warns(RuntimeWarning, match="blocks that loop"):
+            refused = raised(g.run_sync, "k", lambda: "new", timeout=5)
         confirm.set()
         await asyncio.to_thread(forgetting.join, 20)
         assert box == {"result": None}
-        after = g.run_sync("k", lambda: "new", timeout=20)
+        with pytest.warns(RuntimeWarning, match="blocks that loop"):
+            after = g.run_sync("k", lambda: "new", timeout=20)
         go.set()
         with contextlib.suppress(LeaseLostError):
             await task

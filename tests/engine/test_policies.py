@@ -7,8 +7,13 @@ clock is a fake one the test advances.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -246,6 +251,219 @@ def test_deadline_retries_only_when_on_timeout() -> None:
         with pytest.raises(FlightTimeoutError):
             run(g.run("k", hangs))
         assert len(runs) == expected_runs, on_timeout
+
+
+def test_a_flight_timeout_error_names_the_attempts_its_flight_made() -> None:
+    """A FlightTimeoutError names the attempts its flight made (sync and async works)."""
+    g = FlightGroup(deadline=0.02, retry=Retry(attempts=3, backoff=0, on_timeout=True))
+    release = threading.Event()
+    try:
+        with pytest.raises(FlightTimeoutError) as sync_raised:
+            g.run_sync("s", lambda: release.wait(10))
+        assert sync_raised.value.attempts == 3
+        assert "(3 attempts)" in str(sync_raised.value)
+        assert sync_raised.value.max_deadline_threads is None  # every attempt ran
+
+        async def hangs() -> None:
+            await asyncio.Event().wait()
+
+        with pytest.raises(FlightTimeoutError) as async_raised:
+            run(g.run("a", hangs))
+        assert async_raised.value.attempts == 3
+        assert "(3 attempts)" in str(async_raised.value)
+    finally:
+        release.set()
+        g.close()
+
+
+def test_a_joiner_s_flight_timeout_error_names_the_attempts_too() -> None:
+    """A joiner's FlightTimeoutError names the attempts of the flight it joined."""
+    g = FlightGroup(deadline=0.05, retry=Retry(attempts=2, backoff=0, on_timeout=True))
+    release = threading.Event()
+    started = threading.Event()
+
+    def work() -> None:
+        started.set()
+        release.wait(10)
+
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            leader = pool.submit(g.run_sync, "k", work)
+            assert started.wait(5)
+            with pytest.raises(FlightTimeoutError) as joined:
+                g.run_sync("k", work)
+            assert joined.value.attempts == 2 and "(2 attempts)" in str(joined.value)
+            assert isinstance(leader.exception(5), FlightTimeoutError)
+    finally:
+        release.set()
+        g.close()
+
+
+def test_threads_left_past_a_deadline_are_bounded_per_group() -> None:
+    """A group runs at most max_deadline_threads works left past their deadlines: beyond
+    them an attempt waits for one to return, at most until its own deadline, and then
+    times out without running, its FlightTimeoutError naming the bound."""
+    g = FlightGroup(deadline=0.05, max_deadline_threads=2)
+    other = FlightGroup(deadline=0.05, max_deadline_threads=2)
+    release = threading.Event()
+    ran: list[str] = []
+
+    def hangs(key: str) -> Any:
+        def work() -> None:
+            ran.append(key)
+            release.wait(20)
+
+        return work
+
+    try:
+        assert g.stats().max_deadline_threads == 2
+        for key in ("a", "b"):
+            with pytest.raises(FlightTimeoutError):
+                g.run_sync(key, hangs(key))
+        stats = g.stats()
+        assert (stats.left_threads, stats.threads) == (2, 2)
+        began = time.monotonic()
+        with pytest.raises(FlightTimeoutError) as refused:
+            g.run_sync("c", hangs("c"))
+        assert time.monotonic() - began < 2.0  # its deadline (0.05 s) and no more
+        assert refused.value.max_deadline_threads == 2 and refused.value.attempts == 1
+        assert "max_deadline_threads" in str(refused.value)
+        assert ran == ["a", "b"], "the attempt over the bound never ran"
+        assert (g.stats().left_threads, g.stats().threads) == (2, 2)
+        # the bound is each group's own
+        with pytest.raises(FlightTimeoutError):
+            other.run_sync("c", hangs("c"))
+        assert ran == ["a", "b", "c"]
+        release.set()
+        # a left thread is released when its work returns, and kept for the next attempt
+        wait_until(lambda: g.stats().left_threads == 0, "the left works returned")
+        assert g.run_sync("c", lambda: "v").value == "v"
+        assert g.stats().threads == 2  # no new thread: a kept one ran it
+    finally:
+        release.set()
+        g.close()
+        other.close()
+
+
+def test_concurrent_hung_flights_never_leave_more_threads_than_the_bound() -> None:
+    """Concurrent flights whose works all hang leave at most max_deadline_threads threads:
+    an attempt running in time counts against the bound, as it may be left."""
+    g = FlightGroup(deadline=0.2, max_deadline_threads=2)
+    release = threading.Event()
+    ran: list[int] = []
+
+    def work() -> None:
+        ran.append(1)
+        release.wait(20)
+
+    try:
+        with ThreadPoolExecutor(5) as pool:
+            calls = [pool.submit(g.run_sync, f"k{i}", work) for i in range(5)]
+            errors = [call.exception(10) for call in calls]
+        assert all(isinstance(error, FlightTimeoutError) for error in errors), errors
+        refused = [
+            e for e in errors if isinstance(e, FlightTimeoutError) and e.max_deadline_threads
+        ]
+        assert len(refused) == 3 and len(ran) == 2
+        stats = g.stats()
+        assert (stats.threads, stats.deadline_threads, stats.left_threads) == (2, 2, 2)
+    finally:
+        release.set()
+        g.close()
+
+
+def test_an_attempt_over_the_bound_runs_once_a_left_thread_returns() -> None:
+    """An attempt over the bound runs once a left work returns, within its deadline."""
+    g = FlightGroup(max_deadline_threads=1)
+    short = g.coalesce(key=lambda: "short", deadline=0.05)
+    long = g.coalesce(key=lambda: "long", deadline=20.0)
+    release = threading.Event()
+    left_when_run: list[int] = []
+
+    @short
+    def hangs() -> None:
+        release.wait(20)
+
+    @long
+    def waits() -> str:
+        left_when_run.append(g.stats().left_threads)
+        return "v"
+
+    try:
+        with pytest.raises(FlightTimeoutError):
+            hangs()
+        assert g.stats().left_threads == 1
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(waits)
+            wait_until(lambda: g.stats().in_flight == 1, "the call led its flight")
+            assert not waiting.done() and left_when_run == []
+            release.set()  # the left work returns: its thread takes the waiting attempt
+            assert waiting.result(10) == "v"
+        assert left_when_run == [0]
+    finally:
+        release.set()
+        g.close()
+
+
+def test_close_ends_the_group_s_idle_kept_threads() -> None:
+    """close() ends the group's idle kept threads; a left one ends when its work returns."""
+    g = FlightGroup(deadline=5.0)
+    ran_on: list[threading.Thread] = []
+    release = threading.Event()
+
+    def work() -> str:
+        ran_on.append(threading.current_thread())
+        return "v"
+
+    def hangs() -> None:
+        ran_on.append(threading.current_thread())
+        release.wait(20)
+
+    with pytest.raises(FlightTimeoutError):
+        g.coalesce(key=lambda: "h", deadline=0.05)(hangs)()
+    assert g.run_sync("k", work).value == "v"
+    assert g.run_sync("k", work).value == "v"
+    left, idle = ran_on[0], ran_on[1]
+    assert ran_on[2] is idle and threading.current_thread() not in ran_on
+    assert g.stats().threads == 2 and g.stats().left_threads == 1
+    g.close()
+    idle.join(5)
+    assert not idle.is_alive()
+    assert left.is_alive() and g.stats().threads == 1
+    release.set()
+    left.join(5)
+    assert not left.is_alive()
+    assert (g.stats().threads, g.stats().left_threads) == (0, 0)
+
+
+def test_an_idle_kept_thread_does_not_keep_the_process_from_exiting() -> None:
+    """An unclosed group's idle kept threads do not keep the process from exiting."""
+    code = (
+        "import flightgroup, threading\n"
+        "g = flightgroup.FlightGroup(deadline=5.0)\n"
+        "assert g.run_sync('k', lambda: 'v').value == 'v'\n"
+        "assert g.stats().threads == 1\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")},
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_max_deadline_threads_must_be_a_positive_int() -> None:
+    """max_deadline_threads must be a positive int."""
+    with pytest.raises(TypeError):
+        FlightGroup(max_deadline_threads=1.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        FlightGroup(max_deadline_threads=True)
+    with pytest.raises(ValueError):
+        FlightGroup(max_deadline_threads=0)
+    assert FlightGroup().stats().max_deadline_threads == 64
 
 
 # -- retention ------------------------------------------------------------------

@@ -704,7 +704,7 @@ def test_group_as_async_and_sync_context_manager() -> None:
         async with FlightGroup() as g:
             assert (await g.run("k", lambda: asyncio.sleep(0, "x"))).value == "x"
         assert g.closed
-        with FlightGroup() as g2:
+        with FlightGroup() as g2, pytest.warns(RuntimeWarning):  # (run_sync on a loop)
             assert g2.run_sync("k", lambda: 3).value == 3
         assert g2.closed
 

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import threading
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,10 @@ class SyncGate:
         if self.error is not None:
             raise self.error
         return self.value
+
+
+def never() -> Any:
+    raise AssertionError("a joiner's work never runs")
 
 
 def test_thirty_two_threads_share_one_run() -> None:
@@ -144,12 +149,66 @@ def test_run_sync_on_the_loop_thread_that_runs_the_flight_is_refused() -> None:
 
         leader = asyncio.create_task(g.run("k", work))
         await started.wait()  # the flight runs on this loop
-        with pytest.raises(RuntimeError, match="block"):
+        with pytest.warns(RuntimeWarning), pytest.raises(RuntimeError, match="block"):
             g.run_sync("k", lambda: "other")
         release.set()
         assert (await leader).value == "v"
 
     run(main())
+
+
+def test_run_sync_joining_on_a_running_loop_warns_naming_the_key() -> None:
+    """A joiner's run_sync on a loop's thread blocks that loop: RuntimeWarning, key named."""
+    g = FlightGroup()
+    gate = SyncGate("led elsewhere")
+    leader = threading.Thread(target=g.run_sync, args=("report:7", gate), daemon=True)
+    leader.start()
+    assert gate.started.wait(10)  # another thread leads the key
+
+    async def main() -> Result[Any]:
+        # on_join releases the leader's work only once this call joined: the join is
+        # forced, and the loop stays blocked until the outcome comes.
+        with pytest.warns(RuntimeWarning, match=r"run_sync\('report:7'\).*blocks that loop"):
+            return g.run_sync("report:7", never, on_join=gate.release.set)
+
+    result = run(main())
+    assert (result.value, result.joined) == ("led elsewhere", True)
+    leader.join(10)
+
+
+def test_run_sync_leading_on_a_running_loop_warns_too() -> None:
+    """A leader's sync work runs on the loop's thread and blocks it: it warns as well."""
+    g = FlightGroup()
+
+    async def main() -> Result[Any]:
+        with pytest.warns(RuntimeWarning, match=r"run_sync\('k'\)"):
+            return g.run_sync("k", lambda: "led here")
+
+    result = run(main())
+    assert (result.value, result.joined) == ("led here", False)
+
+
+def test_a_coalesced_sync_function_called_on_a_running_loop_warns_naming_its_key() -> None:
+    """A decorated sync function's call on a loop's thread names its namespace and key."""
+    g = FlightGroup()
+
+    @g.coalesce(key=lambda n: f"n:{n}", name="reports")
+    def report(n: int) -> int:
+        return n
+
+    async def main() -> int:
+        with pytest.warns(RuntimeWarning, match=r"reports\('n:3'\)"):
+            return report(3)
+
+    assert run(main()) == 3
+
+
+def test_run_sync_with_no_running_loop_does_not_warn() -> None:
+    """The plain sync call, on a thread that runs no loop, says nothing."""
+    g = FlightGroup()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert g.run_sync("k", lambda: "v").value == "v"
 
 
 def test_async_and_sync_callers_share_one_flight_from_threads_and_loops() -> None:

@@ -559,18 +559,18 @@ def test_max_waiters_counts_per_process(
     h: Harness, redis_server: RedisServer, namespace: str
 ) -> None:
     a = fleet(h, "a", redis_server, namespace)
-    b, c = (fleet(h, name, redis_server, namespace, max_waiters=1) for name in "bc")
+    b, c = (fleet(h, name, redis_server, namespace, max_waiters=2) for name in "bc")
     a.call("l", "k", h.work(block=True, **{"return": "v"}))
     token = a.expect("started", "l")["token"]
     # As in the directory scope, a process's first caller asks Redis for the process
-    # (its flight's own waiter); each later caller is a local joiner, counted.
+    # and joins the flight led in a: a joiner waiting here, counted as each later one.
     b.call("j1", "k", h.work())
     b.expect("joined", "j1")
     b.call("j2", "k", h.work(), mode="async")
-    b.expect("joined", "j2")  # one local joiner: at the limit
+    b.expect("joined", "j2")  # two joiners wait in b: at the limit
     b.call("j3", "k", h.work())
     attrs = assert_error(b.expect("done", "j3"), "TooManyWaitersError")
-    assert attrs["limit"] == 1 and attrs["key"] == "k"
+    assert attrs["limit"] == 2 and attrs["key"] == "k"
     assert b.count("joined", "j3") == 0
     # c counts its own: its first and second callers are fine.
     c.call("j1", "k", h.work(), mode="async")

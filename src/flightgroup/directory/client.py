@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import socket
 import threading
@@ -74,6 +75,8 @@ if TYPE_CHECKING:
     from .election import _Campaign
 
 __all__ = ["Call", "DirectoryArbiter"]
+
+_serials = itertools.count(1)  # numbers the groups of this process (files of left threads)
 
 
 class DirectoryArbiter:
@@ -127,6 +130,10 @@ class DirectoryArbiter:
         self._key_locks = keylocks.KeyLocks(self)
         self._leases = Leases(self)
         self._close_by = 0.0  # closing waits for acks until then
+        self._serial = next(_serials)  # names this group's file of left threads
+        # Orders the reports of threads left past a deadline with close(), which removes
+        # the file: none is written after it.
+        self._left_lock = threading.Lock()
         self._finishing = False
         # Called in a forked child of a started group (its group drops its flights).
         self.on_fork: Callable[[str], None] | None = None
@@ -581,15 +588,40 @@ class DirectoryArbiter:
 
     # -- closing ----------------------------------------------------------------
 
+    def report_left_threads(self, left: int, bound: int) -> None:
+        """This group's threads left past a deadline, in its file under
+        ``state/left-threads`` while there are any (a failed write is logged)."""
+        with self._left_lock:
+            if self._closing:
+                return
+            self._write_left(left, bound)
+
+    def _write_left(self, left: int, bound: int) -> None:
+        path = fs.left_threads_path(self.directory, f"{os.getpid()}-{self._serial}")
+        try:
+            fs.write_left_threads(path, os.getpid(), left, bound)
+        except OSError as exc:
+            log.warning("%s: cannot write the count of threads left past a deadline (%s)",
+                        self.directory, exc.strerror or exc)
+
+    def left_threads(self) -> list[dict[str, Any]]:
+        """The live processes of the directory whose threads run works past their
+        deadlines (read from their files; nothing is changed)."""
+        if self._closing:
+            raise GroupClosedError()
+        return [dict(entry) for entry in fs.read_left_threads(self.directory)]
+
     def close(self) -> None:
         """Wait (at most ``reconnect_timeout``) until every landing made here was
         acknowledged, then disconnect; stop coordinating if this group does. Works
         still running keep their key locks until they end."""
         # (Under the start lock: no call starts the group once it closes. Under the send
         # lock: submit() checks it there.)
-        with self._background.lock, self._send_lock:
+        with self._left_lock, self._background.lock, self._send_lock:
             again = self._closing
             self._closing = True
+        if not again and self._background.started:
+            self._write_left(0, 0)  # a closed group shows nothing
         if again:
             if not self._background.on_its_thread():
                 self._close_returned.wait(self._reconnect_timeout + 10)

@@ -27,6 +27,7 @@ import time
 
 from ..scope.outcome import Failure, Interrupted, SharedOutcome, Value
 from . import fs, wire
+from .keptfiles import KeptFiles
 from .lockwatch import KeyLockWatch, ProbeError, key_held
 from .records import (
     Flight,
@@ -82,7 +83,7 @@ class Coordinator:
         self._detached: dict[str, list[Flight]] = {}
         self._waiting: dict[str, list[Waiting]] = {}
         self._releasing: dict[str, int] = {}  # key -> token of a landed flight not yet acked
-        self._outcomes = Outcomes()
+        self._outcomes = Outcomes(KeptFiles(directory))
         self._server = Server(
             directory, max_frame=max_frame, handshake_timeout=handshake_timeout,
             on_frames=self._handle, on_closed=self._session_closed,
@@ -99,6 +100,8 @@ class Coordinator:
         """Bind ``flight.sock`` (0600) and serve. Only the holder of the election
         lock gets here, so the stale socket of a dead coordinator may be removed."""
         self._loop = self._key_locks.loop = asyncio.get_running_loop()
+        # Before the socket serves: no call misses an outcome an earlier term kept.
+        self._outcomes.load()
         self._server.start(self._loop)
         log.info("coordinating %s, epoch %d", self.directory, self.epoch)
 
@@ -283,6 +286,7 @@ class Coordinator:
             session.send(wire.error_frame(id, f"no token to lead with: {exc}"))
             return
         self._releasing.pop(key, None)
+        self._outcomes.led_past(key)
         flight = Flight(key, token, session, id, time.monotonic())
         flight.tokens.add(flight.token)
         self._flights[key] = flight
@@ -451,6 +455,7 @@ class Coordinator:
             return
         self._flights[key] = flight
         self._releasing.pop(key, None)
+        self._outcomes.led_past(key)
         for caller, id in moved:
             if not caller.closed and caller.parties.get(id) is older:
                 caller.parties[id] = flight
@@ -534,7 +539,7 @@ class Coordinator:
         makes a new leader wait for its work's end). Its token is written down before
         the forget is confirmed, so a later term that hears its reassert keeps it
         detached too (ADR 0020)."""
-        self._outcomes.drop_kept(key)
+        self._outcomes.drop_kept(key, forgotten=True)  # before the forget is confirmed
         flight = self._flights.pop(key, None)
         if flight is not None:
             self._releasing.pop(key, None)

@@ -9,6 +9,9 @@ Layout of a group's directory (API.md, docs/directory-protocol.md)::
     execution-locks/<sha256> the key locks; each holds the last fencing token written to it
     state/epoch              a second durable copy of the epoch (ADR 0009)
     state/forgotten/<sha256> the last token of a key's flight a forget() detached (ADR 0020)
+    state/left-threads/<pid>-<n> a group's threads running works past their deadlines,
+                             while there are any (ADR 0038)
+    state/kept/<sha256>      a key's kept outcome (Retention), :mod:`.keptfiles` (ADR 0039)
 
 Nothing here locks: ``next_epoch`` is called only by the winner of the election, which
 holds ``flight.lock`` for as long as it writes the epoch.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import logging
 import os
 import re
@@ -46,10 +50,13 @@ __all__ = [
     "file_system_of",
     "forgotten_mark",
     "key_lock_path",
+    "left_threads_path",
     "mark_forgotten",
     "next_epoch",
     "read_epoch",
+    "read_left_threads",
     "socket_path",
+    "write_left_threads",
 ]
 
 log = logging.getLogger("flightgroup")
@@ -61,6 +68,8 @@ KEY_LOCKS: Final = "execution-locks"
 STATE: Final = "state"  # state/epoch is the second copy of the epoch
 _FORGOTTEN: Final = "forgotten"  # state/forgotten/<sha256 of the key>
 _MARK_SIZE: Final = 64
+_LEFT_THREADS: Final = "left-threads"  # state/left-threads/<pid>-<n>
+_LEFT_SIZE: Final = 256
 
 # Tokens are ``epoch << 32 | sequence`` and must fit 63 bits, so an epoch stays below 2**31.
 _EPOCH_LIMIT: Final = 2**31
@@ -220,8 +229,47 @@ def ensure_directory(path: str) -> None:
     """Create ``path`` (and each missing parent) with mode 0700, and its ``execution-locks``
     and ``state`` subfolders. The mode of a directory that exists is left alone.
 
-    Idempotent and safe when several threads or processes do it at once.
+    Idempotent and safe when several threads or processes do it at once. Raises an
+    OSError (of the class its errno maps to) that names ``path`` and the reason: a
+    component of it that is no directory (NotADirectoryError), no permission to create
+    one (PermissionError), or the system's own reason.
     """
+    try:
+        _ensure_directory(path)
+    except OSError as exc:
+        raise cannot_create(path, exc) from exc
+
+
+def cannot_create(path: str, exc: OSError) -> OSError:
+    """The error of a group directory ``path`` that could not be made (``exc``: the
+    error of one component of it), in words that name ``path`` and the reason."""
+    number, reason = why_not_created(path, exc)
+    return OSError(number, f"cannot create the group's directory {path!r}: {reason}")
+
+
+def why_not_created(path: str, exc: OSError) -> tuple[int, str]:
+    """The errno and the reason, in words, why making ``path`` failed with ``exc`` (about
+    one component of it, ``exc.filename``)."""
+    where = exc.filename if isinstance(exc.filename, str) else path
+    if isinstance(exc, (FileExistsError, NotADirectoryError)):
+        # mkdir of a component that exists but is no directory (EEXIST), or of one under
+        # such a component (ENOTDIR): name the component that is in the way.
+        blocker = where
+        probe = os.path.abspath(where)
+        while probe != os.path.dirname(probe):
+            if os.path.lexists(probe) and not os.path.isdir(probe):
+                blocker = probe
+                break
+            probe = os.path.dirname(probe)
+        kind = "a file, not a directory" if os.path.isfile(blocker) else "not a directory"
+        return errno.ENOTDIR, f"{blocker!r} is {kind}"
+    if isinstance(exc, PermissionError):
+        return exc.errno or errno.EACCES, f"no permission to create {where!r}"
+    return exc.errno or errno.EIO, f"cannot create {where!r} ({exc.strerror or exc})"
+
+
+def _ensure_directory(path: str) -> None:
+    """``ensure_directory``, raising the OSError of the component that failed."""
     missing: list[str] = []
     current = os.path.abspath(path)
     while not os.path.isdir(current):
@@ -534,3 +582,72 @@ def forgotten_mark(directory: str, key: str) -> int | None:
         return int(raw.strip() or b"x")
     except ValueError:
         return None
+
+
+# --- threads left past a deadline (ADR 0038) -----------------------------------------------
+
+
+def left_threads_path(directory: str, name: str) -> str:
+    """The file in which one group of one process says how many of its threads run
+    works past their deadlines (``name``: the process id, a dash, the group's number)."""
+    return os.path.join(directory, STATE, _LEFT_THREADS, name)
+
+
+def write_left_threads(path: str, pid: int, left: int, bound: int) -> None:
+    """Write ``left`` and ``bound`` of process ``pid`` to ``path`` (replaced whole, so a
+    reader never sees half of it); at ``left`` 0 the file is removed. Raises OSError."""
+    if not left:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    body = b'{"pid": %d, "left_threads": %d, "max_deadline_threads": %d}\n' % (pid, left, bound)
+    temp = f"{path}.{uuid.uuid4().hex}.tmp"
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except FileNotFoundError:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(os.path.dirname(path), 0o700)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, body)
+    finally:
+        os.close(fd)
+    os.replace(temp, path)
+
+
+def read_left_threads(directory: str) -> list[dict[str, int]]:
+    """What every live process of the directory wrote with write_left_threads (a file of
+    a process that is gone, or that does not parse, is skipped; nothing is changed)."""
+    folder = os.path.join(directory, STATE, _LEFT_THREADS)
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        if name.endswith(".tmp"):
+            continue
+        try:
+            with open(os.path.join(folder, name), "rb") as file:
+                entry = json.loads(file.read(_LEFT_SIZE))
+            pid = int(entry["pid"])
+            counts = {
+                "pid": pid,
+                "left_threads": int(entry["left_threads"]),
+                "max_deadline_threads": int(entry["max_deadline_threads"]),
+            }
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if _alive(pid):
+            found.append(counts)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # (another user's process: it exists)
+        return True
+    return True

@@ -2,8 +2,10 @@
 a key's lock, and the outcomes it keeps after a flight ended (the endings of the rejoin
 window, the kept outcomes of Retention).
 
-Everything here is plain state, touched only on the coordinator's event loop; what to do
-with it (lead or join, deliver, detach) is :mod:`.coordinator`'s.
+Everything here is state touched only on the coordinator's event loop; what to do with it
+(lead or join, deliver, detach) is :mod:`.coordinator`'s. The one I/O: the kept outcomes
+are mirrored to their files (:mod:`.keptfiles`) as they come and go, so that the next
+term serves them too (ADR 0039).
 
 Tokens: a flight that retries gets a new token per attempt, and a process may have
 missed some of them (a `joined` or `lead` frame lost with a coordinator that died).
@@ -15,6 +17,7 @@ Which of two flights of a key is newer is decided by their current tokens.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING
 from ..retention import RetentionStore
 from ..scope.outcome import Failure, SharedOutcome, Value, kept_size
 from . import wire
+from .keptfiles import KeptFiles, Record
 
 if TYPE_CHECKING:
     from .server import Session
@@ -43,6 +47,8 @@ __all__ = [
 KEPT_MAX_ITEMS = 10_000
 KEPT_MAX_BYTES = 256 * 1024 * 1024
 _TOKENS_MAX = wire.MAX_EARLIER + 1  # the tokens a flight keeps: its current and earlier ones
+
+log = logging.getLogger("flightgroup")
 
 
 @dataclass(eq=False)
@@ -121,13 +127,16 @@ class Outcomes:
     earlier one) is kept ``rejoin_window`` seconds after it ends, under each of its
     tokens, so a joiner that reconnects after its leader landed still gets it.
     Kept outcomes (Retention): the engine's own store; expired ones go before any live
-    one is evicted, and each keep passes its landing's bounds."""
+    one is evicted, and each keep passes its landing's bounds. With ``files``, every
+    kept outcome has its file while it is in the store, and only then (ADR 0039): each
+    removal from the store removes the file in the same step."""
 
-    __slots__ = ("endings", "kept")
+    __slots__ = ("_files", "endings", "kept")
 
-    def __init__(self) -> None:
+    def __init__(self, files: KeptFiles | None = None) -> None:
         self.endings: dict[int, Ending] = {}
         self.kept = RetentionStore(KEPT_MAX_ITEMS, KEPT_MAX_BYTES)
+        self._files = files
 
     def end(self, flight: Flight, outcome: SharedOutcome, window: float) -> None:
         """``flight`` ended with ``outcome``: kept ``window`` seconds under every token
@@ -167,21 +176,71 @@ class Outcomes:
         Retention set (absent: the coordinator's own). An outcome over ``max_bytes``
         alone is not kept (and the key's older one goes); then the least recently used
         others are evicted until at most ``max_items`` and ``max_bytes`` remain."""
+        self._put(key, token, outcome, seconds, time.monotonic())
+
+    def _put(
+        self, key: str, token: int, outcome: Value | Failure, seconds: float, at: float | None
+    ) -> None:
+        """Put ``outcome`` in the store; write its file as kept ``at`` (None: loaded from
+        its file, which stays as it is)."""
         max_items = outcome.max_items if outcome.max_items is not None else KEPT_MAX_ITEMS
         max_bytes = outcome.max_bytes if outcome.max_bytes is not None else KEPT_MAX_BYTES
         # Expired outcomes leave first; the new one is never evicted by its own keep.
-        self.kept.put(
+        entry, removed = self.kept.put(
             key, isinstance(outcome, Value), outcome, token, seconds,
             kept_size(outcome), (max_items, max_bytes),
         )
+        files = self._files
+        if files is None:
+            return
+        for each in removed:
+            if entry is None or each.key != key:  # the key's own file is replaced below
+                files.remove(str(each.key))
+        if entry is not None and at is not None:
+            files.write(Record(key, token, outcome, entry.expires, at))
+
+    def load(self) -> None:
+        """(At the start of a term) keep the outcomes the terms before kept, with the
+        time each has left, in the order they were kept (so the latest bounds decide)."""
+        files = self._files
+        if files is None:
+            return
+        try:
+            now = time.monotonic()
+            for record in files.load(KEPT_MAX_BYTES):
+                left = record.expires - now
+                if left > 0:
+                    self._put(record.key, record.token, record.outcome, left, None)
+                else:
+                    files.remove(record.key)
+        except Exception as exc:  # kept outcomes save work: never a reason not to serve
+            log.warning(
+                "cannot load the kept outcomes of earlier terms (%s): dropped them all",
+                type(exc).__qualname__,
+            )
+            self.kept.clear()
+            files.clear()
 
     def kept_of(self, key: str) -> tuple[int, SharedOutcome] | None:
         """The token and outcome kept for ``key``, if any."""
         entry = self.kept.get(key)  # a hit counts as a use (LRU); an expired one goes
         if entry is None:
+            if self._files is not None:
+                self._files.remove(key)  # a set lookup unless the key has a file
             return None
         outcome: SharedOutcome = entry.payload
         return entry.token, outcome
 
-    def drop_kept(self, key: str) -> None:
+    def drop_kept(self, key: str, *, forgotten: bool = False) -> None:
+        """``key``'s kept outcome goes, its file too; ``forgotten`` (a ``forget()``):
+        whatever file the key has, even one this term could not read."""
         self.kept.discard(key)
+        if self._files is not None:
+            self._files.remove(key, always=forgotten)
+
+    def led_past(self, key: str) -> None:
+        """A new flight of ``key`` is its current one: its kept outcome ends with that
+        flight (replaced or dropped when it ends), so a next term must not serve it if
+        this one stops first. Until then the flight shadows it here. Its file goes."""
+        if self._files is not None:
+            self._files.remove(key)

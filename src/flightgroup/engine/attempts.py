@@ -4,7 +4,8 @@ Where the work runs (ADR 0002): an async work runs in a task of its own, owned b
 group, so the leader's caller can be cancelled or time out without cancelling the work.
 On Python 3.12+ that task starts eagerly: a work that finishes without suspending costs
 no trip through the event loop. A sync work runs in the leader's own thread, or, under a
-deadline, each attempt on a thread of its own so the deadline can pass it by (ADR 0008).
+deadline, each attempt on one of the group's kept threads (``workers.py``) while its
+driver waits for it, so the deadline can pass it by (ADR 0008, ADR 0038).
 
 Containment: every ending of an attempt (a value, an Exception, a cancellation, any
 other BaseException, a deadline) becomes one outcome; retries follow the flight's policy
@@ -40,10 +41,10 @@ from .flight import (
     Attempt,
     Flight,
     Outcome,
-    new_thread_waiter,
     wake,
 )
 from .table import UNMEASURED, FlightTable
+from .workers import GAVE_UP, WAITING, Job, Workers
 
 if TYPE_CHECKING:
     from ..scope.bridge import Bridge
@@ -57,8 +58,6 @@ _CoroutineType = types.CoroutineType
 _EAGER = sys.version_info >= (3, 12)
 """Start a leader's task eagerly (Python 3.12+). Tests switch it off to cover 3.11's path."""
 
-_WAIT_MAX = threading.TIMEOUT_MAX
-
 Ending: TypeAlias = tuple[Outcome, Any, BaseException | None]
 """How one attempt ended: its outcome, its value, its error."""
 
@@ -68,15 +67,21 @@ class Attempts:
     outcome. ``bridge`` is the group's wide scope's, if it has one: a wide flight asks
     its scope first (``Bridge.start``), takes a token per retry and lands through it."""
 
-    __slots__ = ("bridge", "codec", "max_value_bytes", "table")
+    __slots__ = ("bridge", "codec", "max_value_bytes", "table", "workers")
 
     def __init__(
-        self, table: FlightTable[Any], *, codec: Codec | None, max_value_bytes: int | None
+        self,
+        table: FlightTable[Any],
+        *,
+        codec: Codec | None,
+        max_value_bytes: int | None,
+        max_deadline_threads: int,
     ) -> None:
         self.table = table
         self.codec = codec
         self.max_value_bytes = max_value_bytes
         self.bridge: Bridge | None = None
+        self.workers = Workers(max_deadline_threads)  # where sync attempts under a deadline run
 
     def start_async(
         self,
@@ -163,7 +168,7 @@ class Attempts:
                         task.uncancel()
                     assert policy.deadline is not None
                     outcome, value = Outcome.TIMEOUT, None
-                    error = FlightTimeoutError(flight.key, policy.deadline)
+                    error = FlightTimeoutError(flight.key, policy.deadline, number)
             if error is None or not self.will_retry(flight, number, outcome, error):
                 break
             try:
@@ -206,14 +211,15 @@ class Attempts:
 
     def start_sync(self, follower: Follower, work: Callable[[], Any], *, own: bool) -> bool:
         """Start the work of the flight this sync caller leads. True if it settled here
-        already (the work ran in this thread: deliver it); else the caller waits for it.
+        already (the flight was driven in this thread: deliver it); else the caller
+        waits for it.
 
-        The work runs in this thread, and a KeyboardInterrupt in it stops it for all;
-        unless each attempt runs on a thread of its own (a deadline): then the flight is
-        driven on a thread of its own, as with a timeout (``own`` False), and an
-        interrupt of this caller's wait withdraws this caller only."""
+        ``own`` (no timeout): the flight is driven in this thread. A KeyboardInterrupt
+        in the work stops it for all; one while this thread waits for an attempt on a
+        kept thread (a deadline) or in a retry's pause withdraws this caller only, and
+        the rest of the flight goes on on a thread of its own. Else (a timeout) the
+        flight is driven on a thread of its own from the start."""
         flight = follower.flight
-        own = own and flight.policy.deadline is None
         bridge = self.bridge
         if own and bridge is None:
             self.drive_sync(flight, work, current_flight())
@@ -254,6 +260,7 @@ class Attempts:
         attempt = flight.attempt
         assert attempt is not None
         self.drive_sync_from(flight, work, call, attempt, 1, None)
+
     def drive_sync_from(
         self,
         flight: Flight,
@@ -262,26 +269,42 @@ class Attempts:
         attempt: Attempt,
         number: int,
         paused: tuple[float, Ending] | None,
+        timed: TimedAttempt | None = None,
     ) -> None:
         """The loop of drive_sync from attempt ``number``; ``paused``: the pause before
         the next attempt still to wait, and the ending of ``attempt`` (a pause that a
         KeyboardInterrupt cut short in the leader's thread goes on here, on a thread of
-        its own: the leader withdraws, the flight goes on for the others)."""
+        its own: the leader withdraws, the flight goes on for the others); ``timed``:
+        ``attempt`` under its deadline, whose wait was cut short so."""
         policy = flight.policy
         error: BaseException | None
-        handed = False  # a cut pause went on on a thread of its own
+        handed = False  # a cut pause or wait went on on a thread of its own
         try:
             while True:
                 if paused is None:
-                    if policy.deadline is None:
+                    deadline = policy.deadline
+                    if deadline is None:
                         outcome, value, error = attempt_sync(attempt, work)
                     else:
+                        if timed is None:
+                            timed = TimedAttempt(self, attempt, work, deadline, number)
                         try:
-                            outcome, value, error = attempt_sync_with_deadline(
-                                attempt, work, policy.deadline, self.bridge
-                            )
-                        except BaseException as exc:  # KeyboardInterrupt waiting, no thread
+                            outcome, value, error = timed.run()
+                        except Exception as exc:  # no thread to be had: nothing ran
                             outcome, value, error = Outcome.INTERRUPTED, None, exc
+                        except BaseException as exc:  # KeyboardInterrupt while it waited
+                            # This caller withdraws; the attempt (started, or not yet)
+                            # and the rest of the flight go on on a thread of its own.
+                            handed = True
+                            if start_thread(
+                                f"flightgroup-wait-{flight.token}", self.drive_sync_from,
+                                flight, work, call, attempt, number, None, timed,
+                            ) is None:
+                                raise
+                            handed = False
+                            timed.abandon()  # no thread: the flight ends here
+                            outcome, value, error = Outcome.INTERRUPTED, None, exc
+                        timed = None
                     if error is None or not self.will_retry(flight, number, outcome, error):
                         break
                     pause = policy.backoff(number, random.uniform)
@@ -490,41 +513,87 @@ def attempt_sync(attempt: Attempt, work: Callable[[], Any]) -> Ending:
     return Outcome.VALUE, value, None
 
 
-def attempt_sync_with_deadline(
-    attempt: Attempt,
-    work: Callable[[], Any],
-    deadline: float,
-    bridge: Bridge | None,
-) -> Ending:
-    """One attempt on a thread of its own, waited for until the deadline. A sync
-    work cannot be stopped: past the deadline its lease is lost and it runs on,
-    detached; its late ending goes to this attempt's own box, which nobody reads.
-    A wide scope's ``bridge`` hears of such a straggler and of its return."""
-    box: list[Ending] = []
-    done = new_thread_waiter()
-    ended = threading.Event()  # the work itself returned (for a wide scope's key lock)
+class TimedAttempt:
+    """One attempt of a sync work under its deadline: it runs on one of the group's
+    kept threads, and its driver waits for it until the deadline (a wait for a thread
+    under the group's bound counts against it). A sync work cannot be stopped: past
+    the deadline its lease is lost and it runs on, left; its late ending goes to this
+    attempt's own ``ending``, which nobody reads. A wide scope's bridge hears of such
+    a straggler and of its return."""
 
-    def body() -> None:
+    __slots__ = ("attempt", "attempts", "deadline", "ended", "ending", "job", "number", "work")
+
+    def __init__(
+        self,
+        attempts: Attempts,
+        attempt: Attempt,
+        work: Callable[[], Any],
+        deadline: float,
+        number: int,
+    ) -> None:
+        self.attempts = attempts
+        self.attempt = attempt
+        self.work = work
+        self.deadline = deadline
+        self.number = number
+        self.ending: Ending | None = None
+        # the work itself returned (for a wide scope's key lock)
+        self.ended = threading.Event() if attempts.bridge is not None else None
+        self.job = Job(
+            self._body, copy_context(), name=f"flightgroup-work-{attempt.token}",
+            until=time.monotonic() + deadline,
+        )
+
+    def _body(self) -> None:
+        """(On a kept thread) the attempt itself."""
         try:
-            box.append(attempt_sync(attempt, work))
+            self.ending = attempt_sync(self.attempt, self.work)
         finally:
-            done.release()
-            ended.set()
-            if bridge is not None:
-                bridge.returned(attempt.flight)
+            if self.ended is not None:
+                self.ended.set()
+                bridge = self.attempts.bridge
+                assert bridge is not None
+                bridge.returned(self.attempt.flight)
 
-    threading.Thread(
-        target=copy_context().run, args=(body,), name=f"flightgroup-work-{attempt.token}",
-        daemon=True,
-    ).start()
-    if done.acquire(timeout=min(deadline, _WAIT_MAX)):
-        return box[0]
-    attempt.timed_out = True
-    attempt.lose()
-    flight = attempt.flight
-    if bridge is not None:  # it still runs: the scope must hold its key until it ends
-        bridge.straggles(flight, ended)
-    return Outcome.TIMEOUT, None, FlightTimeoutError(flight.key, deadline)
+    def run(self) -> Ending:
+        """Hand the attempt to a kept thread (unless it was) and wait for its ending,
+        at most until its deadline. Raises what starting a thread raises, and a
+        KeyboardInterrupt while waiting (``job.state`` then says if its work runs)."""
+        workers = self.attempts.workers
+        job = self.job
+        if job.state == WAITING:
+            workers.start(job)
+        if job.state == GAVE_UP:
+            # Its deadline passed while the group's deadline threads were all busy.
+            return self._timed_out(workers.bound)
+        if workers.wait(job):
+            ending = self.ending
+            assert ending is not None
+            return ending
+        return self._timed_out(None)
+
+    def _timed_out(self, bound: int | None) -> Ending:
+        attempt = self.attempt
+        attempt.timed_out = True
+        attempt.lose()
+        flight = attempt.flight
+        bridge = self.attempts.bridge
+        if bound is None and bridge is not None:
+            # It still runs: the scope must hold its key until it ends.
+            assert self.ended is not None
+            bridge.straggles(flight, self.ended)
+        error = FlightTimeoutError(flight.key, self.deadline, self.number, bound)
+        return Outcome.TIMEOUT, None, error
+
+    def abandon(self) -> None:
+        """Nobody waits for the attempt any more (its driver's caller was interrupted and
+        no thread could go on): if its work runs, it is left, its lease lost."""
+        if self.attempts.workers.abandon(self.job):
+            self.attempt.lose()
+            bridge = self.attempts.bridge
+            if bridge is not None:
+                assert self.ended is not None
+                bridge.straggles(self.attempt.flight, self.ended)
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

@@ -190,7 +190,13 @@ class Follower:
         if signal is JOINED:  # (wide scopes) this caller is a joiner now
             on_join = self.take_on_join()
             if on_join is not None:
-                on_join()  # its waiter was detached: nothing to withdraw
+                try:
+                    on_join()
+                except BaseException:
+                    # Its waiter was detached: nothing is withdrawn, but a wide table
+                    # learns that its leading caller left (it counts no longer).
+                    self.abandon()
+                    raise
             if self.leader:  # its flight joined one led elsewhere
                 self.role = Role.LEADING
             else:  # a fresh caller that ran_here made a joiner of the flight it waited on,

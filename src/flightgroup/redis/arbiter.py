@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import itertools
 import os
 import socket
 import threading
@@ -44,6 +45,7 @@ from .acquire import acquire
 from .calls import FleetCall, FleetLead
 from .clients import COMMAND_TIMEOUT, MAX_BLOCK, UNREACHABLE
 from .landing import complete
+from .left import LeftThreads, left_threads
 from .names import FORGET_MEMORY_MS, Names, ms, safe_url, server_of
 from .renewal import Renewal
 from .status import running_flights
@@ -102,6 +104,7 @@ class RedisArbiter:
         self._fatal: Exception | None = None  # the clients could not be made
         # Called in a forked child of a started group (its group drops its flights).
         self.on_fork: Callable[[str], None] | None = None
+        self._left = self._left_threads_here()
 
     # -- starting ---------------------------------------------------------------
 
@@ -119,6 +122,13 @@ class RedisArbiter:
         # This process leads from now on (a group made before a fork starts in the
         # child: its pid, not the parent's, is the one status() shows).
         self._pid = os.getpid()
+        self._left = self._left_threads_here()
+
+    def _left_threads_here(self) -> LeftThreads:
+        return LeftThreads(
+            self.namespace, host=self._host, pid=self._pid, serial=next(_serials),
+            client=lambda: self._client,
+        )
 
     def _setup(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
@@ -280,6 +290,22 @@ class RedisArbiter:
 
     async def _status(self, limit: int) -> list[dict[str, Any]]:
         return await running_flights(self._client, self.namespace, limit)
+
+    def report_left_threads(self, left: int, bound: int) -> None:
+        """This group's threads left past a deadline, in a key of its own while there
+        are any (see left.py); nothing once the group closed."""
+        with self._background.lock:
+            if not self._closing:
+                self._background.post(self._left.update, left, bound, self._background.spawn)
+
+    def left_threads(self, timeout: float = 10.0, limit: int = 10_000) -> list[dict[str, Any]]:
+        """The processes of the namespace whose threads run works past their deadlines
+        (a bounded SCAN, never KEYS)."""
+        found: list[dict[str, Any]] = self._wait(self._left_threads(limit), timeout)
+        return found
+
+    async def _left_threads(self, limit: int) -> list[dict[str, Any]]:
+        return await left_threads(self._client, self.namespace, limit)
 
     def _wait(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
         try:
@@ -447,6 +473,7 @@ class RedisArbiter:
             await asyncio.wait(pending)
             pending = set(self._background.tasks)
         self._renewal.cancel()
+        await self._left.drop()
         for client in (self._client, self._blocking):
             with contextlib.suppress(Exception):
                 await client.aclose()
@@ -473,6 +500,8 @@ class RedisArbiter:
         if self.on_fork is not None:
             self.on_fork(why)
 
+
+_serials = itertools.count(1)  # numbers the groups of this process (keys of left threads)
 
 # What forked children keep of their parents' started groups, for good: collected there,
 # a copied redis-py connection would close itself through the copied loop, whose epoll

@@ -158,6 +158,7 @@ class Bridge:
                     try:
                         call_on_join()
                     except BaseException as exc:  # also a KeyboardInterrupt during it
+                        self.table.leader_left_flight(flight)
                         # This caller withdraws now; the flight goes on for the others
                         # here on a thread of its own, to its outcome (no thread: it
                         # ends interrupted, below, and this caller raises its own error).
@@ -171,6 +172,7 @@ class Bridge:
                             raise
                         return exc
         except BaseException as exc:  # KeyboardInterrupt while waiting
+            self.table.leader_left_flight(flight)
             # This caller withdraws; the flight goes on for its other callers here, on
             # a thread of its own, from where it was (DESIGN.md: a caller that cancels
             # withdraws only itself). Without a thread it ends interrupted for all.
@@ -534,7 +536,7 @@ def to_shared(
             return Failure(kind, module, message)
         return Failure(kind, module, message, keep, retention.max_items, retention.max_bytes)
     if outcome is Outcome.TIMEOUT and isinstance(error, FlightTimeoutError):
-        return Timeout(error.deadline)
+        return Timeout(error.deadline, error.attempts)
     return Interrupted(f"its work was stopped by {type(error).__qualname__}")
 
 
@@ -550,5 +552,5 @@ def from_shared(
             key, outcome.type, outcome.message, outcome.module
         ), None
     if isinstance(outcome, Timeout):
-        return Outcome.TIMEOUT, FlightTimeoutError(key, outcome.deadline), None
+        return Outcome.TIMEOUT, FlightTimeoutError(key, outcome.deadline, outcome.attempts), None
     return Outcome.INTERRUPTED, FlightInterruptedError(key, outcome.reason), None

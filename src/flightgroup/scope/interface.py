@@ -39,6 +39,7 @@ __all__ = [
     "Scope",
     "ScopeCall",
     "key_as_called",
+    "key_as_shown",
 ]
 
 
@@ -203,9 +204,37 @@ class Scope(Protocol):
         """The flights in progress in the group: key, token, leader_pid, joiners, age_s
         (and host where the scope spans hosts)."""
 
+    def report_left_threads(self, left: int, bound: int) -> None:
+        """This group now has ``left`` threads of this process running sync works past
+        their deadlines (``bound``: its ``max_deadline_threads``): publish it, so that
+        ``left_threads`` in any process of the group sees it (0: nothing to show). Called
+        when the count changes, from any thread, never on a call's hot path; never
+        raises for a scope that cannot be reached (the next report says it again)."""
+
+    def left_threads(self) -> list[dict[str, Any]]:
+        """The processes of the group whose threads run works past their deadlines now:
+        pid, left_threads, max_deadline_threads (and host where the scope spans hosts), for
+        ``flightgroup status``."""
+
     def close(self) -> None:
         """Hand over the landings already made, then let go of every resource; the leads
         still running are interrupted for their joiners elsewhere."""
+
+
+def key_as_shown(key: str) -> str:
+    """A key as :func:`key_as_called` gives it, as a person reads it: a decorated
+    function's (NUL, namespace, NUL, key) as ``namespace(key)``, any text that is not
+    printable as its ``ascii()``. (A plain key that itself starts with a NUL and holds
+    another reads the same as a decorated function's once called: it is shown so.)"""
+    if key.startswith("\x00"):
+        namespace, nul, op = key[1:].partition("\x00")
+        if nul and namespace:
+            return f"{_printable(namespace)}({_printable(op)})"
+    return _printable(key)
+
+
+def _printable(text: str) -> str:
+    return text if text.isprintable() else ascii(text)
 
 
 def key_as_called(sent: str) -> str:

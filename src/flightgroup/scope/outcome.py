@@ -39,9 +39,11 @@ class Failure:
 
 @dataclass(frozen=True, slots=True)
 class Timeout:
-    """A flight that ran past its deadline (seconds)."""
+    """A flight that ran past its deadline (seconds), after ``attempts`` attempts (None
+    where the scope does not carry it)."""
 
     deadline: float
+    attempts: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,7 @@ from ..engine.flight import (
     _calls_itself,
 )
 from ..engine.table import FlightTable
-from ..errors import GroupClosedError
+from ..errors import GroupClosedError, TooManyWaitersError
 from ..policy import NO_POLICY, FlightPolicy
 
 if TYPE_CHECKING:
@@ -92,6 +92,12 @@ class WideFlight(Flight):
     # a flight of the scope that began before their calls
     moved = False
     next: WideFlight | None = None  # (the flight after this one, of the same table)
+    # its leading caller stopped waiting (timeout, cancel, interrupt, on_join raised)
+    # while the flight goes on: it no longer counts against max_waiters
+    leader_left = False
+    # the leading caller's waiter that ``joined_remote`` detached: the caller may give
+    # up with it before it waits again (``withdraw``)
+    rejoining: Waiter | None = None
 
 
 def _stragglers_done(flight: WideFlight) -> bool:
@@ -208,6 +214,37 @@ class WideTable(FlightTable[WideFlight]):
             # make it join that flight, or wait for the key lock its work holds, and
             # block the work it waits for.
             raise _blocks_its_loop(key)
+
+    def _check_waiters(self, flight: WideFlight) -> None:
+        """FlightTable's count, and the leading caller as a joiner unless the scope
+        let the work run here (``led_here``) or that caller stopped waiting: a flight
+        joined elsewhere has no leader in this process, and until the scope answers
+        the leading caller may turn out to be a joiner (ADR 0037). So no more than
+        ``max_waiters`` callers ever wait here as joiners of a flight led elsewhere,
+        and no admitted caller is failed when the answer comes."""
+        limits = flight.policy.limits
+        if limits is not None and limits.max_waiters is not None:
+            waiting = len(flight.waiters) + len(flight.fresh or ()) + flight.claims
+            if flight.leader_waiter is not None and flight.leader_waiter in flight.waiters:
+                waiting -= 1
+            if not flight.led_here and not flight.leader_left:
+                waiting += 1
+            if waiting >= limits.max_waiters:
+                raise TooManyWaitersError(flight.key, limits.max_waiters)
+
+    def withdraw(self, flight: WideFlight, waiter: Waiter) -> bool:
+        """FlightTable.withdraw; the leading caller's withdrawal is noted: it no longer
+        counts against max_waiters (``_check_waiters``)."""
+        with self.lock:
+            if waiter is flight.leader_waiter or waiter is flight.rejoining:
+                flight.leader_left = True
+        return super().withdraw(flight, waiter)
+
+    def leader_left_flight(self, flight: WideFlight) -> None:
+        """The leading caller stopped waiting while its flight goes on (a sync leading
+        caller's driver went on on a thread of its own)."""
+        with self.lock:
+            flight.leader_left = True
 
     def _on_waits_for_end(self, flight: WideFlight) -> None:
         if flight.state is SETTLING:  # its scope may have ended it and begun the next
@@ -407,6 +444,7 @@ class WideTable(FlightTable[WideFlight]):
             waiter = flight.leader_waiter
             if waiter is not None and flight.waiters.pop(waiter, False) is None:
                 flight.leader_waiter = None
+                flight.rejoining = waiter
                 if woken is None:
                     return [waiter]
                 woken.append(waiter)

@@ -55,13 +55,22 @@ class Expect:
     # work runs: the next call leads only once that work ended (the directory's key
     # lock: no two runs of a key at once); else the next call leads beside it.
     left_holds_key: bool
+    # A joiner elsewhere hears how many attempts a flight that timed out made (the
+    # fleet's mailbox carries only the deadline).
+    attempts_elsewhere: bool = True
 
 
 EXPECT = {
     "process": Expect(same_object=True, wide=False, fake_clock=False, left_holds_key=False),
     "fake": Expect(same_object=False, wide=True, fake_clock=True, left_holds_key=False),
     "directory": Expect(same_object=False, wide=True, fake_clock=False, left_holds_key=True),
-    "fleet": Expect(same_object=False, wide=True, fake_clock=False, left_holds_key=False),
+    "fleet": Expect(
+        same_object=False,
+        wide=True,
+        fake_clock=False,
+        left_holds_key=False,
+        attempts_elsewhere=False,
+    ),
 }
 
 

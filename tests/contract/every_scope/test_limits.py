@@ -3,11 +3,16 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
-from flightgroup import Limits, TooManyFlightsError, TooManyWaitersError
+from flightgroup import JSON, Limits, TooManyFlightsError, TooManyWaitersError
+from flightgroup.testing import FakeCoordinator
 
-from .conftest import Leader, Scope, joiner, never
+from ...ingroup import Background
+from ...support import LoopThread, wait_until
+from .conftest import Leader, Scope, joiner, never, raised
 
 
 def test_a_joiner_past_max_waiters_raises_too_many_waiters(scope: Scope) -> None:
@@ -48,19 +53,86 @@ def test_limits_count_per_process(wide: Scope) -> None:
     assert (here.wait().value, elsewhere.wait().value) == ("v", "v")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine: the first caller of a process whose flight joined one led elsewhere "
-    "is a joiner (joined=True) but counts as the local flight's leader, not against "
-    "max_waiters: a process holds max_waiters + 1 joiners of a flight led elsewhere",
-)
-def test_max_waiters_counts_every_joiner_waiting_in_the_process(wide: Scope) -> None:
-    a, b = wide.group(), wide.group(limits=Limits(max_waiters=1))
+@pytest.mark.parametrize("first_call", ["sync", "async"])
+def test_max_waiters_counts_every_joiner_waiting_in_the_process(
+    wide: Scope, first_call: str
+) -> None:
+    """A process's first caller of a flight led elsewhere is a joiner: it counts."""
+    a, b = wide.group(), wide.group(limits=Limits(max_waiters=2))
     leader = Leader(a, "k", "v")
-    first = joiner(b, "k")  # a joiner waiting in b: b is at its limit
+    loop = LoopThread()
     try:
-        with pytest.raises(TooManyWaitersError):
-            joiner(b, "k")
+        if first_call == "sync":
+            first = joiner(b, "k")  # b's first caller: it asked the scope, and joined
+        else:
+            joined = threading.Event()
+            first_future = loop.submit(b.run("k", never, on_join=joined.set))
+            assert joined.wait(15), "b's first caller never joined"
+        second = joiner(b, "k")  # two joiners wait in b: its limit
+        with pytest.raises(TooManyWaitersError) as caught:
+            b.run_sync("k", never, timeout=5)
+        assert (caught.value.key, caught.value.limit) == ("k", 2)
+        leader.release()
+        firsts = first.wait() if first_call == "sync" else first_future.result(15)
+        assert [firsts.joined, second.wait().joined] == [True, True]
+        assert leader.result().value == "v"
     finally:
         leader.release()
-        assert first.wait().joined
+        loop.close()
+
+
+def test_a_first_caller_the_scope_has_not_answered_counts_as_a_joiner() -> None:
+    """Before the scope answers, the first caller counts; admitted callers stay."""
+    fake = FakeCoordinator()
+    a, b = fake.group(codec=JSON), fake.group(codec=JSON, limits=Limits(max_waiters=2))
+    try:
+        leader = Leader(a, "k", "v")
+        with fake.hold("k"):  # b's first caller asks, and hears nothing yet
+            first = Background(lambda: b.run_sync("k", never))
+            wait_until(lambda: b.stats().calls == 1, "b's first caller arrived")
+            second = Background(lambda: b.run_sync("k", never))
+            wait_until(lambda: b.stats().joins == 1, "b's second caller joined")
+            with pytest.raises(TooManyWaitersError):  # the first one counts already
+                b.run_sync("k", never, timeout=5)
+        # Joined: both b's callers are joiners of a's flight, at b's limit, not failed.
+        with pytest.raises(TooManyWaitersError):
+            b.run_sync("k", never, timeout=5)
+        leader.release()
+        assert [first.wait().joined, second.wait().joined] == [True, True]
+        # Lead: once the work runs here, its leading caller counts no longer.
+        release, calls, joins = threading.Event(), b.stats().calls, b.stats().joins
+        with fake.hold("j"):
+            led = Background(lambda: b.run_sync("j", lambda: release.wait(15) and "w"))
+            wait_until(lambda: b.stats().calls == calls + 1, "b's caller of j arrived")
+            waiting = Background(lambda: b.run_sync("j", never))
+            wait_until(lambda: b.stats().joins == joins + 1, "a caller joined b's j")
+            with pytest.raises(TooManyWaitersError):
+                b.run_sync("j", never, timeout=5)
+        # (the held Lead was answered as the block ended: the work runs here now)
+        wait_until(lambda: b.stats().flights == 1, "j runs in b")
+        also = joiner(b, "j")
+        release.set()
+        assert (led.wait().joined, waiting.wait().joined, also.wait().joined) == (
+            False,
+            True,
+            True,
+        )
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_leading_caller_that_stopped_waiting_no_longer_counts(wide: Scope) -> None:
+    """A process's first caller that timed out leaves room for another joiner."""
+    a, b = wide.group(), wide.group(limits=Limits(max_waiters=1))
+    leader = Leader(a, "k", "v")
+    try:
+        gave_up = Background(lambda: b.run_sync("k", never, timeout=0.5))
+        assert isinstance(raised(gave_up), TimeoutError)  # the flight runs on in b
+        later = joiner(b, "k")  # the one place is free again
+        with pytest.raises(TooManyWaitersError):
+            b.run_sync("k", never, timeout=5)
+        leader.release()
+        assert later.wait().value == "v"
+    finally:
+        leader.release()

@@ -23,7 +23,7 @@ from flightgroup import (
 )
 
 from ...ingroup import Background
-from ...support import LoopThread, run
+from ...support import LoopThread, run, wait_until
 from .conftest import Leader, Scope, joiner, lose_lease, raised
 
 
@@ -181,7 +181,7 @@ def test_an_attempt_past_its_deadline_times_out_for_every_caller(scope: Scope) -
     led, joined_error = run(both())
     for error in (led, joined_error):
         assert isinstance(error, FlightTimeoutError)
-        assert (error.key, error.deadline) == ("k", 0.2)
+        assert (error.key, error.deadline, error.attempts) == ("k", 0.2, 1)
 
 
 def test_a_joiner_elsewhere_times_out_with_the_leader(wide: Scope) -> None:
@@ -199,6 +199,36 @@ def test_a_joiner_elsewhere_times_out_with_the_leader(wide: Scope) -> None:
     assert isinstance(raised(leader), FlightTimeoutError)
     timed_out = raised(waiting)
     assert isinstance(timed_out, FlightTimeoutError) and timed_out.deadline == 0.3
+    # the attempts its flight made, where the scope carries them
+    assert timed_out.attempts == (1 if wide.expect.attempts_elsewhere else None)
+
+
+def test_a_sync_work_left_past_its_deadline_is_counted_until_it_returns(scope: Scope) -> None:
+    """A sync work left past its deadline counts in stats().left_threads until it returns,
+    and over max_deadline_threads an attempt times out without running, in every scope."""
+    g = scope.group(deadline=0.1, max_deadline_threads=1)
+    release = threading.Event()
+    ran: list[str] = []
+
+    def hangs(key: str) -> Any:
+        def work() -> None:
+            ran.append(key)
+            release.wait(20)
+
+        return work
+
+    try:
+        with pytest.raises(FlightTimeoutError):
+            g.run_sync("a", hangs("a"))
+        assert g.stats().left_threads == 1
+        with pytest.raises(FlightTimeoutError) as refused:
+            g.run_sync("b", hangs("b"))
+        assert refused.value.max_deadline_threads == 1 and ran == ["a"]
+        release.set()
+        wait_until(lambda: g.stats().left_threads == 0, "the left work returned")
+        assert g.run_sync("b", lambda: "v").value == "v"
+    finally:
+        release.set()
 
 
 # -- a lost lease -----------------------------------------------------------------------

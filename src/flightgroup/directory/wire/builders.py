@@ -56,7 +56,10 @@ def outcome_fields(outcome: SharedOutcome) -> tuple[dict[str, Any], bytes | None
         _retention_fields(fields, outcome)
         return fields, None
     if isinstance(outcome, Timeout):
-        return {"outcome": "timeout", "deadline": outcome.deadline}, None
+        timeout: dict[str, Any] = {"outcome": "timeout", "deadline": outcome.deadline}
+        if outcome.attempts is not None:
+            timeout["attempts"] = outcome.attempts
+        return timeout, None
     if isinstance(outcome, Interrupted):
         return {"outcome": "interrupted", "reason": outcome.reason}, None
     raise TypeError(f"not an outcome: {outcome!r}")

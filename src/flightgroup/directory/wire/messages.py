@@ -319,8 +319,9 @@ def _keep_field(header: Mapping[str, Any]) -> float | None:
 
 
 def _bound_field(header: Mapping[str, Any], name: str) -> int | None:
-    """An optional Retention bound (``max_items``, ``max_bytes``): absent or null is
-    none (the coordinator's own); else an integer in [1, 2**63)."""
+    """An optional count: a Retention bound (``max_items``, ``max_bytes``; absent or
+    null is none, the coordinator's own) or a timeout's ``attempts`` (absent or null:
+    not said); else an integer in [1, 2**63)."""
     value = header.get(name)
     if value is None:
         return None
@@ -363,7 +364,8 @@ def _outcome(header: Mapping[str, Any], payload: bytes | None) -> SharedOutcome:
             _bound_field(header, "max_bytes"),
         )
     if kind == "timeout":
-        return Timeout(_positive_field(header, "deadline"))
+        # ("attempts" is optional: absent or null, the joiners' error does not say it)
+        return Timeout(_positive_field(header, "deadline"), _bound_field(header, "attempts"))
     if kind == "interrupted":
         return Interrupted(_str_field(header, "reason"))
     _bad("outcome", "one of 'value', 'error', 'timeout', 'interrupted'", header)
