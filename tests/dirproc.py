@@ -522,6 +522,20 @@ class Child:
         assert done["value"] == value
         return done
 
+    def served_again(self, call_id: str, tries: int = 200) -> dict[str, Any]:
+        """A roundtrip once this process hears a coordinator again: while it knows none
+        answers (it gave up after reconnect_timeout), its calls are refused at once
+        (ADR 0041) and it tries again, ``tries`` times at most, 50 ms apart."""
+        for attempt in range(tries):
+            name = f"{call_id}-{attempt}"
+            self.call(name, f"rt-{self.name}-{name}", {"return": "ok"})
+            done = self.expect("done", name)
+            if done["ok"] or "has answered for" not in done.get("message", ""):
+                assert done["ok"], (self.name, done)
+                return done
+            time.sleep(0.05)
+        raise AssertionError(f"{self.name}: no coordinator answered in {tries} tries")
+
     # -- events -----------------------------------------------------------------
 
     def _find(self, ev: str, call_id: Any) -> int | None:

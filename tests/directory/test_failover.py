@@ -414,7 +414,7 @@ def test_a_leader_whose_landing_no_coordinator_takes_raises_lease_lost(h: Harnes
         assert_error(child.expect("done", "j"), "FlightInterruptedError")
     assert other.alive()
     assert h.runs_of("k") == [(b.pid, "k", started["token"])]
-    b.roundtrip("after")  # served again once a coordinator answers
+    b.served_again("after")  # once a coordinator answers
 
 
 def test_a_call_on_its_way_to_a_dying_coordinator_goes_to_the_next(h: Harness) -> None:
@@ -528,7 +528,7 @@ def test_lease_lost_when_no_coordinator_can_be_reached(h: Harness, then: str, mo
     done = j.expect("done", "n")
     assert_value(done, "next", joined=False)
     assert done["token"] >> 32 == 2
-    leader.roundtrip("after")  # the process that lost a lease is served again
+    leader.served_again("after")  # the process that lost a lease is served again
 
 
 def test_leader_loses_its_lease_while_another_version_holds_the_election(h: Harness) -> None:
