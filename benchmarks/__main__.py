@@ -40,8 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", metavar="PATH", help="also write the report to PATH")
     parser.add_argument(
         "--only",
-        choices=["directory", "fleet"],
-        help="run only this section (the directory or the fleet scope) and print it alone",
+        choices=["process", "directory", "fleet"],
+        help="run only this section (the process, the directory or the fleet scope) and print "
+        "it alone",
     )
     parser.add_argument(
         "--update",
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(["scripts/dev", "bench", *(sys.argv[1:] if argv is None else argv)])
     # Read before the run: the code measured is the code imported at its start.
     source, digest = engine(), src_digest()
-    if args.only is None:
+    if args.only in (None, "process"):
         report = run(ASYNC_LIBS, NONE_ASYNC, THREAD_LIBS, NONE_SYNC, QUICK if args.quick else FULL)
     wide = wide_found = fleet_out = None
     if args.only in (None, "directory"):
@@ -72,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         found = targets(report)
         sections = [*directory.section(wide), *fleet.section(fleet_out)]
         text = render(report, found + wide_found + fleet_found, command, source, sections)
+        ok = flightgroup_ok(report, found)
+    elif args.only == "process":
+        found = targets(report)
+        text = render(report, found, command, source)
         ok = flightgroup_ok(report, found)
     elif args.only == "directory":
         assert wide is not None

@@ -13,12 +13,14 @@ commands (parent -> child)::
     {"cmd":"open","group":NAME,"thread":bool}   # another group on the same directory
     {"cmd":"close","group":NAME}       # close a group (in a thread of its own)
     {"cmd":"forget","key":K,"group":NAME}   # answers {"ev":"forgot","key":K,"error":...}
+    {"cmd":"unblock_log"}              # the thread held by "block_log" goes on
     {"cmd":"pid"}
     {"cmd":"exit"}
 
 events (child -> parent)::
 
     {"ev":"ready","pid":P}
+    {"ev":"log_blocked","message":M}        # a thread is held at a log record ("block_log")
     {"ev":"started","id":ID,"token":T}      # the work started (after its journal line)
     {"ev":"joined","id":ID}                 # on_join ran
     {"ev":"lost","id":ID,"lost":bool}       # wait_lost() returned inside the work
@@ -48,8 +50,9 @@ CONFIG_JSON: ``directory`` (or ``redis`` and ``namespace``, with optional ``leas
 fails for a str starting with ``!dec`` when ``fail_decode`` is true); optional
 ``reconnect_timeout``, ``max_value_bytes``, ``deadline``, ``keep_success`` (Retention),
 ``retry_attempts`` (Retry without backoff), ``keep_error``, ``keep_max_items``,
-``keep_max_bytes`` (Retention), ``max_waiters``
-(Limits); ``process_scope`` (a plain FlightGroup(),
+``keep_max_bytes`` (Retention), ``max_waiters`` (Limits); ``block_log`` (a text: the
+first flightgroup log record that holds it stops the thread that logs it until
+"unblock_log"); ``process_scope`` (a plain FlightGroup(),
 only for checking this harness itself).
 
 A large str value in a ``done`` event is reported as ``value_len`` and
@@ -127,6 +130,9 @@ class _ChildMain:
         self.loop_thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.loop_thread.start()
         self.groups: dict[str, Any] = {"g0": self.make_group()}
+        self.log_free = threading.Event()
+        if config.get("block_log"):
+            self.hold_at_log(config["block_log"])
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -177,6 +183,27 @@ class _ChildMain:
                 redis=cfg["redis"], namespace=cfg["namespace"], codec=codec, **kwargs
             )
         return flightgroup.FlightGroup(directory=cfg["directory"], codec=codec, **kwargs)
+
+    def hold_at_log(self, text: str) -> None:
+        """The first flightgroup log record whose message holds ``text`` stops the
+        thread that logs it (the group's own thread, for most) until "unblock_log":
+        that thread does nothing meanwhile, while the process's other threads run."""
+        import logging
+
+        main = self
+        held = threading.Event()
+
+        class Hold(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if held.is_set() or text not in record.getMessage():
+                    return
+                held.set()
+                main.emit("log_blocked", message=record.getMessage())
+                main.log_free.wait()
+
+        logger = logging.getLogger("flightgroup")
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(Hold())
 
     def release_event(self, call_id: Any) -> threading.Event:
         with self.releases_lock:
@@ -398,6 +425,8 @@ class _ChildMain:
                 self.close_group(cmd)
             elif op == "forget":
                 self.forget(cmd)
+            elif op == "unblock_log":
+                self.log_free.set()
             elif op == "pid":
                 self.emit("pid", pid=os.getpid())
             elif op == "exit":
@@ -1035,6 +1064,16 @@ def frames_until(conn: Any, op: str, key: str) -> dict[str, Any]:
     while True:
         header, _ = conn.read_frame()
         if header["op"] == op and header.get("key") == key:
+            return header
+
+
+def acknowledge_landing(conn: Any, id: int) -> dict[str, Any]:
+    """Read frames until the ``land`` of lead ``id``, and acknowledge it as a coordinator
+    does (the leader's call returns once its landing is taken); returns its header."""
+    while True:
+        header, _ = conn.read_frame()
+        if header["op"] == "land" and header["id"] == id:
+            conn.send_frame({"op": "ack", "id": id})
             return header
 
 

@@ -642,10 +642,12 @@ LATE_RECONNECT = r"""
 import os, sys
 from flightgroup.directory.client import DirectoryArbiter
 from flightgroup.directory.connection import Connection
+from flightgroup.directory.leases import Leases
 hold = sys.argv.pop(1)
 connect = DirectoryArbiter._connect
 disconnected = Connection.disconnected
 begin_close = DirectoryArbiter._begin_close
+land = Leases.land
 lost = []
 def say(text):
     sys.stderr.write(f"probe: {text}\n")
@@ -661,9 +663,13 @@ def _disconnected(self, channel):
 def _begin_close(self):
     say("closing")
     return begin_close(self)
+def _land(self, *args, **kwargs):
+    land(self, *args, **kwargs)
+    say("landed")
 DirectoryArbiter._connect = _connect
 Connection.disconnected = _disconnected
 DirectoryArbiter._begin_close = _begin_close
+Leases.land = _land
 from flightgroup.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -675,11 +681,11 @@ def test_a_landing_made_while_the_coordinator_changes_reaches_the_joiners(
 ) -> None:
     """A landing made while the coordinator changes reaches the joiners.
 
-    The coordinator changes under a leader that then closes: its landing is handed over (closing
-    keeps reconnecting until it is) and reaches its joiners."""
+    The coordinator changes under a leader whose run then lands before it reconnected: its
+    call waits until a coordinator took the landing (ADR 0040), which reaches its joiners."""
     # The shape of a --fresh run whose joiner must not be lost: the previous run's
     # leader coordinates and exits (as every `flightgroup run` does) just as the next
-    # run, a short one, lands and closes before it has reconnected.
+    # run, a short one, lands before it has reconnected.
     keeper = start_keeper(runs, place)  # the coordinator, until it ends below
     hold = place / "hold"
     leader = Script(LATE_RECONNECT, str(hold), *run_cmd(place, "k", 6))
@@ -694,7 +700,7 @@ def test_a_landing_made_while_the_coordinator_changes_reaches_the_joiners(
     assert leader.err is not None
     leader.err.wait_for(b"probe: disconnected")
     (place / "go").touch()  # the run lands while its leader is not connected ...
-    leader.err.wait_for(b"probe: closing")  # ... and its process begins to close
+    leader.err.wait_for(b"probe: landed")  # ... its call waits for a coordinator
     hold.unlink()  # from now on it may connect again
     assert leader.wait() == 6
     assert joiner.wait() == 6, joiner.err.join() if joiner.err else None

@@ -197,9 +197,10 @@ def test_a_second_close_returns_only_once_the_landings_were_handed_over(h: Harne
         assert running.wait(10)
         a.stop()  # the coordinator cannot acknowledge the landing
         release.set()
-        assert leader.wait().value == "v"
         lead = next(iter(arbiter(g)._leads.values()))
-        assert lead.landing is not None and not lead.acked
+        wait_until(lambda: lead.landing is not None, "the landing was made")
+        assert not lead.acked
+        assert not leader.done.is_set()  # the leader returns once its landing is taken
 
         waiting = threading.Event()
 
@@ -224,6 +225,9 @@ def test_a_second_close_returns_only_once_the_landings_were_handed_over(h: Harne
         # API.md: "close() returns once the landings already made have been handed over"
         assert second.wait(20) is True
         assert first.wait(20) is None
+        # API.md: a call still waiting when its group closes raises GroupClosedError
+        with pytest.raises(GroupClosedError):
+            leader.wait()
     finally:
         a.cont()
         if first is not None:

@@ -21,7 +21,9 @@ from ..dirproc import (
     assert_error,
     assert_value,
     herd_takes_over_a_killed_leader,
+    key_file,
     key_lock_held,
+    wait_for,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -330,6 +332,89 @@ def test_2mib_value_to_a_frozen_joiner_while_the_coordinator_dies(h: Harness) ->
     assert done["token"] == started["token"]
     assert_value(b.expect("done", "l"), big, joined=False)
     assert h.runs_of("k") == [(b.pid, "k", started["token"])]
+
+
+def test_a_frozen_joiner_reads_the_landing_its_socket_holds_when_a_write_fails_first(
+    h: Harness,
+) -> None:
+    """A joiner whose landing is in its socket when the coordinator dies gets the value,
+    even when one of its threads writes to the dead connection first."""
+    a = h.spawn_warm("a")  # the coordinator
+    b = h.spawn_warm("b")
+    # c's group thread stops at its join's log record: from then on it reads nothing
+    # until the test lets it go on, while c's other threads run.
+    c = h.spawn_warm("c", block_log="join, token")
+    e = h.spawn_warm("e")
+    b.call("l", "k", h.work(block=True, **{"return": "v"}))
+    started = b.expect("started", "l")
+    c.call("j", "k", h.work())
+    c.expect("log_blocked")
+    e.call("j", "k", h.work())
+    e.expect("joined", "j")
+
+    b.release("l")
+    # e has the value: the coordinator wrote it to both joiners (c first, it joined
+    # first) and acknowledged the landing.
+    assert_value(e.expect("done", "j"), "v", joined=True)
+    assert_value(b.expect("done", "l"), "v", joined=False)
+    c.stop()  # c cannot take the election
+    a.kill()  # the coordinator dies; its copy for c is only in c's socket
+    assert h.coordinator_pid(not_pid=a.pid) in (b.pid, e.pid)
+    c.cont()
+
+    # A thread of c writes to the dead connection before c's group thread reads it:
+    # a call of another key (its key's file is made once its request went out).
+    c.call("w", "k2", h.work(**{"return": "w"}))
+    wait_for(
+        lambda: os.path.exists(h.path("execution-locks", key_file("k2"))),
+        "c's request of k2 to be written",
+    )
+    c.send(cmd="unblock_log")
+
+    done = c.expect("done", "j")
+    assert_value(done, "v", joined=True)
+    assert done["token"] == started["token"]
+    assert_value(c.expect("done", "w"), "w", joined=False)
+    assert h.runs_of("k") == [(b.pid, "k", started["token"])]
+
+
+def test_a_leader_whose_landing_no_coordinator_takes_raises_lease_lost(h: Harness) -> None:
+    """A leader that lands while no coordinator can take it raises LeaseLostError (its
+    local joiner is interrupted with it), as every joiner elsewhere is: one outcome."""
+    a = h.spawn_warm("a")  # the coordinator
+    b = h.spawn_warm("b", reconnect_timeout=1)
+    c = h.spawn_warm("c")
+    d = h.spawn_warm("d")
+    b.call("l", "k", h.work(block=True, **{"return": "v"}))
+    started = b.expect("started", "l")
+    b.call("lj", "k", h.work())  # a joiner in the leader's own process
+    b.expect("joined", "lj")
+    for child in (c, d):
+        child.call("j", "k", h.work())
+        child.expect("joined", "j")
+
+    b.stop()
+    a.kill()
+    next_pid = h.coordinator_pid(not_pid=a.pid)  # b is frozen: c or d
+    frozen, other = (c, d) if next_pid == c.pid else (d, c)
+    assert next_pid == frozen.pid
+    frozen.stop()  # the next coordinator takes no landing
+    b.cont()
+    b.release("l")
+    b.expect("returning", "l")
+
+    # Its landing could only be queued: the leader does not return the value.
+    done = b.expect("done", "l")
+    attrs = assert_error(done, "LeaseLostError")
+    assert attrs["key"] == "k"
+    assert done["cause"] is None
+    assert_error(b.expect("done", "lj"), "FlightInterruptedError")
+    frozen.cont()
+    for child in (c, d):
+        assert_error(child.expect("done", "j"), "FlightInterruptedError")
+    assert other.alive()
+    assert h.runs_of("k") == [(b.pid, "k", started["token"])]
+    b.roundtrip("after")  # served again once a coordinator answers
 
 
 def test_a_call_on_its_way_to_a_dying_coordinator_goes_to_the_next(h: Harness) -> None:

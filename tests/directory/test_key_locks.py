@@ -27,7 +27,14 @@ from flightgroup import (
 )
 from flightgroup.directory import fs, keylocks, wire
 
-from ..dirproc import Harness, MuteCoordinator, frames_until, key_file, wait_for
+from ..dirproc import (
+    Harness,
+    MuteCoordinator,
+    acknowledge_landing,
+    frames_until,
+    key_file,
+    wait_for,
+)
 from ..ingroup import (
     Background,
     arbiter,
@@ -350,6 +357,7 @@ def test_a_retrys_token_is_written_to_the_keys_file(h: Harness, mute: MuteCoordi
         header, _ = conn.read_frame()
         assert header["op"] == "attempt", header
         conn.send(wire.lead_frame(run["id"], second))
+        acknowledge_landing(conn, run["id"])
         assert call.wait().value == "second"
         assert seen == [first, second]
     finally:

@@ -21,6 +21,7 @@ import pytest
 from flightgroup import (
     JSON,
     FlightGroup,
+    UnavailableError,
 )
 from flightgroup.directory import wire
 
@@ -28,6 +29,7 @@ from ..dirproc import (
     COORDINATOR_PROGRAM,
     Harness,
     MuteCoordinator,
+    acknowledge_landing,
     frames_until,
     wait_for,
 )
@@ -170,6 +172,7 @@ def test_a_stall_of_this_process_is_not_an_outage(h: Harness, stall: str) -> Non
         conn = mute.accept()
         run = frames_until(conn, "run", "k")
         conn.send(wire.lead_frame(run["id"], 1 << 32 | 1))
+        acknowledge_landing(conn, run["id"])
         assert call.wait().value == "v"
         mute.close()
     finally:
@@ -263,3 +266,26 @@ def test_calls_fail_fast_once_no_coordinator_answered_and_go_through_when_one_do
     finally:
         g.close()
         frozen.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_lease_lost_after_a_gone_coordinator_took_the_landing_is_unconfirmed(
+    h: Harness, mute: MuteCoordinator
+) -> None:
+    """A leader whose landing a coordinator read, unacknowledged, before it went, and no
+    other could be reached, raises UnavailableError: its joiners may have the value."""
+    g = FlightGroup(directory=h.dir, codec=JSON, reconnect_timeout=1.0)
+    try:
+        call = Background(lambda: g.run_sync("k", lambda: "v"))
+        conn = mute.accept()
+        run = frames_until(conn, "run", "k")
+        conn.send(wire.lead_frame(run["id"], 1 << 32 | 1))
+        while conn.read_frame()[0]["op"] != "land":  # the coordinator read the landing
+            pass
+        assert not call.done.is_set()  # no ack: the leader waits
+        mute.close()  # it goes; none serves after it (the test holds the election)
+        with pytest.raises(UnavailableError) as raised:
+            call.wait()
+        assert "may have its outcome" in str(raised.value)
+    finally:
+        g.close()

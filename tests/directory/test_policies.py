@@ -31,6 +31,7 @@ from flightgroup import (
     current_lease,
 )
 
+from ..ingroup import arbiter
 from ..support import run, wait_until
 
 
@@ -354,11 +355,17 @@ def test_a_kept_failure_landed_while_the_coordinator_was_stopped_keeps_its_cause
         coordinator.stop()  # returns once it is stopped: it cannot read the landing
         try:
             release.set()
-            leader.join(20)  # landed (sent), not yet read by the coordinator
-            assert raised == [original]
+            # Landed (sent), not yet read by the coordinator: the leader waits for it.
+            wait_until(
+                lambda: any(lead.landing for lead in arbiter(g)._leads.values()),
+                "the landing was sent",
+            )
             time.sleep(1.2)  # the keep time passes before the coordinator reads it
+            assert raised == []
         finally:
             coordinator.cont()
+        leader.join(20)
+        assert raised == [original]
         with pytest.raises(FlightFailedError) as kept:
             g.run_sync("k", lambda: "never")  # after the landing on one connection
         assert kept.value.error_type == "KeyError"  # served the kept failure

@@ -497,6 +497,27 @@ def test_2mib_value_to_a_frozen_joiner(h: Harness) -> None:
     assert h.runs_of("k") == [(b.pid, "k", started["token"])]
 
 
+def test_a_frozen_joiner_does_not_hold_up_the_leaders_call(h: Harness) -> None:
+    """A leader's call returns once the coordinator read its landing, though the ack
+    (and the key lock) waits for a frozen joiner's buffer."""
+    a = h.spawn_warm("a")  # the coordinator
+    b = h.spawn_warm("b")
+    c = h.spawn_warm("c")
+    big = "x" * (2 * 1024 * 1024)  # more than c's socket takes while it reads nothing
+    b.call("l", "k", h.work(block=True, return_chars=len(big)))
+    b.expect("started", "l")
+    c.call("j", "k", h.work())
+    c.expect("joined", "j")
+
+    c.stop()
+    b.release("l")
+    assert_value(b.expect("done", "l"), big, joined=False)
+    assert key_lock_held(h, "k")  # not acknowledged yet: c's copy is still buffered
+    a.roundtrip("while-frozen")
+    c.cont()
+    assert_value(c.expect("done", "j"), big, joined=True)
+
+
 def test_pickle_codec_shares_one_run(h: Harness) -> None:
     a = h.spawn_warm("a", codec="pickle")
     b = h.spawn_warm("b", codec="pickle")

@@ -34,6 +34,7 @@ from flightgroup.directory.wire import (
     Run,
     Status,
     StatusAnswer,
+    Taken,
     Timeout,
     Value,
     WireError,
@@ -517,6 +518,23 @@ def test_land_and_landed_templates_are_the_generic_encoder_byte_for_byte(
     assert wire.land_frame(id, token, outcome) == wire.encode_frame(land, payload)
     landed = {"op": "landed", "id": id, "token": token, **fields, "kept": kept}
     assert wire.landed_frame(id, token, outcome, kept) == wire.encode_frame(landed, payload)
+
+
+@prop
+@given(ids, ids, outcomes)
+@example(TOP, TOP, Value(b"\n", 1.0))
+def test_a_land_that_asks_for_taken_round_trips_and_its_answer_too(
+    id: int, token: int, outcome: wire.Outcome
+) -> None:
+    """A land with ``"taken":true`` says so (the generic encoder's bytes), and ``taken``
+    round trips."""
+    frame = wire.land_frame(id, token, outcome, taken=True)
+    assert request_of(frame) == Land(id, token, outcome, taken=True)
+    fields, payload = wire.outcome_fields(outcome)
+    land = {"op": "land", "id": id, "token": token, **fields, "taken": True}
+    assert frame == wire.encode_frame(land, payload)
+    assert answer_of(wire.taken_frame(id)) == Taken(id)
+    assert wire.taken_frame(id) == wire.encode_frame({"op": "taken", "id": id})
 
 
 def test_builders_refuse_numbers_json_cannot_carry() -> None:

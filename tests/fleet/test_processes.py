@@ -13,9 +13,12 @@ of 1 s; the tests that kill or restart Redis use a server of their own.
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 
 import pytest
+
+from flightgroup.redis.clients import command_timeout
 
 from ..dirproc import (
     Child,
@@ -328,6 +331,39 @@ def test_a_frozen_leader_past_its_lease_is_fenced(
     # No outcome crossed flights: "old" reached nobody.
     for child in (a, b, c):
         assert all(e.get("value") != "old" for e in child.events if e.get("ev") == "done")
+
+
+def test_a_joiner_frozen_while_its_leader_lands_reads_the_reply_in_its_socket(
+    h: Harness, redis_server: RedisServer, namespace: str
+) -> None:
+    """A joiner frozen past its read's own limit and its mailbox's life, while its
+    leader landed, gets the value the reply in its socket holds."""
+    client = redis_server.client()
+    lease = 3.0  # a read blocks at least ~2 s (2/3 of a lease): the landing comes first
+    a, b = (fleet(h, name, redis_server, namespace, lease=lease) for name in "ab")
+    a.call("l", "k", h.work(block=True, **{"return": "v"}))
+    token = a.expect("started", "l")["token"]
+    b.call("j", "k", h.work())
+    b.expect("joined", "j")
+    wait_for(lambda: blocked_readers(redis_server) == 1, "b's read to wait in the server")
+    read_seen = time.monotonic()  # b's read began no later
+    b.stop()
+    a.release("l")
+    assert_value(a.expect("done", "l"), "v", joined=False)
+    # Landed while b's read still blocked in the server: its reply is in b's socket.
+    assert time.monotonic() - read_seen < 1.0
+
+    # b stays frozen past its read's own limit (block + a command's timeout) and past
+    # the mailbox's life: the reply in its socket is the only copy of the outcome left.
+    wait_for(lambda: not client.exists(mailbox(namespace, "k", token)), "the mailbox to expire")
+    limit = read_seen + lease + 0.05 + command_timeout(lease)
+    wait_for(lambda: time.monotonic() > limit, "b's read to pass its own limit")
+    b.cont()
+
+    done = b.expect("done", "j")
+    assert_value(done, "v", joined=True)
+    assert done["token"] == token
+    assert h.runs_of("k") == [(a.pid, "k", token)]
 
 
 def test_a_thawed_leader_hears_its_lease_is_lost(

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 
 from ..scope.events import Inbox
-from ..scope.interface import DetachedNotice, LeadState
+from ..scope.interface import DetachedNotice, Handed, LeadState
 from . import wire
 
 __all__ = ["Call", "DirectoryLead", "heard"]
@@ -87,8 +87,8 @@ class DirectoryLead(LeadState):
     (``lock`` also guards ``fd``)."""
 
     __slots__ = (
-        "abandoned", "acked", "call", "cut", "earlier", "fd", "landing", "locked", "retrying",
-        "token",
+        "abandoned", "acked", "call", "cut", "done", "earlier", "fd", "landing", "landing_end",
+        "locked", "maybe_landed", "retrying", "token",
     )  # fmt: skip
 
     def __init__(self, call: Call, token: int, fd: int) -> None:
@@ -100,6 +100,16 @@ class DirectoryLead(LeadState):
         self.earlier: tuple[int, ...] = ()
         self.fd = fd  # the key lock; -1 once released
         self.landing: bytes | None = None  # the land frame, kept until acked
+        # Told what became of the landing (Scope.land's ``done``), once: when a
+        # coordinator acknowledged it, or when the lease is lost (see Leases.tell). The
+        # flight settles in this process only then, so its leader never returns a value
+        # that nothing landed.
+        self.done: Callable[[Handed], None] | None = None
+        # where the landing ends in the current connection's stream (Channel.send)
+        self.landing_end = -1
+        # The socket of a coordinator that is gone took the landing, unacknowledged: it
+        # may have reached joiners, so a lease lost since is not told as "nothing landed".
+        self.maybe_landed = False
         self.acked = False
         self.locked = False  # the key lock is held (the work may start)
         self.abandoned = False  # given up before it was locked (closed or withdrawn)

@@ -308,14 +308,16 @@ class DirectoryArbiter:
                 log.debug("%s %s: its flight was detached", self.directory,
                           DigestOf(call.key))
                 call.detached()
+        elif isinstance(answer, wire.Taken):
+            lead = self._leads.get(answer.id)
+            if lead is not None and lead.landing is not None:
+                self._leases.taken(lead)
         elif isinstance(answer, wire.Ack) and answer.id in self._waiters:
             self._waiters.pop(answer.id).set_result(None)  # a forget was done
         elif isinstance(answer, wire.Ack):
             lead = self._leads.get(answer.id)
             if lead is not None and lead.landing is not None:
-                with lead.lock:
-                    lead.acked = True
-                self._end_lead(lead)
+                self._leases.acked(lead)
         elif isinstance(answer, wire.Rejected):
             self._on_rejected(answer)
         elif isinstance(answer, wire.StatusAnswer):
@@ -497,8 +499,9 @@ class DirectoryArbiter:
     ) -> None:
         """The flight ended: hand ``outcome`` over (None: nothing to land, the lease
         was lost). Sent from the work's own thread, like a run request; ``done`` is told
-        once it is handed to the connection (the coordinator resends it to a rejoin, so
-        the flight settles here at once). The key lock is freed once the coordinator
+        once a coordinator took it (its ``ack``, or ``taken`` when the ack waits for the
+        joiners), or the lease is lost (ADR 0040): a leader never settles on a landing
+        that may reach nobody. The key lock is freed once the coordinator
         acknowledged (kept until then for a resend) and every attempt's work has
         returned: ``stragglers`` are the ends of sync attempts still running past their
         deadline (the key never runs beside them)."""
@@ -700,6 +703,8 @@ class DirectoryArbiter:
             return
         self._finishing = True
         for lead in list(self._leads.values()):
+            if lead.landing is not None and not lead.acked:
+                self._leases.unconfirmed(lead)
             if lead.work_done:
                 self._leads.pop(lead.call.id, None)
                 lead.release()

@@ -57,6 +57,9 @@ _ATTEMPT_MAX = wire.HANDSHAKE_TIMEOUT + 0.5 + 1.0
 _SETTLED = 0.5
 # s: the handshake wait of an attempt made when reconnect_timeout is (nearly) spent.
 _LAST_WAIT = 0.5
+# bytes: the most a lost connection's drain reads (a coordinator that died wrote no
+# more than its socket's buffer; one still writing is not read for ever).
+_DRAIN_MAX = 2 * wire.DEFAULT_MAX_FRAME
 
 
 class Channel:
@@ -174,11 +177,41 @@ class Channel:
 
     def _post_lost(self, reason: str) -> None:
         with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self._lost, reason)
+            self._loop.call_soon_threadsafe(self._lost, reason, True)
 
-    def _lost(self, reason: str) -> None:
+    def _lost(self, reason: str, drain: bool = False) -> None:
+        """The connection is gone. ``drain`` (a write failed): what the socket holds
+        is read first."""
+        if self.closed:
+            return
+        if drain:
+            self._drain()
         if self.close():
             self._on_lost(self, reason)
+
+    def _drain(self) -> None:
+        """(On the loop) dispatch every whole frame the socket holds before a failed
+        write gives it up: a coordinator that wrote a landing to this process and then
+        died (this process was frozen meanwhile) has no other copy of it, and the next
+        coordinator knows no such flight (docs/directory-scope.md promises its joiners
+        the value). A frame cut off by the coordinator's end is dropped."""
+        frames: list[tuple[dict[str, Any], bytes | None]] = []
+        left = _DRAIN_MAX
+        while left > 0:
+            try:
+                size = self.sock.recv_into(self._buffer)
+            except OSError:  # nothing more now (BlockingIOError), or nothing to read
+                break
+            if not size:
+                break
+            left -= size
+            try:
+                frames += self._splitter.feed(bytes(self._buffer[:size]))
+            except wire.WireError:
+                break
+        if frames:
+            self.heard = True
+            self._on_frames(frames)
 
     def close(self) -> bool:
         """Stop reading and writing and close the socket (on the loop). True the
@@ -393,6 +426,14 @@ class Connection:
                     call.outlived = True
                 call.sent = False
                 call.sent_end = -1
+            for lead in list(owner._leads.values()):
+                # A landing this socket took may have reached joiners before the
+                # coordinator went (see Leases._not_landed).
+                if lead.landing is not None and not lead.acked and channel.took(
+                    lead.landing_end
+                ):
+                    lead.maybe_landed = True
+                lead.landing_end = -1
         for id, waiter in list(owner._waiters.items()):
             del owner._waiters[id]
             if not waiter.done():
@@ -422,7 +463,7 @@ def resend(
         )
         channel.send(_fitting(reassert, lead.earlier, max_frame))
         if lead.landing is not None:
-            channel.send(lead.landing)
+            lead.landing_end = channel.send(lead.landing)
         elif lead.retrying:  # the new token it asked for never came
             channel.send(wire.attempt_frame(lead.call.id))
     epoch = None
@@ -464,13 +505,13 @@ def landing_frame(
 ) -> bytes:
     """The ``land`` frame of ``outcome``, within ``max_frame``: a failure's long message
     is cut, an outcome still too large lands as interrupted (see too_large_landing)."""
-    frame = wire.land_frame(call.id, lead.token, outcome)
+    frame = wire.land_frame(call.id, lead.token, outcome, taken=True)
     if len(frame) - 4 > max_frame and isinstance(outcome, Failure):
         # A long message in a small frame: cut to what surely fits (a character
         # takes at most 12 bytes of ASCII JSON), the joiners still hear the error.
         keep = max(0, (max_frame - 256 - 12 * len(outcome.type + outcome.module)) // 12)
         cut = dataclasses.replace(outcome, message=f"{outcome.message[:keep]}... (cut)")
-        frame = wire.land_frame(call.id, lead.token, cut)
+        frame = wire.land_frame(call.id, lead.token, cut, taken=True)
     if len(frame) - 4 > max_frame:
         frame = too_large_landing(lead, len(frame) - 4, max_frame, "this group's")
     return frame
@@ -487,6 +528,7 @@ def too_large_landing(lead: DirectoryLead, size: int, limit: int, whose: str) ->
     return wire.land_frame(
         lead.call.id, lead.token,
         Interrupted(f"its outcome ({size} bytes) is over {whose} max_frame_bytes ({limit})"),
+        taken=True,
     )
 
 

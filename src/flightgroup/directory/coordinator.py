@@ -333,6 +333,12 @@ class Coordinator:
             del self._flights[key]
         outcome = land.outcome
         written = self._deliver(flight, outcome)
+        # Acknowledged before a kept outcome's file is written: the leader's call waits
+        # for this answer (ADR 0040), and no other request is read before this landing
+        # is done with here.
+        self._server.ack_when_drained(
+            session, land.id, written, self._rejoin_window, taken=land.taken
+        )
         # A detached flight (forgotten, or older than the key's current one) is never kept.
         if isinstance(outcome, (Value, Failure)) and outcome.keep and current:
             self._outcomes.keep(key, flight.token, outcome, outcome.keep)
@@ -351,7 +357,6 @@ class Coordinator:
             self._releasing[key] = flight.token
         else:
             self._releasing.pop(key, None)
-        self._server.ack_when_drained(session, land.id, written, self._rejoin_window)
         self._after(flight)
 
     def _deliver(self, flight: Flight, outcome: SharedOutcome) -> set[Session]:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .._log import DigestOf, log
+from ..errors import UnavailableError
 from ..scope.events import Lead, LeaseLost, Refused
 from ..scope.interface import Handed
 from ..scope.outcome import SharedOutcome
@@ -77,6 +78,7 @@ class Leases:
         log.warning("lost the lease of a flight of %s (token %d): %s",
                     DigestOf(lead.call.key), lead.token, reason)
         lead.lose(unreachable=unreachable)
+        self.tell(lead, self._not_landed(lead, reason))
         # No longer the key's flight in the scope: it leaves the local table as a
         # forget() would take it, so a new call of the key here asks the coordinator
         # (and waits for the key lock this work holds) instead of joining a flight that
@@ -98,6 +100,49 @@ class Leases:
         owner._leads.pop(lead.call.id, None)
         owner._calls.pop(lead.call.id, None)
         lead.release()
+        if not lead.acked:  # the group closed before a coordinator took the landing
+            self.unconfirmed(lead)
+
+    def acked(self, lead: DirectoryLead) -> None:
+        """(On the loop) a coordinator acknowledged ``lead``'s landing: it took it, so
+        the key lock may go (first: the key's next flight waits for it), and the flight
+        settles here with its outcome."""
+        with lead.lock:
+            lead.acked = True
+        self.end(lead)
+        self.tell(lead, Handed())
+
+    def taken(self, lead: DirectoryLead) -> None:
+        """(On the loop) the coordinator read ``lead``'s landing and its ack waits for
+        the joiners: the flight settles here now (the key lock waits for the ack)."""
+        self.tell(lead, Handed())
+
+    def unconfirmed(self, lead: DirectoryLead) -> None:
+        """The group closed while ``lead``'s landing waited for its ack: it went out, so
+        it may land, but no coordinator said so."""
+        self.tell(lead, Handed(fenced=True, unconfirmed=UnavailableError(
+            f"no coordinator of {self.owner.directory!r} acknowledged the landing before "
+            "the group closed, so its joiners may have its outcome"
+        )))
+
+    @staticmethod
+    def tell(lead: DirectoryLead, handed: Handed) -> None:
+        """Tell the flight's driver what became of the landing (once)."""
+        with lead.lock:
+            done, lead.done = lead.done, None
+        if done is not None:
+            done(handed)
+
+    def _not_landed(self, lead: DirectoryLead, reason: str) -> Handed:
+        """What a lost lease makes of a landing not acknowledged: nothing landed
+        (LeaseLostError), unless a coordinator that is gone may have taken it."""
+        if not lead.maybe_landed:
+            return Handed(fenced=True)
+        return Handed(fenced=True, unconfirmed=UnavailableError(
+            f"the lease was lost ({reason}) after a coordinator of "
+            f"{self.owner.directory!r} that went away took the landing unacknowledged, "
+            "so its joiners may have its outcome"
+        ))
 
     def retry(self, call: Call) -> None:
         """(On the loop) ask a new token for the lead's next attempt."""
@@ -130,12 +175,10 @@ class Leases:
                 target=self._after_stragglers, args=(call, running),
                 name="flightgroup-straggler", daemon=True,
             )
-            self._send_landing(call, lead, outcome, work_done=False)
+            self._send_landing(call, lead, outcome, work_done=False, done=done)
             waiter.start()
         else:
-            self._send_landing(call, lead, outcome, work_done=True)
-        if done is not None:
-            done(Handed())
+            self._send_landing(call, lead, outcome, work_done=True, done=done)
 
     def _after_stragglers(self, call: Call, running: list[threading.Event]) -> None:
         owner = self.owner
@@ -150,7 +193,13 @@ class Leases:
             owner._background.post(owner._check_closed)
 
     def _send_landing(
-        self, call: Call, lead: DirectoryLead, outcome: SharedOutcome | None, *, work_done: bool
+        self,
+        call: Call,
+        lead: DirectoryLead,
+        outcome: SharedOutcome | None,
+        *,
+        work_done: bool,
+        done: Callable[[Handed], None] | None,
     ) -> None:
         owner = self.owner
         frame = None
@@ -161,13 +210,19 @@ class Leases:
                 lead.work_done = work_done
                 if frame is not None and not lead.lost:
                     lead.landing = frame
+                    # Told on the ack (or the loss), never before: the ack is awaited
+                    # anyway (the key lock waits for it), and a landing only queued
+                    # here may never reach a coordinator.
+                    lead.done = done
                 else:
                     frame = None
             channel = owner._channel
             if frame is not None and channel is not None:
-                channel.send(frame)
+                lead.landing_end = channel.send(frame)
         log.debug("%s %s: land, token %d (%s)", owner.directory, DigestOf(call.key),
                   lead.token, "sent" if frame is not None else "lost, nothing to land")
+        if frame is None and done is not None:  # the lease was lost: nothing lands
+            done(Handed(fenced=True))
         self.end(lead)
         if owner._closing:
             owner._background.post(owner._check_closed)

@@ -208,17 +208,20 @@ class Server:
     # -- acks -------------------------------------------------------------------
 
     def ack_when_drained(
-        self, leader: Session, id: int, written: set[Session], window: float
+        self, leader: Session, id: int, written: set[Session], window: float, *, taken: bool
     ) -> None:
         """Acknowledge the landing once it left this process for every joiner: the
         leader then frees its key lock and forgets the landing, so a landing still in
         a buffer here (a large value to a slow or frozen joiner) would die with this
         coordinator. Bounded by the rejoin ``window``: a frozen joiner never holds a
-        key."""
+        key. A leader that asked (``taken``) hears at once that its landing was read,
+        when the ack waits: its call returns then, not once every joiner read it."""
         waiting = {s for s in written if not s.closed and s.transport.get_write_buffer_size()}
         if not waiting:
             leader.send(wire.ack_frame(id))
             return
+        if taken:
+            leader.send(wire.taken_frame(id))
         pending = PendingAck(leader, id, waiting)
         for each in waiting:
             each.drains.append(pending)

@@ -16,8 +16,9 @@ beside its mailbox, which a joiner that asked for it reads too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..scope.events import Joined, Landed, NoOutcome, Refused
@@ -117,11 +118,12 @@ class _Reading:
         try:
             # Bounded by its own block (plus a command's time), not by the client's
             # socket timeout past the longest block, so that a frozen server holds a
-            # joiner no longer than the flight's lease. A read cut short is
-            # disconnected by redis-py, never reused with its reply pending.
-            reply = await asyncio.wait_for(
+            # joiner no longer than the flight's lease (a stall of this process's own
+            # is not counted: see _bounded).
+            reply = await _bounded(
                 arbiter._blocking.xread(streams, count=1, block=max(1, round(block * 1000))),
-                block + arbiter._timeout,
+                limit=block + arbiter._timeout,
+                extra=arbiter._timeout,
             )
             self.unreachable = None
         except UNREACHABLE as exc:
@@ -160,6 +162,29 @@ class _Reading:
             self.deadline = time.monotonic() + max(int(checked[1]), 0) / 1000 + _SLACK
             return None
         return fields_of(checked[1])
+
+
+async def _bounded(read: Coroutine[Any, Any, Any], *, limit: float, extra: float) -> Any:
+    """``read``'s reply, waited for ``limit`` s, then up to ``extra`` s more before it
+    is given up (TimeoutError). The limit's timer may fire in the same loop turn as the
+    reply's bytes come, or before the read parsed them: a process stopped past the
+    limit (SIGSTOP) while its leader landed has the reply in its socket already, and
+    reads it rather than time it out (and then find the mailbox expired). The read runs
+    as a task of its own, cancelled only once given up (redis-py then drops its
+    connection, never reused with a reply pending)."""
+    task = asyncio.ensure_future(read)
+    try:
+        done, _ = await asyncio.wait((task,), timeout=limit)
+        if not done:  # what the socket holds is read within a few loop turns
+            done, _ = await asyncio.wait((task,), timeout=extra)
+        if not done:
+            raise TimeoutError(f"no reply within {limit + extra:g} s")
+        return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
 
 def fields_of(flat: Sequence[Any]) -> dict[bytes, bytes]:

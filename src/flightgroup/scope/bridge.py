@@ -410,7 +410,8 @@ class Bridge:
 
         def handed(answer: Handed) -> None:
             if not answer.fenced or (
-                answer.unconfirmed is not None and flight.policy.on_unavailable == "local"
+                flight.policy.on_unavailable == "local"
+                and (answer.unconfirmed is not None or serves_here(flight, call))
             ):
                 # Taken; or not heard for a lease, the scope out of reach: under "local"
                 # its outcome still serves this process (no newer flight fenced it).

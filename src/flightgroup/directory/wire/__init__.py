@@ -51,6 +51,7 @@ from .builders import rejected_frame as rejected_frame
 from .builders import run_frame as run_frame
 from .builders import status_answer_frame as status_answer_frame
 from .builders import status_frame as status_frame
+from .builders import taken_frame as taken_frame
 from .framing import DEFAULT_MAX_FRAME as DEFAULT_MAX_FRAME
 from .framing import FIRST_LINE_LIMIT as FIRST_LINE_LIMIT
 from .framing import HANDSHAKE_TIMEOUT as HANDSHAKE_TIMEOUT
@@ -91,6 +92,7 @@ from .messages import Request as Request
 from .messages import Run as Run
 from .messages import Status as Status
 from .messages import StatusAnswer as StatusAnswer
+from .messages import Taken as Taken
 from .messages import parse_answer_frame as parse_answer_frame
 from .messages import parse_outcome as parse_outcome
 from .messages import parse_request as parse_request
@@ -130,6 +132,7 @@ __all__ = [
     "SharedOutcome",
     "Status",
     "StatusAnswer",
+    "Taken",
     "Timeout",
     "Value",
     "WireError",
@@ -161,4 +164,5 @@ __all__ = [
     "run_frame",
     "status_answer_frame",
     "status_frame",
+    "taken_frame",
 ]

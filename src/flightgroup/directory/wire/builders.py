@@ -137,17 +137,22 @@ def run_frame(
     return join_frame(body + b"}")
 
 
-def land_frame(id: int, token: int, outcome: SharedOutcome) -> bytes:
-    """``land``: the outcome of the lead ``id``'s attempt ``token``."""
+def land_frame(id: int, token: int, outcome: SharedOutcome, *, taken: bool = False) -> bytes:
+    """``land``: the outcome of the lead ``id``'s attempt ``token`` (``taken``: this
+    connection hears ``taken`` when the ack waits for the joiners)."""
     if type(outcome) is Value:  # the common landing: no dict, no encoder
-        head = b'{"op":"land","id":%d,"token":%d,"outcome":"value"%s}' % (
+        head = b'{"op":"land","id":%d,"token":%d,"outcome":"value"%s%s}' % (
             id,
             token,
             _retention(outcome),
+            b',"taken":true' if taken else b"",
         )
         return join_frame(head, outcome.data)
     fields, payload = outcome_fields(outcome)
-    return encode_frame({"op": "land", "id": id, "token": token, **fields}, payload)
+    header: dict[str, Any] = {"op": "land", "id": id, "token": token, **fields}
+    if taken:
+        header["taken"] = True
+    return encode_frame(header, payload)
 
 
 def attempt_frame(id: int) -> bytes:
@@ -228,6 +233,11 @@ def interrupted_frame(id: int, reason: str) -> bytes:
 def ack_frame(id: int) -> bytes:
     """``ack``: the landing of the lead ``id`` reached every joiner."""
     return join_frame(b'{"op":"ack","id":%d}' % id)
+
+
+def taken_frame(id: int) -> bytes:
+    """``taken``: the landing of the lead ``id`` was read; its ``ack`` waits for joiners."""
+    return join_frame(b'{"op":"taken","id":%d}' % id)
 
 
 def detached_frame(id: int) -> bytes:

@@ -86,6 +86,7 @@ class Land:
     id: int
     token: int
     outcome: SharedOutcome
+    taken: bool = False  # its connection hears `taken` when the ack waits (ADR 0040)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +174,14 @@ class InterruptedAnswer:
 
 
 @dataclass(frozen=True, slots=True)
+class Taken:
+    """``taken``: the landing of the lead ``id`` was read and handed to its joiners; its
+    ``ack`` follows once it left for every one of them (ADR 0040)."""
+
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
 class Ack:
     """``ack``: the landing of the lead ``id`` reached every joiner; the lead is over."""
 
@@ -220,6 +229,7 @@ Answer: TypeAlias = (
     | Landed
     | InterruptedAnswer
     | Ack
+    | Taken
     | Detached
     | Rejected
     | StatusAnswer
@@ -400,7 +410,12 @@ def _run(header: Mapping[str, Any], payload: bytes | None) -> Run:
 
 
 def _land(header: Mapping[str, Any], payload: bytes | None) -> Land:
-    return Land(_id_field(header, "id"), _id_field(header, "token"), _outcome(header, payload))
+    return Land(
+        _id_field(header, "id"),
+        _id_field(header, "token"),
+        _outcome(header, payload),
+        _flag(header, "taken"),
+    )
 
 
 def _attempt(header: Mapping[str, Any], payload: bytes | None) -> Attempt:
@@ -497,6 +512,10 @@ def _ack(header: Mapping[str, Any], payload: bytes | None) -> Ack:
     return Ack(_id_field(header, "id"))
 
 
+def _taken(header: Mapping[str, Any], payload: bytes | None) -> Taken:
+    return Taken(_id_field(header, "id"))
+
+
 def _detached(header: Mapping[str, Any], payload: bytes | None) -> Detached:
     return Detached(_id_field(header, "id"))
 
@@ -529,6 +548,7 @@ _ANSWERS: dict[str, Callable[[Mapping[str, Any], bytes | None], Answer]] = {
     "landed": _landed,
     "interrupted": _interrupted,
     "ack": _ack,
+    "taken": _taken,
     "detached": _detached,
     "rejected": _rejected,
     "status": _status_answer,
