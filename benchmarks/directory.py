@@ -29,6 +29,9 @@ span processes are read from CLOCK_MONOTONIC, which every process of a host shar
 5. Against what users do today: the same cross-process herd with threads (8 processes ×
    100 threads) for flightgroup's ``run_sync``, dogpile.cache's ``dogpile.cache.dbm``
    backend (``region.get_or_create``) and a plain ``filelock.FileLock`` + a file cache.
+6. Coordinator frozen (the benchmark holds the election and never answers): the first
+   call's time (through reconnect_timeout), then the time of each call refused at once,
+   and how soon a call leads once the frozen one is gone (see benchmarks/outage.py).
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ from multiprocessing.synchronize import Barrier
 from statistics import median
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from . import outage
+from .outage import DirOutage
 from .procs import WAIT, Proc, context, gather, serve
 from .scenarios import quiet
 
@@ -132,6 +137,9 @@ class DirSizes:
     connected: int = 3  # the other processes connected while one measures latency
     throughput_processes: int = 4
     herd_sleep: float = 0.050
+    outage_calls: int = 200  # (6) calls of one key, then of distinct keys
+    outage_tries: int = 3  # (6) frozen coordinators, each gone once timed
+    outage_reconnect: float = 0.3  # (6) the group's reconnect_timeout
 
 
 FULL = DirSizes(
@@ -160,6 +168,8 @@ QUICK = DirSizes(
     failover_tries=4,
     peer_threads=20,
     peer_rounds=1,
+    outage_calls=40,
+    outage_tries=2,
     # A smoke run shares its 2 cores with a test suite: a process of the herd may be
     # scheduled half a second late, and one that calls after the work ended leads again
     # (as it should). The work lasts longer here so the must-check "one run per herd"
@@ -951,6 +961,7 @@ class DirectoryReport:
     failover_led: list[bool] = field(default_factory=list)
     takeover: dict[str, list[float]] = field(default_factory=dict)  # next coordinator -> s
     epoch_write: list[float] = field(default_factory=list)  # seconds, next_epoch alone
+    outage: DirOutage = field(default_factory=DirOutage)  # (6)
     errors: dict[str, str] = field(default_factory=dict)  # measurement -> what failed
 
 
@@ -1153,12 +1164,23 @@ def _measure_failover(
             out.epoch_write.append(measuring.ask("floor_epoch", tempdir()) / 1e9)
 
 
+def _measure_outage(
+    ctx: BaseContext, sizes: DirSizes, out: DirectoryReport, tempdir: Callable[[], str]
+) -> None:
+    del ctx  # in the benchmark's own process: it holds the frozen coordinator's files
+    outage.measure_directory(
+        tempdir, calls=sizes.outage_calls, tries=sizes.outage_tries,
+        reconnect_timeout=sizes.outage_reconnect, out=out.outage,
+    )
+
+
 Measure = Callable[[BaseContext, DirSizes, DirectoryReport, Callable[[], str]], None]
 MEASUREMENTS: tuple[tuple[str, Measure], ...] = (
     ("(1) lead-or-join latency", _measure_latency),
     ("(2) herd of tasks, (5) herd of threads with the peers", _measure_herds),
     ("(3) throughput", _measure_throughput),
     ("(4) failover", _measure_failover),
+    ("(6) coordinator frozen", _measure_outage),
 )
 
 
@@ -1281,7 +1303,7 @@ def targets(out: DirectoryReport) -> list[Target]:
                 None,
             )
         )
-    return found
+    return found + outage.directory_targets(out.outage)
 
 
 def ok(out: DirectoryReport, found: list[Target]) -> bool:
@@ -1315,6 +1337,7 @@ def section(out: DirectoryReport) -> list[str]:
     lines += _throughput_lines(out)
     lines += _failover_lines(out)
     lines += _peer_lines(out)
+    lines += outage.directory_lines(out.outage)
     return lines
 
 

@@ -35,6 +35,9 @@ process of a host shares.
    backend (``@cache(ttl=..., key=..., lock=True)``), and dogpile.cache's
    ``dogpile.cache.redis`` backend with ``distributed_lock=True`` (synchronous: 500
    threads per process, beside flightgroup's ``run_sync`` in 500 threads).
+5. Redis down (a server of its own, SIGKILLed): the time of each call refused while
+   Redis is known out of reach, against a group whose breaker is disabled, and how soon
+   calls go through Redis again once it is back (see benchmarks/outage.py).
 """
 
 from __future__ import annotations
@@ -64,7 +67,9 @@ from pathlib import Path
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
+from . import outage
 from .directory import Herd as DirectoryHerd
+from .outage import Outage
 from .procs import WAIT, Proc, context, gather, serve
 from .scenarios import quiet
 
@@ -105,10 +110,15 @@ class FleetSizes:
     settle: float = 0.020  # the leader waits this long after its joiner joined
     # dogpile.cache's herd runs once, last, and is cut after this long (see _measure_herds)
     dogpile_budget: float = 60.0
+    outage_calls: int = 200  # (5) calls of one key, then of distinct keys, Redis down
+    # (5) the same with the breaker disabled: each may cost a command timeout (2.5 s)
+    outage_unguarded: int = 10
+    outage_returns: int = 5  # (5) times Redis comes back ("back within")
 
 
 FULL = FleetSizes(rounds=200, floor_rounds=200, warm=10, herd_rounds=5)
-QUICK = FleetSizes(rounds=40, floor_rounds=40, warm=4, herd_rounds=1, dogpile_budget=15.0)
+QUICK = FleetSizes(rounds=40, floor_rounds=40, warm=4, herd_rounds=1, dogpile_budget=15.0,
+                   outage_calls=40, outage_unguarded=2, outage_returns=2)
 
 
 def _clock() -> int:
@@ -162,20 +172,15 @@ def _free_port() -> int:
 
 class RedisServer:
     """One ``redis-server`` on 127.0.0.1 and a free port, keeping nothing on disk;
+    ``kill()`` SIGKILLs it and ``start()`` starts it again on the same port (empty);
     ``close()`` stops it by its pid."""
 
     def __init__(self, binary: str) -> None:
+        self.binary = binary
         self.port = _free_port()
         self.dir = tempfile.mkdtemp(prefix="fgbredis")
-        with open(os.path.join(self.dir, "redis.log"), "ab") as log:
-            self.proc = subprocess.Popen(
-                [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--dir", self.dir, "--protected-mode", "no",
-                 "--maxclients", "10000"],
-                stdout=log, stderr=log, start_new_session=True,
-            )
         try:
-            self._wait_ready()
+            self.start()
         except BaseException:
             self.close()
             raise
@@ -187,21 +192,42 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def _wait_ready(self) -> None:
+    def start(self, poll: float = 0.02) -> int:
+        """Start the server (again) and wait until it answers a PING, tried every
+        ``poll`` s; when it first answered (monotonic ns)."""
+        with open(os.path.join(self.dir, "redis.log"), "ab") as log:
+            self.proc = subprocess.Popen(
+                [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", self.dir, "--protected-mode", "no",
+                 "--maxclients", "10000"],
+                stdout=log, stderr=log, start_new_session=True,
+            )
+        return self._wait_ready(poll)
+
+    def kill(self) -> None:
+        """SIGKILL the server by its pid and reap it: its port refuses connections."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def _wait_ready(self, poll: float) -> int:
         deadline = time.monotonic() + 20
         while True:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
                     s.sendall(b"PING\r\n")
                     if s.recv(64).startswith(b"+PONG"):
-                        return
+                        return time.monotonic_ns()
             except OSError:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server on port {self.port} did not start")
-            time.sleep(0.02)
+            time.sleep(poll)
 
     def close(self) -> None:
+        if not hasattr(self, "proc"):  # it never started
+            shutil.rmtree(self.dir, ignore_errors=True)
+            return
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, signal.SIGTERM)
@@ -685,6 +711,7 @@ class FleetReport:
     skipped: str = ""  # why nothing ran (no redis-server, no redis-py)
     rounds: Rounds = field(default_factory=Rounds)
     herds: dict[str, Herd] = field(default_factory=dict)
+    outage: Outage = field(default_factory=Outage)  # (5)
     errors: dict[str, str] = field(default_factory=dict)
 
 
@@ -831,6 +858,13 @@ def run(sizes: FleetSizes) -> FleetReport:
                 except Exception as exc:
                     out.errors[name] = f"{type(exc).__name__}: {exc}"
         client.close()
+        name = "(5) Redis down"
+        _progress(name)
+        try:
+            outage.measure(binary, calls=sizes.outage_calls, unguarded=sizes.outage_unguarded,
+                           returns=sizes.outage_returns, out=out.outage)
+        except Exception as exc:
+            out.errors[name] = f"{type(exc).__name__}: {exc}"
     finally:
         server.close()
         shutil.rmtree(files, ignore_errors=True)
@@ -973,19 +1007,21 @@ def targets(out: FleetReport) -> list[Target]:
             "information" if usable else "—",
             None,
         ))
-    return found
+    return found + outage.targets(out.outage)
 
 
 def ok(out: FleetReport, found: list[Target]) -> bool:
-    """False if flightgroup failed a measurement or broke a must of its herds (one run,
-    every caller served, one ACQUIRE per process). A round-trip count over its goal is
+    """False if flightgroup failed a measurement, broke a must of its herds (one run,
+    every caller served, one ACQUIRE per process) or of Redis down (every call raised
+    UnavailableError, refused at once after the first). A round-trip count over its goal is
     reported as FAIL in the table but, as a cost rather than a wrong result, does not
     fail the run (as the suite's missed speed targets do not)."""
     del found
     if out.skipped:
         return True
     processes = out.sizes.processes
-    return not out.errors and all(_herd_ok(out.herds.get(lib), processes) for lib in MINE)
+    return (not out.errors and all(_herd_ok(out.herds.get(lib), processes) for lib in MINE)
+            and outage.ok(out.outage))
 
 
 def section(
@@ -1023,6 +1059,7 @@ def section(
     lines += _round_trip_lines(out)
     lines += _wake_lines(out)
     lines += _herd_lines(out)
+    lines += outage.lines(out.outage)
     return lines
 
 

@@ -3,8 +3,10 @@ must-checks hold: one run per herd, one run per failure wave, an empty table aft
 in the directory scope's section (real processes), one run per cross-process herd and
 every caller served; in the fleet scope's (real processes and a redis-server of the run's
 own), one run per herd, every caller served, one ACQUIRE per process, two round trips per
-leader and per joiner. Speed targets are not asserted: tests never assert wall-clock
-times."""
+leader and per joiner; with Redis down (fleet) and the coordinator frozen (directory),
+every call raised UnavailableError, each after the first refused at once, and the calls
+go through again once the scope is back. Speed targets are not asserted: tests never
+assert wall-clock times."""
 
 from __future__ import annotations
 
@@ -66,6 +68,27 @@ def test_quick_benchmark_runs_and_its_must_checks_pass() -> None:
         assert check in out, out[-3000:]
     for callers in ("tasks", "threads"):
         _assert_fleet_herd(out, callers)
+    _assert_outage_rows(out)
+
+
+def _assert_outage_rows(out: str) -> None:
+    """Redis down (fleet) and the coordinator frozen (directory): each call raised
+    UnavailableError and the 40 + 40 after the first were refused at once; a call led
+    again once the scope was back (its row is there, whatever its time)."""
+    for check in (
+        "fleet (5): Redis down: every call raised UnavailableError; the calls after the "
+        "first (80) refused at once by the breaker, without a round trip | yes; 80 | "
+        "yes; 80 | PASS",
+        "directory (6): coordinator frozen: every call raised UnavailableError; the calls "
+        "after the first (80) refused at once | yes; 80 | yes; 80 | PASS",
+    ):
+        assert check in out, out[-3000:]
+    for back in (
+        "fleet (5): Redis back (its first PONG) → a call led through it, worst of 2",
+        "directory (6): the frozen coordinator gone → a call led (this process elected), "
+        "worst of 2",
+    ):
+        assert back in out, out[-3000:]
 
 
 def _assert_fleet_herd(out: str, callers: str) -> None:
