@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from flightgroup import FlightGroup, FlightInterruptedError
+from flightgroup import FlightGroup, FlightInterruptedError, current_lease
 
 from ...ingroup import Background
 from ...support import wait_until
@@ -168,3 +168,45 @@ def test_a_decorated_functions_takeover_is_its_own_policy(scope: Scope) -> None:
         first.wait()
     assert [j.wait() for j in joined] == ["again"] * 3
     assert len(runs) == 2
+
+
+def test_the_joiners_elsewhere_take_over_a_flight_whose_leaders_group_closed(wide: Scope) -> None:
+    """The leader's group closes while its work runs: its joiners in another "process" take
+    the flight over (in the directory once the closed group's work let go of its key)."""
+    a, b = wide.group(), wide.group(takeover=1)
+    leader = Leader(a, "k", "first")
+    joiners = Joiners(b, "k", 3)
+    closing = Background(a.close)
+    assert closing.done.wait(15)
+    leader.release()  # its work ends; its own caller got GroupClosedError
+    ended = joiners.outcomes()
+    assert {o.value for o in ended if not isinstance(o, BaseException)} == {"again"}, ended
+    assert joiners.runs == 1 and leader.runs == 1
+
+
+def test_the_joiners_take_over_a_flight_whose_lease_was_lost(losable: Scope) -> None:
+    """The leader's lease is taken away: its joiners elsewhere take the flight over under
+    a greater token, while its leader raises LeaseLostError."""
+    from flightgroup import LeaseLostError
+
+    from .conftest import lose_lease
+
+    a, b = losable.group(), losable.group(takeover=1)
+    started = threading.Event()
+
+    def work() -> str:
+        started.set()
+        lease = current_lease()
+        while not lease.lost:
+            threading.Event().wait(0.01)
+        return "stale"
+
+    leader = Background(lambda: a.run_sync("k", work))
+    assert started.wait(15)
+    joiners = Joiners(b, "k", 3)
+    lose_lease(losable, "k")
+    with pytest.raises(LeaseLostError):
+        leader.wait()
+    ended = joiners.outcomes()
+    assert not [o for o in ended if isinstance(o, BaseException)], ended
+    assert {o.value for o in ended} == {"again"} and joiners.runs == 1
