@@ -210,3 +210,17 @@ def once_reachable(
             if refused is not None:
                 refused.append(exc)
             time.sleep(0.02)
+
+
+def hanging_works(ran: list[str], release: threading.Event) -> Callable[[str], Any]:
+    """``hangs(key)``: a sync work that notes ``key`` in ``ran`` and blocks until
+    ``release`` is set (at most 20 s): a work left running past its deadline."""
+
+    def hangs(key: str) -> Callable[[], None]:
+        def work() -> None:
+            ran.append(key)
+            release.wait(20)
+
+        return work
+
+    return hangs

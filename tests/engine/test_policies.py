@@ -31,7 +31,7 @@ from flightgroup import (
 )
 from flightgroup.engine.flight import RETRY_PENDING
 
-from ..support import LoopThread, flight_of, run, until, use_clock, wait_until
+from ..support import LoopThread, flight_of, hanging_works, run, until, use_clock, wait_until
 
 FAST = Retry(attempts=3, backoff=0.001, max_backoff=0.001, jitter=False)
 
@@ -308,12 +308,7 @@ def test_threads_left_past_a_deadline_are_bounded_per_group() -> None:
     release = threading.Event()
     ran: list[str] = []
 
-    def hangs(key: str) -> Any:
-        def work() -> None:
-            ran.append(key)
-            release.wait(20)
-
-        return work
+    hangs = hanging_works(ran, release)
 
     try:
         assert g.stats().max_deadline_threads == 2

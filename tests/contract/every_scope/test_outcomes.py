@@ -23,7 +23,7 @@ from flightgroup import (
 )
 
 from ...ingroup import Background
-from ...support import LoopThread, run, wait_until
+from ...support import LoopThread, hanging_works, run, wait_until
 from .conftest import Leader, Scope, joiner, lose_lease, raised
 
 
@@ -210,12 +210,7 @@ def test_a_sync_work_left_past_its_deadline_is_counted_until_it_returns(scope: S
     release = threading.Event()
     ran: list[str] = []
 
-    def hangs(key: str) -> Any:
-        def work() -> None:
-            ran.append(key)
-            release.wait(20)
-
-        return work
+    hangs = hanging_works(ran, release)
 
     try:
         with pytest.raises(FlightTimeoutError):
