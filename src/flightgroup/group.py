@@ -553,12 +553,9 @@ class FlightGroup:
                 return self._deliver(follower.flight, follower.leader)
             if step is START:
                 if self._attempts.start_sync(follower, work, own=at is None):
-                    if self._bridge is not None and self._table.leader_takes_over(
-                        follower.flight
-                    ):
-                        follower.take_over()  # it joined a flight that ended interrupted
-                        continue
-                    return self._deliver(follower.flight, True)
+                    if follower.ended_as_leader():
+                        return self._deliver(follower.flight, True)
+                    continue  # it takes over the interrupted flight it joined elsewhere
                 follower.role = Role.LEADING
                 continue
             waiter = follower.waiter

@@ -147,10 +147,7 @@ class Follower:
             if not self.table.wait_as_leader(flight, waiter):
                 if self.on_join is not None and self._joined_elsewhere():
                     self.on_join()  # it joined elsewhere, and the outcome came
-                if self.table.leader_takes_over(flight):
-                    self.take_over()
-                    return self.step()
-                return DELIVER
+                return DELIVER if self.ended_as_leader() else self.step()
             if self.on_join is not None and self._joined_elsewhere():
                 self._on_join_or_withdraw()
             return WAIT
@@ -225,6 +222,16 @@ class Follower:
         self.flight, self.fresh_of, self.leader = signal, None, False
         self.role, self.waiter = table.claim(signal, self._make_waiter, self.policy)
         return WAIT
+
+    def ended_as_leader(self) -> bool:
+        """The flight this caller leads ended before it waited (its work ran in its own
+        thread, or the outcome came first): True, deliver it; False, the flight joined
+        one led elsewhere that ended interrupted, and this caller took it over (its next
+        ``step`` says how)."""
+        if self.table.leader_takes_over(self.flight):
+            self.take_over()
+            return False
+        return True
 
     def take_over(self) -> None:
         """This leading caller, a joiner of a flight led elsewhere that ended
