@@ -446,6 +446,10 @@ class RedisArbiter:
         already made, then disconnect. Works still running run on to their end."""
         closing.close(self)
 
+    async def _close(self) -> None:
+        """The steps of close() on the group's loop (``closing.close_steps``)."""
+        await closing.close_steps(self)
+
     def _forked(self, why: str, inherited: BackgroundLoop) -> None:
         """(In a forked child of a started group, see BackgroundLoop) no thread of the
         parent was copied: the group lets go of the parent's (``closing.forked``)."""

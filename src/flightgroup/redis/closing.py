@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ..scope.loop import BackgroundLoop
     from .arbiter import RedisArbiter
 
-__all__ = ["close", "forked"]
+__all__ = ["close", "close_steps", "forked"]
 
 
 def close(arbiter: RedisArbiter) -> None:
@@ -53,14 +53,16 @@ def _close_now(arbiter: RedisArbiter, bound: float) -> None:
     loop = arbiter._background.loop
     if loop is None:
         return
-    future: Future[None] = asyncio.run_coroutine_threadsafe(_close(arbiter), loop)
+    future: Future[None] = asyncio.run_coroutine_threadsafe(arbiter._close(), loop)
     with contextlib.suppress(Exception):
         # (bound is at most threading.TIMEOUT_MAX: past it, result() raises at once.)
         future.result(bound)
     arbiter._background.stop()
 
 
-async def _close(arbiter: RedisArbiter) -> None:
+async def close_steps(arbiter: RedisArbiter) -> None:
+    """(On the group's loop, ``RedisArbiter._close``) end the calls, interrupt the leads
+    whose work runs, wait for every step in flight, then disconnect."""
     # Steps already sent (an ACQUIRE, a retry's ATTEMPT) may still win a lead; each
     # gives it back itself once it hears (the call is withdrawn, the group closing).
     # Wait for them and for what they spawn before the loop stops: a lead won and
