@@ -19,7 +19,7 @@ from flightgroup import current_lease
 
 from ..infleet import fleet_of
 from ..ingroup import Background
-from ..support import flight_of, wait_until
+from ..support import flight_of, scope_of, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -39,7 +39,7 @@ def test_a_call_after_forget_returned_never_joins_the_old_flight(
     in_between: list[Background] = []
     try:
         assert started.wait(20)
-        arbiter = forgetter._scope
+        arbiter = scope_of(forgetter)
         real_forget = arbiter.forget
 
         def forget(*args: Any, **kwargs: Any) -> Any:

@@ -20,7 +20,7 @@ from flightgroup import JSON, FlightGroup, Retention
 from ..infleet import fleet_group, never
 from ..infresh import held
 from ..ingroup import Background
-from ..support import wait_until
+from ..support import scope_of, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,7 +32,7 @@ class HeldAsk:
 
     def __init__(self, g: FlightGroup, monkeypatch: pytest.MonkeyPatch) -> None:
         self.reached, self.go = threading.Event(), threading.Event()
-        arbiter = g._scope
+        arbiter = scope_of(g)
         original = type(arbiter).submit
 
         def submit(of: Any, *args: Any, **options: Any) -> Any:
