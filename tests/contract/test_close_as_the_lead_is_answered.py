@@ -1,5 +1,5 @@
 """A wide group closed between the scope's LEAD answer and the work's start: close()
-has returned, so the work must not start after it (API.md: closing makes every waiting
+has returned, so the work must not start after it (docs/api.md: closing makes every waiting
 call raise GroupClosedError); the lead goes back to the scope, and another group of
 the key leads. The window is held open by a patched ``Bridge._lead``."""
 

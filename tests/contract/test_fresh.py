@@ -51,7 +51,7 @@ def test_fresh_callers_that_came_before_the_lead_join_it(
     fresh_waiting(g, "k", 2)
     hold.go.set()
     assert started.wait(10)
-    # API.md: on_join runs in the joiner before it waits, so while the work still runs
+    # docs/api.md: on_join runs in the joiner before it waits, so while the work still runs
     wait_until(lambda: joined == [1], "the promoted async caller ran its on_join")
     release.set()
     first = leader.wait()

@@ -1,5 +1,5 @@
 """A joiner's on_join in the wide scopes waits for the scope's answer to its process's
-flight: API.md calls on_join "never for a call served from a kept outcome", and a local
+flight: docs/api.md calls on_join "never for a call served from a kept outcome", and a local
 joiner that came while the first caller's request was out may be served by one.
 
 Each test holds the request to the scope (the group's ``submit``) until the local joiners

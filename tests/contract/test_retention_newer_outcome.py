@@ -2,7 +2,7 @@
 whatever that flight's own outcome (kept or not), in every scope; and the directory's
 kept outcomes that ran out leave before a live one is evicted.
 
-API.md: `fresh=True` reads your own writes, and a kept outcome is served "until its time
+docs/api.md: `fresh=True` reads your own writes, and a kept outcome is served "until its time
 runs out or it is evicted (LRU by items, then by encoded bytes)". A newer flight's
 outcome that is not kept ends the older kept one in the process and directory scopes
 (the fleet's record is replaced when the newer flight leads).

@@ -101,7 +101,7 @@ def test_a_work_that_calls_its_own_key_through_another_group_of_the_scope_raises
     pair: tuple[Any, Any], mode: str
 ) -> None:
     """Two groups of one process that share a scope (one directory, or one namespace on
-    one Redis) are one group (API.md): a work of k that calls k through the other group
+    one Redis) are one group (docs/api.md): a work of k that calls k through the other group
     would join its own flight and wait for itself until the deadline: it raises."""
     first, second = pair
     runs: list[str] = []

@@ -222,10 +222,10 @@ def test_a_second_close_returns_only_once_the_landings_were_handed_over(h: Harne
         assert waiting.wait(10)
         assert not second.done.is_set()  # it waits while the landing is not acknowledged
         a.cont()  # the coordinator acknowledges; the first close returns, then the second
-        # API.md: "close() returns once the landings already made have been handed over"
+        # docs/api.md: "close() returns once the landings already made have been handed over"
         assert second.wait(20) is True
         assert first.wait(20) is None
-        # API.md: a call still waiting when its group closes raises GroupClosedError
+        # docs/api.md: a call still waiting when its group closes raises GroupClosedError
         with pytest.raises(GroupClosedError):
             leader.wait()
     finally:

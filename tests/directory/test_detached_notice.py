@@ -47,7 +47,7 @@ def test_a_joining_process_stops_handing_a_forgotten_flight_to_its_new_calls(h: 
     b.release("l")
     assert_value(b.expect("done", "l"), "old", joined=False)
     assert_value(c.expect("done", "j1"), "old", joined=True)
-    # API.md: after forget(key) "the next call of the key leads a new flight".
+    # docs/api.md: after forget(key) "the next call of the key leads a new flight".
     assert_value(c.expect("done", "j2"), "new", joined=False)
     assert [pid for pid, _, _ in h.runs_of("k")] == [b.pid, c.pid]
 

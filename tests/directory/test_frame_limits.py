@@ -144,7 +144,7 @@ def test_a_smaller_frame_makes_the_default_value_bound_fit(directory: str) -> No
 @pytest.mark.timeout(60)
 def test_a_failure_message_crosses_processes_whole(directory: str) -> None:
     """A failure's message crosses processes whole (FlightFailedError.message)."""
-    # API.md: FlightFailedError's .message is the error's str(), whole (past 8,192 too).
+    # docs/api.md: FlightFailedError's .message is the error's str(), whole (past 8,192 too).
     leader, joiner = (FlightGroup(directory=directory, codec=JSON) for _ in range(2))
     running, joined = threading.Event(), threading.Event()
     errors: list[BaseException] = []

@@ -112,7 +112,7 @@ def test_fresh_callers_of_one_process_share_the_next_flight(directory: str) -> N
         assert leader.wait().value == "old"
         results = [b1.wait(), b3.wait()]
         assert [r.value for r in results] == ["new", "new"]
-        # API.md: "All fresh callers that arrive during one running flight share the
+        # docs/api.md: "All fresh callers that arrive during one running flight share the
         # next flight" (ADR 0005): b1 and b3 both came while "first" ran.
         assert runs == ["first", "second"]
         assert sorted(r.joined for r in results) == [False, True]

@@ -62,7 +62,7 @@ from hypothesis import strategies as st
 from flightgroup.directory import wire
 
 # --------------------------------------------------------------------------------------
-# Constants (from API.md and docs/directory-protocol.md)
+# Constants (from docs/api.md and docs/directory-protocol.md)
 
 HELLO = b'{"protocol":"flightgroup","version":1}\n'
 WELCOME = b'{"ok":true}\n'

@@ -810,7 +810,7 @@ def test_unreachable_redis_raises_unavailable_error() -> None:
         with pytest.raises(UnavailableError) as caught_async:
             asyncio.run(group.run("user:7", work))
         assert isinstance(caught_async.value.__cause__, redis.RedisError)
-        # Each call's error carries its key (API.md: every error that concerns a key).
+        # Each call's error carries its key (docs/api.md: every error that concerns a key).
         assert (caught.value.key, caught_async.value.key) == ("k", "user:7")
         with pytest.raises(UnavailableError) as caught_forget:
             group.forget("k")

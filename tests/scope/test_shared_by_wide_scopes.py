@@ -125,7 +125,7 @@ def test_failures_landed_at_once_by_two_leaders_both_keep_their_cause(
 def test_a_kept_failure_led_in_another_group_of_the_process_has_its_cause(
     directory: str,
 ) -> None:
-    # API.md: a kept failure raises FlightFailedError "with __cause__ in the leader's
+    # docs/api.md: a kept failure raises FlightFailedError "with __cause__ in the leader's
     # process": two groups of one process on one directory are one group (ADR 0023).
     a, b = (group(directory, retention=Retention(success=None, error=60.0)) for _ in "ab")
     try:
