@@ -688,6 +688,9 @@ def assert_state(lua: Lua, model: Model, entry_ids: dict[tuple[str, int], Any]) 
     lua.assert_ttls("the step")
 
 
+# 200 sequences of up to 25 steps, each step a round trip and a full state check: tens of
+# seconds on a loaded machine, so the bound against a hang is wider than the default 60 s.
+@pytest.mark.timeout(240)
 @settings(
     max_examples=200, deadline=None, derandomize=False,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
