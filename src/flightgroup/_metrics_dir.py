@@ -13,12 +13,21 @@ when it dies, however it dies. A reader sums every snapshot file of the director
   counted since its last write, at most ``interval`` seconds of it);
 - gauges of the live processes only (those whose lock is held).
 
+A reader merges the files of the dead writers it found into ``DIR/dead.json`` (their
+summed counters and histograms, and their idents) and removes them, so a directory does
+not grow with every worker that ever ran. Readers take turns under an exclusive ``flock``
+of ``DIR/.readers.lock``; writers never wait for it.
+
 Invariant M1: a process's file only ever grows. Its snapshots are taken and written under
 one lock, so a later write never holds smaller counts than an earlier one; a removed
 group's counts stay in its process's file; a forked child writes a file of its own, with
 its counts less those it inherited from its parent at the fork (the parent's file has
 those). With M1, two scrapes that follow each other read every file at least as grown the
 second time, whichever workers they reach.
+
+Invariant M2: a reader counts a dead writer's counts once: from its file or from
+``dead.json``, which names the files it holds (a file its reader died before removing is
+skipped), and readers do not read while another merges.
 
 Nothing here runs on a call's path: the writer copies a group's counters once per
 ``interval`` under the group's lock, as ``stats()`` does.
@@ -281,50 +290,114 @@ def _alive(lock_path: Path) -> bool:
     return False
 
 
+# The counts of dead writers merged into one file, and the idents merged (``merged``).
+DEAD = "dead"
+# Held (exclusive flock) while a reader reads and merges, so no reader sees a dead writer's
+# counts both merged and in its own file, or in neither.
+READERS_LOCK = ".readers.lock"
+
+
 def _snapshots(directory: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Each readable snapshot file of ``directory``: its writer's ident and groups."""
+    """Each readable snapshot file of ``directory`` but the dead writers' one: its
+    writer's ident and groups."""
     try:
         entries = list(os.scandir(directory))
     except FileNotFoundError:
         return
     for entry in entries:
         name = entry.name
-        if name.startswith(".") or not name.endswith(".json"):
+        if name.startswith(".") or not name.endswith(".json") or name == f"{DEAD}.json":
             continue
         try:
-            data = json.loads(Path(entry.path).read_bytes())
-            groups = data["groups"]
-            if not isinstance(groups, dict):
-                continue
+            groups = json.loads(Path(entry.path).read_bytes())["groups"]
         except (OSError, ValueError, KeyError, TypeError):
             continue  # gone since the listing, or not a writer's snapshot
-        yield name[: -len(".json")], groups
+        if isinstance(groups, dict):
+            yield name[: -len(".json")], groups
+
+
+def _parse(groups: Any) -> Iterator[tuple[str, Counts]]:
+    """Each group's counts of a snapshot's ``groups`` (those that parse)."""
+    if not isinstance(groups, dict):
+        return
+    for group, data in groups.items():
+        try:
+            yield str(group), Counts.from_json(data)
+        except ValueError:
+            continue
+
+
+def _add(sums: dict[str, Counts], group: str, counts: Counts, *, alive: bool) -> None:
+    kept = sums.get(group)
+    if kept is None:
+        sums[group] = counts if alive else counts.without_gauges()
+        return
+    with contextlib.suppress(ValueError):  # another version's buckets: they do not add up
+        sums[group] = kept.plus(counts, gauges=alive)
 
 
 def read(directory: str | os.PathLike[str]) -> tuple[dict[str, Counts], int]:
     """Every group's counts summed over the processes that wrote to ``directory`` (the
     gauges over the live ones only), and how many of those processes live. This
-    process's writers of that directory write first, so its own counts are fresh."""
+    process's writers of that directory write first, so its own counts are fresh.
+
+    The files of writers found dead are merged into ``dead.json`` and removed, so a
+    directory does not grow with every worker that ever ran. ``dead.json`` names the
+    writers it holds: a file that its removal left behind (the reader died between the
+    two) is not counted twice.
+    """
     resolved = Path(os.path.realpath(directory))
     for writer in list(_WRITERS):
         if writer.directory == resolved:
             writer.write()
-    sums: dict[str, Counts] = {}
+    if not resolved.is_dir():
+        return {}, 0
+    fd = os.open(resolved / READERS_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return _read_and_merge(resolved)
+    finally:
+        os.close(fd)
+
+
+def _read_and_merge(directory: Path) -> tuple[dict[str, Counts], int]:
+    """(Under the readers' lock) ``read``'s sums, merging dead writers' files."""
+    dead_path = directory / f"{DEAD}.json"
+    merged: set[str] = set()
+    dead: dict[str, Counts] = {}
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        data = json.loads(dead_path.read_bytes())
+        merged = {str(ident) for ident in data["merged"]}
+        dead = dict(_parse(data["groups"]))
+    sums = dict(dead)
     live = 0
-    for ident, groups in _snapshots(resolved):
-        alive = _alive(resolved / f"{ident}.lock")
+    gone: list[str] = []  # dead writers' idents whose files are to be removed
+    for ident, groups in _snapshots(directory):
+        if ident in merged:
+            gone.append(ident)  # counted in dead.json already
+            continue
+        alive = _alive(directory / f"{ident}.lock")
         live += alive
-        for group, data in groups.items():
-            try:
-                counts = Counts.from_json(data)
-            except ValueError:
-                continue
-            kept = sums.get(group)
-            if kept is None:
-                sums[group] = counts if alive else counts.without_gauges()
-            else:
-                try:
-                    sums[group] = kept.plus(counts, gauges=alive)
-                except ValueError:
-                    continue  # another version's buckets: its histograms do not add up
+        for group, counts in _parse(groups):
+            _add(sums, group, counts, alive=alive)
+            if not alive:
+                _add(dead, group, counts, alive=False)
+        if not alive:
+            gone.append(ident)
+    if any(ident not in merged for ident in gone):  # a dead writer not merged yet
+        try:
+            data = json.dumps({
+                "merged": gone,  # those not listed were removed by an earlier reader
+                "groups": {group: counts.to_json() for group, counts in dead.items()},
+            }).encode()
+            temporary = directory / f".{DEAD}.tmp"
+            temporary.write_bytes(data)
+            os.replace(temporary, dead_path)
+        except OSError as e:
+            log.warning("cannot merge dead writers' metrics in %s: %s", directory, e)
+            return sums, live
+    for ident in gone:
+        for suffix in (".json", ".lock"):
+            with contextlib.suppress(FileNotFoundError):
+                (directory / f"{ident}{suffix}").unlink()
     return sums, live

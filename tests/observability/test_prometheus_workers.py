@@ -275,6 +275,47 @@ def test_a_removed_or_closed_groups_counts_stay_in_the_sums(tmp_path: Path) -> N
     assert sample(registry, "flightgroup_workers") == 0.0
 
 
+CALLING = textwrap.dedent("""
+    import sys
+    from prometheus_client import CollectorRegistry
+    from flightgroup import FlightGroup
+    from flightgroup.prometheus import register
+
+    group = FlightGroup()
+    register(group, CollectorRegistry(), name="g", directory=sys.argv[1], interval=60)
+    for i in range(int(sys.argv[2])):
+        group.run_sync(f"k{i}", lambda: 1)
+""")
+
+
+@pytest.mark.timeout(60)
+def test_exited_writers_counts_are_written_at_exit_and_merged_into_one_file(
+    tmp_path: Path,
+) -> None:
+    """Processes that exit write their counts at exit; a scrape merges the files of
+    dead writers into one and counts each once, a file its merger left behind too."""
+    for calls in (1, 2, 4):
+        subprocess.run([sys.executable, "-c", CALLING, str(tmp_path), str(calls)],
+                       check=True, timeout=50)
+    written = sorted(tmp_path.glob("*.json"))
+    assert len(written) == 3
+    left_behind = written[0].read_bytes()
+    registry = CollectorRegistry()
+    registry.register(FlightGroupCollector(directory=tmp_path))
+    assert sample(registry, "flightgroup_calls_total", group="g") == 7.0
+    assert sorted(path.name for path in tmp_path.iterdir() if not path.name.startswith(".")) == [
+        "dead.json"
+    ]
+    # As if the merging reader had died before it removed that file: still counted once.
+    written[0].write_bytes(left_behind)
+    assert sample(registry, "flightgroup_calls_total", group="g") == 7.0
+    assert not written[0].exists()
+    subprocess.run([sys.executable, "-c", CALLING, str(tmp_path), "3"], check=True, timeout=50)
+    assert sample(registry, "flightgroup_calls_total", group="g") == 10.0
+    assert sample(registry, "flightgroup_flight_seconds_count", group="g") == 10.0
+    assert sample(registry, "flightgroup_workers") == 0.0
+
+
 FORKING = textwrap.dedent("""
     import os, sys, warnings
     from prometheus_client import CollectorRegistry
@@ -303,11 +344,11 @@ def test_a_forked_child_counts_only_its_own_calls(tmp_path: Path) -> None:
     """A child forked from a process that exported a group writes its own calls to a
     file of its own, not the parent's counts again."""
     subprocess.run([sys.executable, "-c", FORKING, str(tmp_path)], check=True, timeout=50)
+    assert len(list(tmp_path.glob("*.json"))) == 2  # the parent's and the child's
     registry = CollectorRegistry()
     registry.register(FlightGroupCollector(directory=tmp_path))
     assert sample(registry, "flightgroup_calls_total", group="g") == 5.0
     assert sample(registry, "flightgroup_flights_total", group="g") == 5.0
-    assert len(list(tmp_path.glob("*.json"))) == 2
 
 
 def test_a_registry_exports_from_one_directory(
