@@ -189,11 +189,9 @@ def _counts(recorder: Recorder) -> Counts:
     histograms = {}
     for name, _, field, bounds, unit in HISTOGRAMS:
         histogram: Histogram = getattr(recorder, field)
-        histograms[name] = Buckets(
-            [*(float(histogram.at_most(int(bound / unit))) for bound in bounds),
-             float(histogram.count)],
-            histogram.total * unit,
-        )
+        cumulative = histogram.cumulative([int(bound / unit) for bound in bounds])
+        histograms[name] = Buckets([*map(float, cumulative), float(histogram.count)],
+                                   histogram.total * unit)
     return Counts(
         counters={name: float(getattr(recorder, name)) for name, _ in COUNTERS},
         gauges={name: float(getattr(recorder, name)) for name, _ in GAUGES},
