@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from .group import FlightGroup
     from .stats import Histogram, Recorder
 
-__all__ = ["FlightGroupCollector", "register"]
+__all__ = ["DIRECTORY_ENV", "FlightGroupCollector", "register"]
 
 JOINER_BUCKETS: tuple[float, ...] = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10000)
 SECONDS_BUCKETS: tuple[float, ...] = (
@@ -58,7 +58,7 @@ SECONDS_BUCKETS: tuple[float, ...] = (
 )
 
 
-COUNTERS: tuple[tuple[str, str], ...] = (
+_COUNTERS: tuple[tuple[str, str], ...] = (
     ("calls", "Calls made"),
     ("flights", "Times a work ran (attempts included)"),
     ("joins", "Calls that joined a flight or got a kept outcome"),
@@ -67,17 +67,18 @@ COUNTERS: tuple[tuple[str, str], ...] = (
     ("lease_losses", "Flights led here that lost their lease"),
     ("local_flights", "Flights led in this process alone: the scope was out of reach"),
 )
-GAUGES: tuple[tuple[str, str], ...] = (
+_GAUGES: tuple[tuple[str, str], ...] = (
     ("in_flight", "Flights running now"),
     ("kept", "Outcomes kept for later calls"),
 )
 # (metric, doc, the Recorder's histogram, bucket bounds, the histogram's unit)
-HISTOGRAMS: tuple[tuple[str, str, str, tuple[float, ...], float], ...] = (
+_HISTOGRAMS: tuple[tuple[str, str, str, tuple[float, ...], float], ...] = (
     ("joiners_per_flight", "Joiners per flight", "joiners", JOINER_BUCKETS, 1.0),
     ("flight_seconds", "How long flights ran", "flight_us", SECONDS_BUCKETS, 1e-6),
     ("wait_seconds", "How long joiners waited", "wait_us", SECONDS_BUCKETS, 1e-6),
 )
 
+# The environment variable that names the workers' directory when ``register`` is not given one.
 DIRECTORY_ENV = "FLIGHTGROUP_PROMETHEUS_DIR"
 
 
@@ -159,17 +160,17 @@ class FlightGroupCollector(Collector):
 
     def _families(self, groups: list[tuple[str, Counts]], workers: int | None) -> Iterator[Any]:
         p = self._prefix
-        for name, doc in COUNTERS:
+        for name, doc in _COUNTERS:
             counter = CounterMetricFamily(f"{p}_{name}", doc, labels=["group"])
             for group, counts in groups:
                 counter.add_metric([group], counts.counters.get(name, 0.0))
             yield counter
-        for name, doc in GAUGES:
+        for name, doc in _GAUGES:
             gauge = GaugeMetricFamily(f"{p}_{name}", doc, labels=["group"])
             for group, counts in groups:
                 gauge.add_metric([group], counts.gauges.get(name, 0.0))
             yield gauge
-        for name, doc, _, bounds, _ in HISTOGRAMS:
+        for name, doc, _, bounds, _ in _HISTOGRAMS:
             family = HistogramMetricFamily(f"{p}_{name}", doc, labels=["group"])
             les = [*map(_le, bounds), "+Inf"]
             for group, counts in groups:
@@ -187,14 +188,14 @@ class FlightGroupCollector(Collector):
 def _counts(recorder: Recorder) -> Counts:
     """One group's counts from a copy of its recorder."""
     histograms = {}
-    for name, _, field, bounds, unit in HISTOGRAMS:
+    for name, _, field, bounds, unit in _HISTOGRAMS:
         histogram: Histogram = getattr(recorder, field)
         cumulative = histogram.cumulative([int(bound / unit) for bound in bounds])
         histograms[name] = Buckets([*map(float, cumulative), float(histogram.count)],
                                    histogram.total * unit)
     return Counts(
-        counters={name: float(getattr(recorder, name)) for name, _ in COUNTERS},
-        gauges={name: float(getattr(recorder, name)) for name, _ in GAUGES},
+        counters={name: float(getattr(recorder, name)) for name, _ in _COUNTERS},
+        gauges={name: float(getattr(recorder, name)) for name, _ in _GAUGES},
         histograms=histograms,
     )
 
