@@ -166,14 +166,9 @@ class Writer:
         self._start()
         _WRITERS.add(self)
 
-    @property
-    def ident(self) -> str:
-        """This process's name for its files: ``<pid>-<token>``."""
-        return self._ident
-
     def _start(self) -> None:
-        """Take a new identity: its lock, held until the process dies or ``close``, and
-        its thread."""
+        """Take a new identity (``<pid>-<token>``, the name of this process's files):
+        its lock, held until the process dies or ``close``, and its thread."""
         self._ident = f"{os.getpid()}-{secrets.token_hex(4)}"
         lock_path = self.directory / f"{self._ident}.lock"
         self._lock_fd: int | None = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
