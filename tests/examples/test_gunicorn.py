@@ -1,0 +1,77 @@
+"""examples/gunicorn: the WSGI recipe under a real gunicorn (gthread workers, --preload,
+--max-requests): each worker makes its own group, and a replaced worker's does too."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from .servers import (
+    BIN,
+    EXAMPLES,
+    Child,
+    Children,
+    Hold,
+    base_url,
+    child_env,
+    get,
+    get_many,
+    wait_for,
+    wait_ready,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+APP = "tests.examples.served.gunicorn_app:application"
+
+
+def one_build(server: Child, url: str, hold: Hold, day: str, requests: int) -> set[str]:
+    """Fire ``requests`` concurrent requests for ``day``'s report (no more than a worker's
+    threads: a worker may take them all, and one past its threads would queue behind
+    the held ones), held until all of them led or joined; check they got one build.
+    Returns the pids of the workers that answered."""
+    hold.reset()
+    replies = get_many([f"{url}/reports/{day}"] * requests)
+    hold.wait(started=1, joined=requests - 1, seen=[server])
+    hold.release()
+    answers = [reply.result(timeout=30) for reply in replies]
+    assert len(hold.lines("started")) == 1
+    assert [a.status for a in answers] == [200] * requests
+    assert len({str(a.body) for a in answers}) == 1
+    assert sorted(a.headers["x-flight"] for a in answers) == ["joined"] * (requests - 1) + ["led"]
+    return {a.headers["x-worker"] for a in answers}
+
+
+def test_preloaded_workers_and_their_replacements_each_make_a_group_that_coalesces(
+    children: Children, hold: Hold, directory: str
+) -> None:
+    """--preload, --max-requests 4: one build per round, before and after every worker
+    was replaced, each worker's group opened in it and closed as it left."""
+    port, url = base_url()
+    server = children.start(
+        [str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--bind", f"127.0.0.1:{port}",
+         "--max-requests", "4", "--max-requests-jitter", "0", APP],
+        cwd=EXAMPLES / "gunicorn", env=child_env(hold, FLIGHTGROUP_DIR=directory),
+    )
+    wait_ready(f"{url}/healthz", server)
+
+    def opened() -> list[str]:
+        return re.findall(r"opened the flight group of worker (\d+)", server.output())
+
+    def closed() -> list[str]:
+        return re.findall(r"closed the flight group of worker (\d+)", server.output())
+
+    wait_for(lambda: len(opened()) == 3, "three workers to open their groups")
+    first_workers = set(opened())
+    assert one_build(server, url, hold, "2026-11-30", 4) <= first_workers
+
+    # every first worker reaches its 4 requests and is replaced by a new one
+    def all_replaced() -> bool:
+        if not first_workers <= set(closed()):
+            get(f"{url}/healthz")
+            return False
+        return len(set(opened()) - first_workers) >= 3
+
+    wait_for(all_replaced, "every first worker to be replaced")
+    assert one_build(server, url, hold, "2026-12-01", 4).isdisjoint(first_workers)
