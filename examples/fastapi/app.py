@@ -8,7 +8,8 @@ environment, so one app serves every deployment:
 - ``FLIGHTGROUP_REDIS`` (and ``FLIGHTGROUP_NAMESPACE``): the fleet scope;
 - else ``FLIGHTGROUP_DIR``, or a folder of the temp dir: the directory scope.
 
-Run: ``uvicorn app:app --workers 3`` from this folder (see README.md).
+Run: ``uvicorn app:app --workers 3`` from this folder, or under gunicorn:
+``gunicorn -k uvicorn_worker.UvicornWorker --workers 3 --preload app:app`` (README.md).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ async def report(day: str, request: Request, response: Response) -> dict[str, An
     result = await group.run(f"report:{day}", lambda: build_report(day))
     response.headers["X-Flight"] = "joined" if result.joined else "led"
     response.headers["X-Flight-Token"] = str(result.token)
+    response.headers["X-Worker"] = str(os.getpid())
     value: dict[str, Any] = result.value
     return value
 

@@ -193,3 +193,20 @@ def base_url() -> tuple[int, str]:
     """A free loopback port and its base URL."""
     port = free_port()
     return port, f"http://127.0.0.1:{port}"
+
+
+def one_build(server: Child, url: str, hold: Hold, day: str, requests: int) -> set[str]:
+    """Fire ``requests`` concurrent requests for ``day``'s report (no more than a worker's
+    threads: a worker may take them all, and one past its threads would queue behind
+    the held ones), held until all of them led or joined; check they got one build.
+    Returns the pids of the workers that answered."""
+    hold.reset()
+    replies = get_many([f"{url}/reports/{day}"] * requests)
+    hold.wait(started=1, joined=requests - 1, seen=[server])
+    hold.release()
+    answers = [reply.result(timeout=30) for reply in replies]
+    assert len(hold.lines("started")) == 1
+    assert [a.status for a in answers] == [200] * requests
+    assert len({str(a.body) for a in answers}) == 1
+    assert sorted(a.headers["x-flight"] for a in answers) == ["joined"] * (requests - 1) + ["led"]
+    return {a.headers["x-worker"] for a in answers}
