@@ -25,6 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 BIN = Path(sys.executable).parent
 WAIT = 30.0  # the most any one expected event may take on a loaded machine
+# gunicorn as the tests start it: without its control socket, whose default path is
+# one per user (tests running side by side would take it from each other).
+GUNICORN = [str(BIN / "gunicorn"), "--no-control-socket"]
 
 
 def child_env(hold: Hold | None = None, **extra: str) -> dict[str, str]:

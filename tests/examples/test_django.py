@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from .servers import BIN, EXAMPLES, Children, Hold, base_url, child_env, get_many, wait_ready
+from .servers import EXAMPLES, GUNICORN, Children, Hold, base_url, child_env, get_many, wait_ready
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -19,7 +19,7 @@ def test_concurrent_requests_of_sync_views_in_threads_and_workers_share_one_quer
     the held ones) over two workers' threads: one query, one answer."""
     port, url = base_url()
     server = children.start(
-        [str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--bind", f"127.0.0.1:{port}", APP],
+        [*GUNICORN, "-c", "gunicorn.conf.py", "--bind", f"127.0.0.1:{port}", APP],
         cwd=EXAMPLES / "django", env=child_env(hold, FLIGHTGROUP_DIR=directory),
     )
     wait_ready(f"{url}/healthz", server)

@@ -11,6 +11,7 @@ import pytest
 from .servers import (
     BIN,
     EXAMPLES,
+    GUNICORN,
     Children,
     Hold,
     base_url,
@@ -85,7 +86,7 @@ def test_gunicorn_uvicorn_workers_preloaded_and_replaced_each_make_their_group_i
     round, before and after every worker was replaced (each ran the lifespan anew)."""
     port, url = base_url()
     server = children.start(
-        [str(BIN / "gunicorn"), "-k", "uvicorn_worker.UvicornWorker", "--workers", "3",
+        [*GUNICORN, "-k", "uvicorn_worker.UvicornWorker", "--workers", "3",
          "--preload", "--max-requests", "4", "--max-requests-jitter", "0",
          "--bind", f"127.0.0.1:{port}", APP],
         cwd=EXAMPLES / "fastapi", env=child_env(hold, FLIGHTGROUP_DIR=directory),

@@ -8,8 +8,8 @@ import re
 import pytest
 
 from .servers import (
-    BIN,
     EXAMPLES,
+    GUNICORN,
     Children,
     Hold,
     base_url,
@@ -32,7 +32,7 @@ def test_preloaded_workers_and_their_replacements_each_make_a_group_that_coalesc
     was replaced, each worker's group opened in it and closed as it left."""
     port, url = base_url()
     server = children.start(
-        [str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--bind", f"127.0.0.1:{port}",
+        [*GUNICORN, "-c", "gunicorn.conf.py", "--bind", f"127.0.0.1:{port}",
          "--max-requests", "4", "--max-requests-jitter", "0", APP],
         cwd=EXAMPLES / "gunicorn", env=child_env(hold, FLIGHTGROUP_DIR=directory),
     )
