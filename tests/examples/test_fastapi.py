@@ -47,7 +47,7 @@ def test_concurrent_requests_across_uvicorn_workers_share_one_build(
     url = uvicorn(children, child_env(hold, FLIGHTGROUP_DIR=directory), workers=3)
 
     replies = get_many([f"{url}/reports/2026-11-30"] * 9)
-    hold.wait(started=1, joined=8)
+    hold.wait(started=1, joined=8, seen=children.started)
     hold.release()
     answers = [reply.result(timeout=30) for reply in replies]
 
@@ -69,7 +69,7 @@ def test_concurrent_requests_to_two_hosts_share_one_build_through_redis(
     first, second = (uvicorn(children, env, workers=2) for _ in range(2))
 
     replies = get_many([f"{host}/reports/2026-12-01" for host in (first, second)] * 4)
-    hold.wait(started=1, joined=7)
+    hold.wait(started=1, joined=7, seen=children.started)
     hold.release()
     answers = [reply.result(timeout=30) for reply in replies]
 
