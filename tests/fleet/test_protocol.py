@@ -41,7 +41,14 @@ from flightgroup.redis.arbiter import RedisArbiter
 from flightgroup.redis.names import Names
 
 from ..infleet import fleet_of
-from ..redisproc import CutProxy, RedisCluster, RedisServer, free_port, keys_without_ttl
+from ..redisproc import (
+    CutProxy,
+    RedisCluster,
+    RedisServer,
+    free_port,
+    keys_without_ttl,
+    refused_port,
+)
 from ..support import in_thread, once_reachable, scope_of, wait_until
 
 LEASE_MS = 10_000
@@ -724,6 +731,13 @@ def never(*_: Any) -> Any:
 
 
 @pytest.fixture
+def refused_url() -> Iterator[str]:
+    """A Redis URL where nothing answers: every connection is refused."""
+    with refused_port() as port:
+        yield f"redis://127.0.0.1:{port}/0"
+
+
+@pytest.fixture
 def proxy(redis_server: RedisServer) -> Iterator[CutProxy]:
     p = CutProxy(redis_server.port)
     try:
@@ -798,8 +812,8 @@ def test_a_retried_landing_is_the_leaders_and_lands_once(
 
 
 @pytest.mark.timeout(30)
-def test_unreachable_redis_raises_unavailable_error() -> None:
-    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+def test_unreachable_redis_raises_unavailable_error(refused_url: str) -> None:
+    url = refused_url
     ran = []
     with FlightGroup(redis=url, namespace="n", codec=JSON) as group:
         with pytest.raises(UnavailableError) as caught:
@@ -1251,8 +1265,8 @@ def test_a_flight_longer_than_its_lease_is_renewed_for_its_joiner(
 
 
 @pytest.mark.timeout(30)
-def test_unreachable_cluster_raises_unavailable_error() -> None:
-    url = f"redis://127.0.0.1:{free_port()}/0"
+def test_unreachable_cluster_raises_unavailable_error(refused_url: str) -> None:
+    url = refused_url
     with FlightGroup(redis=url, namespace="n", codec=JSON, cluster=True) as group:
         # redis-py's Cluster client raises RedisClusterException (no RedisError):
         # the call must still end, as unavailable, not wait forever
