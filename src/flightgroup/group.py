@@ -90,7 +90,6 @@ if TYPE_CHECKING:
 __all__ = ["BoundCoalesced", "Coalesced", "FlightGroup", "Result"]
 
 T = TypeVar("T")
-
 _WAIT_MAX = threading.TIMEOUT_MAX
 
 
@@ -332,6 +331,48 @@ class FlightGroup:
             return self._deliver(flight, False)
         return await self._follow(role, flight, waiter, work, None, None, loop, policy)
 
+    async def _run_op_with(
+        self,
+        tkey: Hashable,
+        key: str,
+        work: Callable[[], Awaitable[T]],
+        policy: FlightPolicy,
+        *,
+        on_join: Callable[[], object] | None,
+        timeout: float | None,
+        fresh: bool,
+    ) -> Result[T]:
+        """``run`` for a decorated function called with options (``fn.options(...)``,
+        checked there): as :meth:`run`'s, over the namespaced key ``tkey``."""
+        if self._closed:
+            raise self._closed_error()
+        if timeout is not None and timeout <= 0:
+            raise TimeoutError(f"timeout of 0 s for {key!r}: the call neither led nor joined")
+        loop = events.get_running_loop()
+        task = asyncio.current_task(loop)
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError()
+        current = _CURRENT.get()
+        role, flight, waiter = self._table.arrive(
+            tkey,
+            key,
+            fresh=fresh,
+            make_waiter=loop.create_future,
+            chain=None if current is None else current.flight,
+            blocking_loop=None,
+            policy=policy,
+        )
+        if role is Role.LEAD:
+            self._attempts.start_async(flight, work, loop)
+            if flight.outcome is not None:  # the work finished eagerly: no waiting
+                if on_join is not None and self._bridge is not None and flight.joined_remote:
+                    on_join()  # (wide scopes) it joined elsewhere, and the outcome came
+                return self._deliver(flight, True)
+            role = Role.LEADING
+        elif role is Role.KEPT:
+            return self._deliver(flight, False)
+        return await self._follow(role, flight, waiter, work, on_join, timeout, loop, policy)
+
     async def _lead_waiting(
         self,
         flight: Flight,
@@ -526,6 +567,39 @@ class FlightGroup:
             return self._deliver(flight, True)
         return self._follow_sync(role, flight, waiter, work, None, None, policy)
 
+    def _call_sync_with(
+        self,
+        tkey: Hashable,
+        key: str,
+        work: Callable[[], T],
+        policy: FlightPolicy,
+        *,
+        on_join: Callable[[], object] | None,
+        timeout: float | None,
+        fresh: bool,
+    ) -> Result[T]:
+        """``run_sync`` for a decorated function called with options
+        (``fn.options(...)``, checked there): as :meth:`run_sync`'s, over the
+        namespaced key ``tkey``; with a ``timeout`` the leader's work runs on a thread
+        of its own."""
+        if self._closed:
+            raise self._closed_error()
+        if timeout is not None and timeout <= 0:
+            raise TimeoutError(f"timeout of 0 s for {key!r}: the call neither led nor joined")
+        current = _CURRENT.get()
+        parent = None if current is None else current.flight
+        loop = events._get_running_loop()
+        if loop is not None:
+            namespace, op = cast("tuple[str, str]", tkey)
+            _warn_blocks_loop(f"{namespace}({op!r})", stacklevel=4)
+        role, flight, waiter = self._table.arrive(
+            tkey, key, fresh=fresh, make_waiter=new_thread_waiter, chain=parent,
+            blocking_loop=loop, policy=policy,
+        )
+        if role is Role.KEPT:
+            return self._deliver(flight, False)
+        return self._follow_sync(role, flight, waiter, work, on_join, timeout, policy)
+
     def _follow_sync(
         self,
         role: Role,
@@ -642,14 +716,17 @@ class FlightGroup:
         takeover: int | None = None,
     ) -> _Coalesce:
         """Decorate an ``async def`` or a plain ``def`` so that concurrent calls with
-        the same key share one run. The decorated function returns the value itself.
+        the same key share one run. The decorated function returns the value itself;
+        ``fn.options(timeout=..., fresh=..., on_join=...)(*args)`` calls it with those
+        options and returns the ``Result``.
 
         ``key`` is called with the function's arguments and returns the call's key
         (without it, the key is the ``repr`` of the bound arguments: only for
         arguments whose repr says all that matters). Keys live in a namespace of the
         function's own (``module.qualname``, a lambda's with its line and a digest of
         its code, or ``name``), so two decorated functions never share a flight. The
-        wrapper also has ``forget(*args, **kwargs)``.
+        wrapper also has ``forget(*args, **kwargs)``. A type checker checks the
+        decorated function against ``key``'s parameters (ADR 0044).
         """
         if key is not None and not callable(key):
             raise TypeError("key must be a callable that returns the call's key")
