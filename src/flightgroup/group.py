@@ -27,7 +27,7 @@ import weakref
 from asyncio import events
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Self, TypeVar, cast, overload
 
 from .codec import Codec
 from .configure import (
@@ -81,8 +81,16 @@ from .policy import (
 from .stats import Stats
 
 if TYPE_CHECKING:
+    from typing_extensions import deprecated
+
     from .scope.bridge import Bridge
     from .scope.interface import Scope
+else:
+
+    def deprecated(message: str) -> Callable[[T], T]:
+        """(Read by type checkers only: at run time an overload is never called.)"""
+        return lambda overload: overload
+
 
 # The wide scopes' modules are imported when a group of that scope is made: the process
 # scope needs none of their OS interfaces (fcntl, Unix sockets), so it imports anywhere.
@@ -473,6 +481,34 @@ class FlightGroup:
                     timer.cancel()
             if follower.woken(signal) is DELIVER:
                 return self._deliver(follower.flight, follower.leader)
+
+    # An async work given to run_sync fails its flight at run time (TypeError): a type
+    # checker that reports deprecated calls flags it where it is written (ADR 0044).
+    @overload
+    @deprecated(
+        "run_sync() runs a plain callable; an async work needs await run() (given to "
+        "run_sync, its flight fails with TypeError)"
+    )
+    def run_sync(
+        self,
+        key: str,
+        work: Callable[[], Awaitable[Any]],
+        *,
+        on_join: Callable[[], object] | None = None,
+        timeout: float | None = None,
+        fresh: bool = False,
+    ) -> Result[object]: ...
+
+    @overload
+    def run_sync(
+        self,
+        key: str,
+        work: Callable[[], T],
+        *,
+        on_join: Callable[[], object] | None = None,
+        timeout: float | None = None,
+        fresh: bool = False,
+    ) -> Result[T]: ...
 
     def run_sync(
         self,
