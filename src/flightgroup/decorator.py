@@ -188,7 +188,7 @@ def check_key_takes_calls(key: Callable[..., str], fn: Callable[..., Any]) -> No
                     continue
                 elif kind is kinds.KEYWORD_ONLY or (named and kind is kinds.POSITIONAL_OR_KEYWORD):
                     kwargs[parameter.name] = None
-                elif not kwargs:  # a positional one after a named one stays unnamed
+                elif not kwargs:  # positionally, while no parameter before it was named
                     args.append(None)
                 else:
                     kwargs[parameter.name] = None

@@ -156,7 +156,11 @@ class GroupSlot:
 
     @contextmanager
     def _opened_sync(self, group: FlightGroup) -> Iterator[FlightGroup]:
-        self.bind(group)
+        try:
+            self.bind(group)
+        except BaseException:
+            group.close()  # (made for this block only; nothing started yet)
+            raise
         try:
             yield group
         finally:
@@ -165,7 +169,11 @@ class GroupSlot:
 
     @asynccontextmanager
     async def _opened_async(self, group: FlightGroup) -> AsyncIterator[FlightGroup]:
-        self.bind(group)
+        try:
+            self.bind(group)
+        except BaseException:
+            await group.aclose()  # (made for this block only; nothing started yet)
+            raise
         try:
             yield group
         finally:

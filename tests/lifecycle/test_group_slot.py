@@ -166,3 +166,12 @@ def test_two_threads_see_one_group_across_a_rebind() -> None:
         loop_result = Background(lambda: asyncio.run(aload(9))).wait()
         assert loop_result == 10 and second.stats().calls == 1
     assert first.stats().calls == 1
+
+
+def test_opening_a_slot_that_holds_a_group_is_refused_and_changes_nothing() -> None:
+    """One group at a time: a nested open raises RuntimeError; the slot keeps serving
+    the group it holds."""
+    with flights.open() as group:
+        with pytest.raises(RuntimeError), flights.open():
+            pass
+        assert flights.group is group and load(10) == 20
