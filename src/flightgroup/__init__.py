@@ -27,6 +27,7 @@ from .lease import current_lease as current_lease
 from .policy import Limits as Limits
 from .policy import Retention as Retention
 from .policy import Retry as Retry
+from .slot import GroupSlot as GroupSlot
 from .stats import Stats as Stats
 
 __version__ = "0.1.0"
@@ -41,6 +42,7 @@ __all__ = [
     "FlightInterruptedError",
     "FlightTimeoutError",
     "GroupClosedError",
+    "GroupSlot",
     "Lease",
     "LeaseLostError",
     "Limits",

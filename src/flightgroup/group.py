@@ -27,7 +27,7 @@ import weakref
 from asyncio import events
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Self, TypeVar, cast, overload
 
 from .codec import Codec
 from .configure import (
@@ -81,8 +81,16 @@ from .policy import (
 from .stats import Stats
 
 if TYPE_CHECKING:
+    from typing_extensions import deprecated
+
     from .scope.bridge import Bridge
     from .scope.interface import Scope
+else:
+
+    def deprecated(message: str) -> Callable[[T], T]:
+        """(Read by type checkers only: at run time an overload is never called.)"""
+        return lambda overload: overload
+
 
 # The wide scopes' modules are imported when a group of that scope is made: the process
 # scope needs none of their OS interfaces (fcntl, Unix sockets), so it imports anywhere.
@@ -90,7 +98,6 @@ if TYPE_CHECKING:
 __all__ = ["BoundCoalesced", "Coalesced", "FlightGroup", "Result"]
 
 T = TypeVar("T")
-
 _WAIT_MAX = threading.TIMEOUT_MAX
 
 
@@ -332,6 +339,48 @@ class FlightGroup:
             return self._deliver(flight, False)
         return await self._follow(role, flight, waiter, work, None, None, loop, policy)
 
+    async def _run_op_with(
+        self,
+        tkey: Hashable,
+        key: str,
+        work: Callable[[], Awaitable[T]],
+        policy: FlightPolicy,
+        *,
+        on_join: Callable[[], object] | None,
+        timeout: float | None,
+        fresh: bool,
+    ) -> Result[T]:
+        """``run`` for a decorated function called with options (``fn.options(...)``,
+        checked there): as :meth:`run`'s, over the namespaced key ``tkey``."""
+        if self._closed:
+            raise self._closed_error()
+        if timeout is not None and timeout <= 0:
+            raise TimeoutError(f"timeout of 0 s for {key!r}: the call neither led nor joined")
+        loop = events.get_running_loop()
+        task = asyncio.current_task(loop)
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError()
+        current = _CURRENT.get()
+        role, flight, waiter = self._table.arrive(
+            tkey,
+            key,
+            fresh=fresh,
+            make_waiter=loop.create_future,
+            chain=None if current is None else current.flight,
+            blocking_loop=None,
+            policy=policy,
+        )
+        if role is Role.LEAD:
+            self._attempts.start_async(flight, work, loop)
+            if flight.outcome is not None:  # the work finished eagerly: no waiting
+                if on_join is not None and self._bridge is not None and flight.joined_remote:
+                    on_join()  # (wide scopes) it joined elsewhere, and the outcome came
+                return self._deliver(flight, True)
+            role = Role.LEADING
+        elif role is Role.KEPT:
+            return self._deliver(flight, False)
+        return await self._follow(role, flight, waiter, work, on_join, timeout, loop, policy)
+
     async def _lead_waiting(
         self,
         flight: Flight,
@@ -433,6 +482,34 @@ class FlightGroup:
             if follower.woken(signal) is DELIVER:
                 return self._deliver(follower.flight, follower.leader)
 
+    # An async work given to run_sync fails its flight at run time (TypeError): a type
+    # checker that reports deprecated calls flags it where it is written (ADR 0044).
+    @overload
+    @deprecated(
+        "run_sync() runs a plain callable; an async work needs await run() (given to "
+        "run_sync, its flight fails with TypeError)"
+    )
+    def run_sync(
+        self,
+        key: str,
+        work: Callable[[], Awaitable[Any]],
+        *,
+        on_join: Callable[[], object] | None = None,
+        timeout: float | None = None,
+        fresh: bool = False,
+    ) -> Result[object]: ...
+
+    @overload
+    def run_sync(
+        self,
+        key: str,
+        work: Callable[[], T],
+        *,
+        on_join: Callable[[], object] | None = None,
+        timeout: float | None = None,
+        fresh: bool = False,
+    ) -> Result[T]: ...
+
     def run_sync(
         self,
         key: str,
@@ -525,6 +602,39 @@ class FlightGroup:
             self._attempts.drive_sync(flight, work, parent)
             return self._deliver(flight, True)
         return self._follow_sync(role, flight, waiter, work, None, None, policy)
+
+    def _call_sync_with(
+        self,
+        tkey: Hashable,
+        key: str,
+        work: Callable[[], T],
+        policy: FlightPolicy,
+        *,
+        on_join: Callable[[], object] | None,
+        timeout: float | None,
+        fresh: bool,
+    ) -> Result[T]:
+        """``run_sync`` for a decorated function called with options
+        (``fn.options(...)``, checked there): as :meth:`run_sync`'s, over the
+        namespaced key ``tkey``; with a ``timeout`` the leader's work runs on a thread
+        of its own."""
+        if self._closed:
+            raise self._closed_error()
+        if timeout is not None and timeout <= 0:
+            raise TimeoutError(f"timeout of 0 s for {key!r}: the call neither led nor joined")
+        current = _CURRENT.get()
+        parent = None if current is None else current.flight
+        loop = events._get_running_loop()
+        if loop is not None:
+            namespace, op = cast("tuple[str, str]", tkey)
+            _warn_blocks_loop(f"{namespace}({op!r})", stacklevel=4)
+        role, flight, waiter = self._table.arrive(
+            tkey, key, fresh=fresh, make_waiter=new_thread_waiter, chain=parent,
+            blocking_loop=loop, policy=policy,
+        )
+        if role is Role.KEPT:
+            return self._deliver(flight, False)
+        return self._follow_sync(role, flight, waiter, work, on_join, timeout, policy)
 
     def _follow_sync(
         self,
@@ -642,14 +752,17 @@ class FlightGroup:
         takeover: int | None = None,
     ) -> _Coalesce:
         """Decorate an ``async def`` or a plain ``def`` so that concurrent calls with
-        the same key share one run. The decorated function returns the value itself.
+        the same key share one run. The decorated function returns the value itself;
+        ``fn.options(timeout=..., fresh=..., on_join=...)(*args)`` calls it with those
+        options and returns the ``Result``.
 
         ``key`` is called with the function's arguments and returns the call's key
         (without it, the key is the ``repr`` of the bound arguments: only for
         arguments whose repr says all that matters). Keys live in a namespace of the
         function's own (``module.qualname``, a lambda's with its line and a digest of
         its code, or ``name``), so two decorated functions never share a flight. The
-        wrapper also has ``forget(*args, **kwargs)``.
+        wrapper also has ``forget(*args, **kwargs)``. A type checker checks the
+        decorated function against ``key``'s parameters (ADR 0044).
         """
         if key is not None and not callable(key):
             raise TypeError("key must be a callable that returns the call's key")

@@ -16,6 +16,7 @@ API_NAMES = {
     "LeaseLostError", "TooManyWaitersError", "TooManyFlightsError",
     "ProtocolVersionError", "NetworkDirectoryError", "GroupClosedError", "ValueTooLargeError",
     "UnavailableError",
+    "GroupSlot",  # issue 29: operations declared before their group (ADR 0044)
 }  # fmt: skip
 
 
