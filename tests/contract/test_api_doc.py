@@ -128,7 +128,7 @@ def test_the_names_checked_include_the_whole_export_list() -> None:
     assert names["FlightTimeoutError"] >= {"key", "deadline", "attempts", "max_deadline_threads"}
     assert names["Stats"] >= {"calls", "joiners_p99", "local_flights"}
     assert names["Retry"] >= {"attempts", "on", "on_timeout"}
-    assert names["a decorated function"] == {"forget", "flight_namespace"}
+    assert names["a decorated function"] == {"forget", "flight_namespace", "options"}
 
 
 def test_a_public_name_added_without_docs_is_named() -> None:
