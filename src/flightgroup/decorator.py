@@ -25,6 +25,7 @@ from typing import (
     overload,
 )
 
+from .codec import operation_codec
 from .configure import check_key
 
 if TYPE_CHECKING:
@@ -157,6 +158,8 @@ def make_coalesce(
         if not callable(fn):
             raise TypeError("coalesce() decorates a function")
         namespace = name or namespace_of(fn)
+        # The operation's codec, made once for its declared return type (a typed codec).
+        op_policy = policy.with_codec(operation_codec(policy.codec, fn, namespace))
         if key is None:
             signature = inspect.signature(fn)
 
@@ -176,7 +179,7 @@ def make_coalesce(
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 tkey, op = op_key(args, kwargs)
-                return (await group._run_op(tkey, op, lambda: fn(*args, **kwargs), policy)).value
+                return (await group._run_op(tkey, op, lambda: fn(*args, **kwargs), op_policy)).value
 
             wrapper: Any = async_wrapper
         else:
@@ -187,7 +190,7 @@ def make_coalesce(
                 if group._closed:
                     raise group._closed_error()
                 work = functools.partial(fn, *args, **kwargs)
-                return group._call_sync(tkey, op, work, policy).value
+                return group._call_sync(tkey, op, work, op_policy).value
 
             wrapper = sync_wrapper
 
