@@ -27,7 +27,10 @@ __all__ = ["JSON", "PICKLE", "Codec", "check_codec", "encode_bytes", "operation_
 
 @runtime_checkable
 class Codec(Protocol):
-    """Turns a value into bytes (or text) for other processes, and back."""
+    """Turns a value into bytes (or text) for other processes, and back.
+
+    A codec may also have ``for_type(tp, /, *, name) -> Codec``, which a decorated
+    function's calls use for its declared return type (docs/codecs.md)."""
 
     def encode(self, value: Any, /) -> bytes | str:
         """Return the value's wire form; raise if it cannot be encoded."""

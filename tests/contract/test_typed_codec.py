@@ -252,3 +252,20 @@ def test_the_core_imports_and_uses_json_without_msgspec() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_without_msgspec_the_typed_module_says_which_extra_to_install() -> None:
+    """Importing flightgroup.typed where msgspec is missing: ImportError naming the extra."""
+    code = (
+        "import sys\n"
+        "sys.modules['msgspec'] = None  # as if it were not installed\n"
+        "try:\n"
+        "    import flightgroup.typed\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "flightgroup[typed]" in done.stdout
