@@ -122,14 +122,29 @@ def operation_codec(codec: Codec | None, fn: Callable[..., Any], name: str) -> C
 _UNDECLARED: Any = object()
 
 
+class _Returns:
+    """Holds one function's return annotation alone, for ``typing.get_type_hints``."""
+
+    def __init__(self, annotation: object) -> None:
+        self.__annotations__ = {"return": annotation}
+
+
 def _declared_return(fn: Callable[..., Any]) -> Any:
     """``fn``'s declared return type, or _UNDECLARED. Raises NameError for a name
-    the annotation uses that is not defined (yet)."""
+    the annotation uses that is not defined (yet). Only the return annotation is read:
+    a parameter's may name what exists only for type checkers (``TYPE_CHECKING``)."""
     target = inspect.unwrap(fn)
-    if not (inspect.isfunction(target) or inspect.ismethod(target)):
+    if inspect.ismethod(target):
+        target = target.__func__
+    if not inspect.isfunction(target):
         return _UNDECLARED
-    hints = typing.get_type_hints(target)
-    return hints.get("return", _UNDECLARED)
+    annotation = target.__annotations__.get("return", _UNDECLARED)
+    if annotation is _UNDECLARED:
+        return _UNDECLARED
+    hints = typing.get_type_hints(
+        _Returns(annotation), globalns=target.__globals__, include_extras=True
+    )
+    return hints["return"]
 
 
 class _LateTyped:

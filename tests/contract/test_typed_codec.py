@@ -224,6 +224,19 @@ def test_a_return_type_defined_after_the_function_is_resolved_at_the_first_call(
     assert type(got) is module["Later"] and got.n == 1
 
 
+def test_a_parameter_annotation_only_type_checkers_see_does_not_matter() -> None:
+    """Only the return annotation is read: a parameter's may name what is imported
+    under TYPE_CHECKING alone."""
+    g = FlightGroup(codec=TypedCodec())
+
+    @g.coalesce(key=lambda session: "k")
+    def spans(session: OnlyForTypeCheckers) -> list[Span]:  # type: ignore[name-defined]  # noqa: F821
+        return [EVERYTHING.span]
+
+    got = spans(None)
+    assert got == [EVERYTHING.span] and type(got[0]) is Span
+
+
 def test_a_return_type_never_defined_fails_the_call_naming_the_operation() -> None:
     """A return type that names nothing, even at the first call: a TypeError there."""
     g = FlightGroup(codec=TypedCodec())
