@@ -118,7 +118,7 @@ def configure(
     for arg, value, default, owner in other:
         if value != default:
             raise ValueError(f"{arg} belongs to the {owner}")
-    policy = FlightPolicy(deadline, retry, retention, limits, fallback, takeovers)
+    policy = FlightPolicy(deadline, retry, retention, limits, fallback, takeovers, codec)
     scope: Scope | None = None
     named = "FlightGroup()"
     if redis is not None:

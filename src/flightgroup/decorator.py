@@ -28,6 +28,7 @@ from typing import (
     overload,
 )
 
+from .codec import operation_codec
 from .configure import check_call, check_key
 
 if TYPE_CHECKING:
@@ -249,12 +250,12 @@ def make_coalesce(
     key: Callable[..., str] | None,
     name: str | None,
     policy: Any,
-    new_operation: Callable[[], Operation] | None = None,
+    new_operation: Callable[[Callable[..., Any], str], Operation] | None = None,
 ) -> Any:
     """The decorator ``group.coalesce(key, name=...)`` returns (``group`` a FlightGroup),
     its calls under ``policy``; or, with ``new_operation`` (a GroupSlot's), one whose
     decorated functions each read their group and policy from the Operation that
-    ``new_operation()`` makes for them."""
+    ``new_operation(fn, namespace)`` makes for them."""
 
     def decorate(fn: Any) -> Any:
         if isinstance(fn, (classmethod, staticmethod)):  # above it: the same kind back
@@ -280,8 +281,14 @@ def make_coalesce(
         is_async = inspect.iscoroutinefunction(inspect.unwrap(fn)) or (
             inspect.iscoroutinefunction(fn)
         )
-        fixed = (group, policy)
-        operation = None if new_operation is None else new_operation()
+        operation = None if new_operation is None else new_operation(fn, namespace)
+        # A group's own operation: its codec made once, for its declared return type (a
+        # typed codec). A slot's is made for each group the slot holds (GroupSlot.bind).
+        op_policy = (
+            policy if operation is not None
+            else policy.with_codec(operation_codec(policy.codec, fn, namespace))
+        )
+        fixed = (group, op_policy)
         wrapper: Any
         # A group's own operation reads its group and policy from the closure; a slot's
         # reads them from its Operation, once per call (they change together).
@@ -290,7 +297,7 @@ def make_coalesce(
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 tkey, op = op_key(args, kwargs)
-                return (await group._run_op(tkey, op, lambda: fn(*args, **kwargs), policy)).value
+                return (await group._run_op(tkey, op, lambda: fn(*args, **kwargs), op_policy)).value
 
             wrapper = async_wrapper
         elif is_async:
@@ -311,7 +318,7 @@ def make_coalesce(
                 if group._closed:
                     raise group._closed_error()
                 work = functools.partial(fn, *args, **kwargs)
-                return group._call_sync(tkey, op, work, policy).value
+                return group._call_sync(tkey, op, work, op_policy).value
 
             wrapper = sync_wrapper
         else:

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast, overload
 
-from .codec import Codec
+from .codec import Codec, check_codec
 from .configure import (
     MAX_FRAME,
     Configuration,
@@ -129,7 +129,6 @@ class FlightGroup:
         "_bridge",
         "_closed",
         "_closed_why",
-        "_codec",
         "_deadline",
         "_finalizer",
         "_max_value_bytes",
@@ -178,7 +177,6 @@ class FlightGroup:
     def _build(self, made: Configuration) -> None:
         self._deadline = made.deadline
         self._policy = made.policy
-        self._codec = made.codec
         self._max_value_bytes = made.max_value_bytes
         scope = self._scope = made.scope
         self._closed = False
@@ -189,7 +187,7 @@ class FlightGroup:
         if scope is None:
             self._table = FlightTable()
             self._attempts = Attempts(
-                self._table, codec=made.codec, max_value_bytes=made.max_value_bytes,
+                self._table, max_value_bytes=made.max_value_bytes,
                 max_deadline_threads=made.max_deadline_threads,
             )
             return
@@ -200,7 +198,7 @@ class FlightGroup:
         # other's flights (WideTable.scope).
         self._table = WideTable(scope.identity, left_holds=scope.left_flights_hold_keys)
         self._attempts = Attempts(
-            self._table, codec=made.codec, max_value_bytes=made.max_value_bytes,
+            self._table, max_value_bytes=made.max_value_bytes,
             max_deadline_threads=made.max_deadline_threads,
         )
         self._bridge = self._attempts.bridge = Bridge(
@@ -701,10 +699,13 @@ class FlightGroup:
         if outcome is Outcome.VALUE:
             data = flight.data
             if data is not None:
-                assert self._codec is not None
+                # The flight's own codec made ``data`` (an operation's may differ from
+                # the group's): every flight of one key has one operation's policy.
+                codec = flight.policy.codec
+                assert codec is not None
                 bridge = self._bridge
                 joined = not leader or (bridge is not None and bridge.ran_elsewhere(flight))
-                return Result(self._codec.decode(data), joined, flight.token)
+                return Result(codec.decode(data), joined, flight.token)
             if leader:
                 return Result(flight.value, False, flight.token)
             # One Result for every joiner (ADR 0003); setdefault is atomic, so two
@@ -750,6 +751,7 @@ class FlightGroup:
         limits: Limits | None = None,
         on_unavailable: OnUnavailable | None = None,
         takeover: int | None = None,
+        codec: Codec | None = None,
     ) -> _Coalesce:
         """Decorate an ``async def`` or a plain ``def`` so that concurrent calls with
         the same key share one run. The decorated function returns the value itself;
@@ -761,8 +763,17 @@ class FlightGroup:
         arguments whose repr says all that matters). Keys live in a namespace of the
         function's own (``module.qualname``, a lambda's with its line and a digest of
         its code, or ``name``), so two decorated functions never share a flight. The
-        wrapper also has ``forget(*args, **kwargs)``. A type checker checks the
-        decorated function against ``key``'s parameters (ADR 0044).
+        wrapper also has ``forget(*args, **kwargs)``. A ``key`` function that could not
+        take some call the function accepts raises TypeError here (ADR 0044).
+
+        ``deadline``, ``retry``, ``retention``, ``limits``, ``on_unavailable`` and
+        ``takeover`` override the group's for this operation. ``codec`` too: its
+        values cross with that codec instead of the group's (also in the process
+        scope, where every caller then gets decode(encode(value))). A codec with
+        ``for_type`` (``flightgroup.typed.TypedCodec``) is made for the function's
+        declared return type, so every caller, the leader too, gets a value of that
+        type; a value that does not match it fails in the leader's encode, naming
+        the operation and the type (docs/codecs.md).
         """
         if key is not None and not callable(key):
             raise TypeError("key must be a callable that returns the call's key")
@@ -772,7 +783,7 @@ class FlightGroup:
         check_policies(retry=retry, retention=retention, limits=limits)
         policy = self._policy.override(
             deadline, retry, retention, limits, check_on_unavailable(on_unavailable),
-            check_takeover(takeover),
+            check_takeover(takeover), None if codec is None else check_codec(codec),
         )
         decorator: _Coalesce = make_coalesce(self, key, name, policy)
         return decorator

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
+from .codec import Codec, check_codec, operation_codec
 from .configure import check_policies
 from .decorator import Operation, _Coalesce, make_coalesce
 from .errors import GroupClosedError
@@ -85,22 +86,26 @@ class GroupSlot:
         limits: Limits | None = None,
         on_unavailable: OnUnavailable | None = None,
         takeover: int | None = None,
+        codec: Codec | None = None,
     ) -> _Coalesce:
         """Decorate a function as ``FlightGroup.coalesce`` does; its calls go to the
         group the slot holds when they are made, under that group's policy with this
-        operation's overrides. Arguments are checked here, at import."""
+        operation's overrides (a typed ``codec``, or the group's, is made for the
+        function's return type when a group is bound). Arguments are checked here, at
+        import."""
         if key is not None and not callable(key):
             raise TypeError("key must be a callable that returns the call's key")
         if name is not None and (not isinstance(name, str) or not name or "\x00" in name):
             raise ValueError("name must be a non-empty str without NUL characters")
         check_seconds("deadline", deadline, allow_zero=False, allow_inf=False)
         check_policies(retry=retry, retention=retention, limits=limits)
-        overrides = _Overrides(
+        settings = (
             deadline, retry, retention, limits, check_on_unavailable(on_unavailable),
-            check_takeover(takeover),
+            check_takeover(takeover), None if codec is None else check_codec(codec),
         )
 
-        def new_operation() -> Operation:
+        def new_operation(fn: Callable[..., Any], namespace: str) -> Operation:
+            overrides = _Overrides(settings, fn=fn, namespace=namespace)
             with self._lock:
                 group = self._group
                 operation = Operation(
@@ -141,9 +146,13 @@ class GroupSlot:
                     f"{self._name} holds a group already: unbind() it (or close the "
                     "block that opened it) first"
                 )
+            # Every policy first: a codec that refuses a function's type (raised here)
+            # leaves the slot as it was.
+            bound = [(op, (group, overrides.under(group)))
+                     for op, overrides in list(self._operations.items())]
             self._group = group
-            for operation, overrides in list(self._operations.items()):
-                operation.bound = (group, overrides.under(group))
+            for operation, pair in bound:
+                operation.bound = pair
 
     def unbind(self) -> FlightGroup | None:
         """Take the group out of the slot (not closing it) and return it (None if the
@@ -226,17 +235,23 @@ class _Opening:
 
 
 class _Overrides:
-    """An operation's own policy settings, applied over each group it is bound to."""
+    """An operation's own policy settings, applied over each group it is bound to, and
+    the function and namespace its codec is made for."""
 
-    __slots__ = ("_args",)
+    __slots__ = ("_fn", "_namespace", "_settings")
 
-    def __init__(self, *args: Any) -> None:
-        self._args = args
+    def __init__(
+        self, settings: tuple[Any, ...], *, fn: Callable[..., Any], namespace: str
+    ) -> None:
+        self._settings = settings
+        self._fn = fn
+        self._namespace = namespace
 
     def under(self, group: FlightGroup) -> FlightPolicy:
-        """The operation's policy in ``group``: the group's, with these overrides."""
-        policy: FlightPolicy = group._policy.override(*self._args)
-        return policy
+        """The operation's policy in ``group``: the group's, with these overrides, its
+        codec made for the function's declared return type (a typed codec)."""
+        policy: FlightPolicy = group._policy.override(*self._settings)
+        return policy.with_codec(operation_codec(policy.codec, self._fn, self._namespace))
 
 
 class _Unbound:

@@ -13,6 +13,7 @@ import flightgroup
 import flightgroup.otel
 import flightgroup.prometheus
 import flightgroup.testing
+import flightgroup.typed
 from flightgroup import errors
 from flightgroup.decorator import Coalesced
 
@@ -89,6 +90,11 @@ def public_names() -> dict[str, set[str]]:
         "FlightGroupCollector": _public(vars(flightgroup.prometheus.FlightGroupCollector)),
         "prometheus.register": _parameters(flightgroup.prometheus.register),
         "otel.instrument": _parameters(flightgroup.otel.instrument),
+        "flightgroup.typed.__all__": set(flightgroup.typed.__all__),
+        "TypedCodec": (
+            _public(dir(flightgroup.typed.TypedCodec))
+            | _parameters(flightgroup.typed.TypedCodec.__init__)
+        ),
     }
     for policy in (flightgroup.Retry, flightgroup.Retention, flightgroup.Limits):
         names[policy.__name__] = {field.name for field in dataclasses.fields(policy)}

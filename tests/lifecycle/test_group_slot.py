@@ -7,6 +7,7 @@ test."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,3 +176,34 @@ def test_opening_a_slot_that_holds_a_group_is_refused_and_changes_nothing() -> N
         with pytest.raises(RuntimeError), flights.open():
             pass
         assert flights.group is group and load(10) == 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    x: int
+    y: int
+
+
+@flights.coalesce(key=lambda x: f"p:{x}")
+def point(x: int) -> Point:
+    return Point(x, x + 1)
+
+
+@flights.coalesce(key=lambda x: f"pair:{x}", codec=flightgroup.JSON)
+def pair(x: int) -> tuple[int, int]:
+    return (x, x)
+
+
+def test_a_typed_codec_of_the_bound_group_is_made_for_each_operations_return_type(
+    tmp_path: Path,
+) -> None:
+    """A slot's operation gets the declared type through the bound group's typed codec
+    (made when the group is bound), plain and through options(); an operation's own
+    codec replaces the group's."""
+    from flightgroup.typed import TypedCodec
+
+    with flights.open(directory=str(tmp_path / "flights"), codec=TypedCodec()):
+        assert point(3) == Point(3, 4) and type(point(3)) is Point
+        result = point.options(fresh=True)(5)
+        assert result.value == Point(5, 6) and type(result.value) is Point
+        assert pair(2) == [2, 2]  # its own codec: plain JSON, a tuple comes back a list

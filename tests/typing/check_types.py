@@ -17,6 +17,7 @@ from typing import Any, assert_type
 
 import flightgroup
 from flightgroup import FlightGroup, GroupSlot, Result
+from flightgroup.typed import TypedCodec
 
 group = FlightGroup()
 flights = GroupSlot()
@@ -47,6 +48,11 @@ def slot_report(day: str, *, full: bool = False) -> dict[str, int]:
     return {}
 
 
+@group.coalesce(key=lambda user_id: f"user:{user_id}", codec=TypedCodec())
+async def typed_user(user_id: int) -> User:
+    return User(user_id)
+
+
 class Repo:
     @group.coalesce(key=lambda self, n: str(n))
     def square(self, n: int) -> int:
@@ -68,6 +74,9 @@ async def calls() -> None:
     assert_type(await slot_user(7), User)
     assert_type(slot_report("monday", full=True), dict[str, int])
     assert_type(Repo().square(3), int)
+    # A typed codec decodes to the declared type, which is what the checker sees too.
+    assert_type(await typed_user(7), User)
+    assert_type((await typed_user.options()(7)).value, User)
 
     # The per-call form gives the Result, awaited for a coroutine function.
     assert_type(await get_user.options(timeout=1.0, fresh=True)(7), Result[User])
