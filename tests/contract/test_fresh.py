@@ -359,7 +359,7 @@ def test_fresh_callers_of_two_groups_that_came_during_one_flight_share_the_next(
         return body
 
     try:
-        coordinator = a._scope._coordinator  # type: ignore[union-attr]
+        coordinator = a._scope._state.coordinator  # type: ignore[union-attr]
         t = Background(lambda: a.run_sync("k", work("t", None, release_t)))
         wait_until(lambda: runs == ["t"], "t runs in a")
         f = Background(lambda: a.run_sync("k", work("F", None, release_g), fresh=True))
@@ -610,7 +610,7 @@ def test_a_fresh_caller_that_comes_after_the_landing_never_joins_the_flight_begu
 
     monkeypatch.setattr(DirectoryArbiter, "land", land)
     try:
-        coordinator = a._scope._coordinator  # type: ignore[union-attr]
+        coordinator = a._scope._state.coordinator  # type: ignore[union-attr]
         f = Background(lambda: a.run_sync("k", held(runs, "F", f_started, release_f)))
         assert f_started.wait(10)
         r = Background(lambda: b.run_sync("k", held(runs, "R", r_started, release_r),

@@ -400,7 +400,7 @@ def test_closed_coordinators_leave_no_watcher_threads_behind(directory: str) -> 
     try:
         for index in range(3):
             g = coordinating(directory)
-            coordinator = arbiter(g)._coordinator
+            coordinator = arbiter(g)._state.coordinator
             assert coordinator is not None
             call = Background(lambda g=g: g.run_sync("k", lambda: "never"), f"waits-{index}")
             wait_until(lambda c=coordinator: "k" in c._waiting, "the call waits for k")
@@ -427,7 +427,7 @@ def test_a_term_out_of_tokens_hands_over_to_a_new_term(directory: str) -> None:
     a = coordinating(directory)
     b = make_group(directory)
     try:
-        coordinator = arbiter(a)._coordinator
+        coordinator = arbiter(a)._state.coordinator
         assert coordinator is not None
         loop = arbiter(a)._background.loop
         assert loop is not None

@@ -161,7 +161,7 @@ def test_silent_peers_do_not_stop_the_coordinator_serving_others_and_are_dropped
     other = group(directory)
     silent: list[socket.socket] = []
     try:
-        served = arbiter(g)._coordinator
+        served = arbiter(g)._state.coordinator
         assert served is not None
         before = len(served._server.transports)
         for _ in range(100):
@@ -353,7 +353,7 @@ def test_a_call_that_comes_as_the_election_fails_gets_its_error_at_once(
     g = group(directory, reconnect_timeout=30.0)
     a = arbiter(g)
     past_check, failed_all = threading.Event(), threading.Event()
-    real_ensure, real_fail_all = a._ensure_started, a._fail_all
+    real_ensure, real_fail_all = a._ensure_started, a._election.fail_all
 
     def ensure_started() -> Any:
         loop = real_ensure()  # starts the election
@@ -370,7 +370,7 @@ def test_a_call_that_comes_as_the_election_fails_gets_its_error_at_once(
         failed_all.set()
 
     monkeypatch.setattr(a, "_ensure_started", ensure_started)
-    monkeypatch.setattr(a, "_fail_all", fail_all)
+    monkeypatch.setattr(a._election, "fail_all", fail_all)
     monkeypatch.setattr(fs, "next_epoch", next_epoch)
     try:
         with pytest.raises(Exception) as raised:

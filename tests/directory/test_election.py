@@ -107,7 +107,7 @@ def test_groups_and_threads_of_one_process_take_part_in_one_election(directory: 
     groups += made
 
     def coordinating() -> list[FlightGroup]:
-        return [g for g in groups if g._scope._coordinator is not None]  # type: ignore[union-attr]
+        return [g for g in groups if g._scope._state.coordinator is not None]  # type: ignore[union-attr]
 
     try:
         for i, group in enumerate(groups):  # every group connected (its election waits)

@@ -79,7 +79,7 @@ def test_a_forgotten_flight_that_retried_stays_detached_in_the_next_term(directo
         # Those connections closed: the flight was interrupted in this term. A leader
         # that comes back to the next term reasserts it.
         close(a)
-        wait_until(lambda: arbiter(b)._coordinator is not None, "b coordinates")
+        wait_until(lambda: arbiter(b)._state.coordinator is not None, "b coordinates")
         with RawConn(sock) as leader, RawConn(sock) as caller:
             assert leader.hello() == HELLO_OK and caller.hello() == HELLO_OK
             # Without its earlier token: the retry's token alone names it forgotten.
@@ -236,7 +236,7 @@ def test_a_call_after_a_confirmed_forget_never_joins_the_forgotten_flight_after_
 
 def _any_coordinator(*groups: FlightGroup) -> Any:
     for each in groups:
-        found = arbiter(each)._coordinator
+        found = arbiter(each)._state.coordinator
         if found is not None and not found.closed:
             return found
     return None
@@ -291,7 +291,7 @@ def test_a_forgotten_flights_retry_does_not_detach_the_keys_next_flight(
             d.send_frame({"op": "attempt", "id": 1})
             assert d.expect("lead")[0]["token"] > token > first
         close(a)
-        wait_until(lambda: arbiter(b)._coordinator is not None, "b coordinates")
+        wait_until(lambda: arbiter(b)._state.coordinator is not None, "b coordinates")
         with raw_conns(sock, 2) as (n2, q):
             n2.send_frame({"op": "reassert", "id": 1, "key": "k", "token": token})
             n2.served()

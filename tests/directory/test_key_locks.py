@@ -127,7 +127,7 @@ def test_a_lead_whose_lock_wait_thread_cannot_start_is_given_back(
         b.run_sync("warm-b", lambda: 0)
         c.run_sync("warm-c", lambda: 0)
         barb = arbiter(b)
-        coordinator = arbiter(a)._coordinator
+        coordinator = arbiter(a)._state.coordinator
 
         # The previous flight of k landed and its leader holds the key lock until its ack:
         # the coordinator lets the next call lead at once (the leader waits for the lock).
@@ -158,7 +158,7 @@ def test_a_lead_whose_lock_wait_thread_cannot_start_is_given_back(
                 if key == "k" and threading.current_thread().name == "b-caller":
                     in_open.set()
                     wait_until(lambda: any(
-                        call.pending is not None for call in list(barb._calls.values())
+                        call.pending is not None for call in list(barb._state.calls.values())
                     ), "the lead was told while b opens the key file")
                 return real_path(d, key)
 

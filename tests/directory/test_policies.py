@@ -133,7 +133,7 @@ def _fresh_waiting(group: FlightGroup, key: str) -> int:
     for candidate in (group,):
         arbiter = candidate._scope
         assert arbiter is not None
-        coordinator = arbiter._coordinator
+        coordinator = arbiter._state.coordinator
         if coordinator is not None:
             flight = coordinator._flights.get(key)
             return 0 if flight is None else len(flight.fresh)
@@ -357,7 +357,7 @@ def test_a_kept_failure_landed_while_the_coordinator_was_stopped_keeps_its_cause
             release.set()
             # Landed (sent), not yet read by the coordinator: the leader waits for it.
             wait_until(
-                lambda: any(lead.landing for lead in arbiter(g)._leads.values()),
+                lambda: any(lead.landing for lead in arbiter(g)._state.leads.values()),
                 "the landing was sent",
             )
             time.sleep(1.2)  # the keep time passes before the coordinator reads it

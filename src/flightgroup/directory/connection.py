@@ -35,11 +35,14 @@ from . import forked, fs, wire
 from .calls import Call, DirectoryLead
 
 if TYPE_CHECKING:
-    from .client import DirectoryArbiter
+    from .state import GroupState
+
+Frames = list[tuple[dict[str, Any], bytes | None]]
 
 __all__ = [
     "Channel",
     "Connection",
+    "Frames",
     "handshake",
     "key_too_long",
     "landing_frame",
@@ -77,7 +80,7 @@ class Channel:
         sock: socket.socket,
         loop: asyncio.AbstractEventLoop,
         max_frame: int,
-        on_frames: Callable[[list[tuple[dict[str, Any], bytes | None]]], None],
+        on_frames: Callable[[Frames], None],
         on_lost: Callable[[Channel, str], None],
     ) -> None:
         self.sock = sock
@@ -286,16 +289,28 @@ async def _read_line(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> by
 
 
 class Connection:
-    """``owner``'s connection to the coordinator of the moment, kept up until the group
+    """A group's connection to the coordinator of the moment, kept up until the group
     finishes closing. A group that closes goes on reconnecting until its landings are
     acknowledged (or time is up): a landing made while no coordinator served must
-    still reach one. It sets the group's ``_channel`` (under its ``_send_lock``) while
-    one is up, and what a new coordinator must hear goes out on it first."""
+    still reach one. It sets the group's ``state.channel`` (under its ``send_lock``)
+    while one is up, and what a new coordinator must hear goes out on it first.
 
-    __slots__ = ("backoff", "down", "last", "over", "owner", "refusals")
+    What it tells the group: ``on_frames`` (the frames a channel read), ``refused`` (a
+    coordinator of another version holds the election), ``give_up`` (no coordinator of
+    our version for longer than ``reconnect_timeout``: the seconds it was down)."""
 
-    def __init__(self, owner: DirectoryArbiter) -> None:
-        self.owner = owner
+    def __init__(
+        self,
+        state: GroupState,
+        *,
+        on_frames: Callable[[Frames], None],
+        refused: Callable[[ProtocolVersionError], None],
+        give_up: Callable[[float], None],
+    ) -> None:
+        self.state = state
+        self.on_frames = on_frames
+        self.refused = refused
+        self.give_up = give_up
         self.backoff = 0.0005
         # Seconds of this process's own running time with no coordinator of our
         # version: an attempt that took longer than any can (this process was frozen,
@@ -307,16 +322,22 @@ class Connection:
         self.over = False  # an attempt began after ``down`` passed reconnect_timeout
         self.refusals = 0  # handshakes in a row that failed (refused, unanswered)
 
+    async def connect(self, wait: float = wire.HANDSHAKE_TIMEOUT) -> socket.socket:
+        """Connect and shake hands, waiting up to ``wait`` s for the coordinator's line."""
+        return await handshake(self.state.directory, wait)
+
     async def run(self) -> None:
-        owner = self.owner
-        kick = owner._kick
+        """Keep a connection to the coordinator of the moment, until closed."""
+        state = self.state
+        kick = state.kick
         assert kick is not None
-        while not owner._finishing:
+        self.last = time.monotonic()  # the group's running time begins now
+        while not state.finishing:
             # A handshake waits no longer than what is left of reconnect_timeout (a
             # last attempt, at least _LAST_WAIT): a frozen coordinator must not stretch
             # the wait to the next multiple of the handshake's own limit.
             wait = min(
-                wire.HANDSHAKE_TIMEOUT, max(owner._reconnect_timeout - self.down, _LAST_WAIT)
+                wire.HANDSHAKE_TIMEOUT, max(state.reconnect_timeout - self.down, _LAST_WAIT)
             )
             served = await self._attempt(wait)
             if served is None:  # closed while it connected
@@ -329,9 +350,9 @@ class Connection:
             if now - self.last <= _ATTEMPT_MAX:
                 self.down += now - self.last
             self.last = now
-            if self.down > owner._reconnect_timeout:
+            if self.down > state.reconnect_timeout:
                 if self.over:
-                    owner._give_up(self.down)
+                    self.give_up(self.down)
                 else:
                     # One more attempt, at once, before giving up: the one that just
                     # failed may have begun before a stall too short to leave out (it
@@ -349,14 +370,14 @@ class Connection:
         """One connection attempt and, once welcomed, the connection's whole life.
         True: it served (or lived long enough to count as serving); False: it failed
         or was refused; None: the group closed while it connected."""
-        owner = self.owner
+        state = self.state
         try:
-            sock = await owner._connect(wait)
+            sock = await self.connect(wait)
         except ProtocolVersionError as exc:
-            owner._refused(exc)
+            self.refused(exc)
             return False
         except OSError:  # nothing listens: whoever refused us is gone
-            owner._refusal = None
+            state.refusal = None
             if self.refusals:  # a failover under way: hurry again
                 self.backoff, self.refusals = 0.0005, 0
             return False
@@ -365,7 +386,7 @@ class Connection:
             # answer: ask again less and less often, not every 5 ms for ever.
             self._refused_again()
             return False
-        if owner._finishing:
+        if state.finishing:
             sock.close()
             return None
         lost = asyncio.get_running_loop().create_future()
@@ -382,36 +403,36 @@ class Connection:
     def connected(self, sock: socket.socket, lost: asyncio.Future[None]) -> Channel:
         """A coordinator welcomed ``sock``: it becomes the group's channel (``lost``
         is set when it goes), and the leads and calls go out on it again."""
-        owner = self.owner
+        state = self.state
 
         def on_lost(channel: Channel, reason: str) -> None:
-            log.info("lost the coordinator of %s: %s", owner.directory, reason)
+            log.info("lost the coordinator of %s: %s", state.directory, reason)
             self.disconnected(channel)
             if not lost.done():
                 lost.set_result(None)
 
         channel = Channel(
-            sock, asyncio.get_running_loop(), owner._max_frame, owner._on_frames, on_lost
+            sock, asyncio.get_running_loop(), state.max_frame, self.on_frames, on_lost
         )
-        owner._refusal = None
-        owner._given_up = False
-        with owner._send_lock:
-            owner._channel = channel
-            owner._election_error = None  # a coordinator serves: the directory works
-            owner._connected_now.set()
-            resend(channel, owner._leads.values(), owner._calls.values(), owner.directory,
-                   owner._max_frame)
+        state.refusal = None
+        state.given_up = False
+        with state.send_lock:
+            state.channel = channel
+            state.election_error = None  # a coordinator serves: the directory works
+            state.connected_now.set()
+            resend(channel, state.leads.values(), state.calls.values(), state.directory,
+                   state.max_frame)
         return channel
 
     def disconnected(self, channel: Channel) -> None:
         """``channel`` is gone: its requests go out again on the next one, and the
         requests a thread waits for fail."""
-        owner = self.owner
-        with owner._send_lock:
-            if owner._channel is channel:
-                owner._channel = None
-                owner._connected_now.clear()
-            for call in list(owner._calls.values()):  # (a work's thread may pop one)
+        state = self.state
+        with state.send_lock:
+            if state.channel is channel:
+                state.channel = None
+                state.connected_now.clear()
+            for call in list(state.calls.values()):  # (a work's thread may pop one)
                 # Only a request the gone coordinator's socket took was made before the
                 # next term began. One written to a socket already dead (this process
                 # was frozen through the failover, say) may be newer than that term's
@@ -426,7 +447,7 @@ class Connection:
                     call.outlived = True
                 call.sent = False
                 call.sent_end = -1
-            for lead in list(owner._leads.values()):
+            for lead in list(state.leads.values()):
                 # A landing this socket took may have reached joiners before the
                 # coordinator went (see Leases._not_landed).
                 if lead.landing is not None and not lead.acked and channel.took(
@@ -434,8 +455,8 @@ class Connection:
                 ):
                     lead.maybe_landed = True
                 lead.landing_end = -1
-        for id, waiter in list(owner._waiters.items()):
-            del owner._waiters[id]
+        for id, waiter in list(state.waiters.items()):
+            del state.waiters[id]
             if not waiter.done():
                 waiter.set_exception(UnavailableError("the coordinator went away"))
 
