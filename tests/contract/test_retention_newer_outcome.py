@@ -89,7 +89,7 @@ def test_the_directory_drops_kept_outcomes_that_ran_out_before_evicting_a_live_o
         assert (again.value, again.joined) == ("kept", True)
         arbiter = g._scope
         assert isinstance(arbiter, DirectoryArbiter) and arbiter._state.coordinator is not None
-        assert len(arbiter._state.coordinator._outcomes.kept) == 2
+        assert len(arbiter._state.coordinator._term.outcomes.kept) == 2
     finally:
         close(g)
 
@@ -117,7 +117,7 @@ def test_a_fresh_flight_whose_leader_vanished_ends_the_older_kept_outcome(
             leader.send_frame({"op": "run", "id": 1, "key": "k", "fresh": True})
             leader.expect("lead")
         # Its connection closed with the lead: the flight is interrupted.
-        wait_until(lambda: "k" not in coordinator._flights, "the fresh flight ended")
+        wait_until(lambda: "k" not in coordinator._term.flights, "the fresh flight ended")
         later = a.run_sync("k", lambda: "new")
         assert (later.value, later.joined) == ("new", False)
     finally:

@@ -95,7 +95,7 @@ class Served:
         os.close(fd)
 
     def waiting(self, key: str) -> int:
-        return int(self.on_loop(lambda: len(self.coordinator._waiting.get(key, ()))))
+        return int(self.on_loop(lambda: len(self.coordinator._term.waiting.get(key, ()))))
 
     def sessions(self) -> int:
         return int(self.on_loop(lambda: len(self.coordinator._server.sessions)))
@@ -434,7 +434,7 @@ def test_a_term_out_of_tokens_hands_over_to_a_new_term(directory: str) -> None:
         done = threading.Event()
 
         def near_the_end() -> None:
-            coordinator._sequence = (1 << 32) - 2
+            coordinator._term.sequence = (1 << 32) - 2
             done.set()
 
         loop.call_soon_threadsafe(near_the_end)
@@ -466,7 +466,7 @@ def test_a_fresh_run_that_names_the_flight_it_came_during_takes_only_later_ones(
     during.send(wire.run_frame(1, "k", fresh=True, after=t1))
     during.send(wire.run_frame(2, "k", fresh=True))
     wait_until(
-        lambda: served.on_loop(lambda: len(served.coordinator._flights["k"].fresh)) == 2,
+        lambda: served.on_loop(lambda: len(served.coordinator._term.flights["k"].fresh)) == 2,
         "both fresh runs wait for t1's end",
     )
     leader.send(wire.land_frame(1, t1, wire.Value(b'"one"', keep=60.0)))

@@ -60,7 +60,7 @@ def test_fresh_caller_elsewhere_never_gets_the_kept_outcome_of_the_older_flight(
 
         def waiting_fresh() -> bool:
             coordinator = live_coordinator(a, b)
-            flight = None if coordinator is None else coordinator._flights.get("k")
+            flight = None if coordinator is None else coordinator._term.flights.get("k")
             return flight is not None and len(flight.fresh) == 1
 
         wait_until(waiting_fresh, "the fresh call waits for the flight's end")

@@ -132,7 +132,7 @@ def test_a_lead_whose_lock_wait_thread_cannot_start_is_given_back(
         # The previous flight of k landed and its leader holds the key lock until its ack:
         # the coordinator lets the next call lead at once (the leader waits for the lock).
         holder = hold_key_lock(directory, "k")
-        coordinator._releasing["k"] = 1
+        coordinator._term.releasing["k"] = 1
 
         # No thread can be started for the key-lock wait (EAGAIN from clone).
         real_thread = threading.Thread
@@ -172,7 +172,7 @@ def test_a_lead_whose_lock_wait_thread_cannot_start_is_given_back(
         b_call = Background(lambda: b.run_sync("k", lambda: "b"), name="b-caller")
         assert b_call.done.wait(10), "b's call never ended (its driver was never told)"
         fcntl.flock(holder, fcntl.LOCK_UN)  # the lock is free again
-        coordinator._releasing.pop("k", None)
+        coordinator._term.releasing.pop("k", None)
 
         # A later call of the key elsewhere must not wait for a flight nobody runs.
         result = c.run_sync("k", lambda: "c", timeout=5)

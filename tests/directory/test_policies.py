@@ -135,7 +135,7 @@ def _fresh_waiting(group: FlightGroup, key: str) -> int:
         assert arbiter is not None
         coordinator = arbiter._state.coordinator
         if coordinator is not None:
-            flight = coordinator._flights.get(key)
+            flight = coordinator._term.flights.get(key)
             return 0 if flight is None else len(flight.fresh)
     return -1
 
