@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from flightgroup import UnavailableError
-from flightgroup.directory import fs
+from flightgroup.directory import epochs
 
 from ..dirproc import HELLO, HELLO_OK, FakeCoordinator, RawConn, key_file, wait_for
 from ..ingroup import Background, arbiter, close, coordinating, group
@@ -329,7 +329,7 @@ def test_a_fifo_as_the_epoch_file_fails_the_election_instead_of_hanging(director
     try:
         with pytest.raises(Exception) as raised:
             g.run_sync("k", lambda: "ran", timeout=10)
-        assert isinstance(raised.value, fs.EpochError), repr(raised.value)
+        assert isinstance(raised.value, epochs.EpochError), repr(raised.value)
         closing = Background(g.close)
         assert closing.done.wait(10), "close() did not return"
     finally:
@@ -363,7 +363,7 @@ def test_a_call_that_comes_as_the_election_fails_gets_its_error_at_once(
 
     def next_epoch(path: str) -> int:
         assert past_check.wait(20)
-        raise fs.EpochError("the epoch cannot be told (this test)")
+        raise epochs.EpochError("the epoch cannot be told (this test)")
 
     def fail_all(exc: BaseException) -> None:
         real_fail_all(exc)
@@ -371,11 +371,11 @@ def test_a_call_that_comes_as_the_election_fails_gets_its_error_at_once(
 
     monkeypatch.setattr(a, "_ensure_started", ensure_started)
     monkeypatch.setattr(a._election, "fail_all", fail_all)
-    monkeypatch.setattr(fs, "next_epoch", next_epoch)
+    monkeypatch.setattr(epochs, "next_epoch", next_epoch)
     try:
         with pytest.raises(Exception) as raised:
             g.run_sync("k", lambda: "ran", timeout=10)
-        assert isinstance(raised.value, fs.EpochError), repr(raised.value)
+        assert isinstance(raised.value, epochs.EpochError), repr(raised.value)
         assert failed_all.is_set()
     finally:
         close(g)

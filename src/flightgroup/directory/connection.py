@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from .._log import DigestOf, log
 from ..errors import ProtocolVersionError, UnavailableError
 from ..scope.outcome import Failure, Interrupted, SharedOutcome
-from . import forked, fs, wire
+from . import epochs, forked, fs, wire
 from .calls import Call, DirectoryLead
 
 if TYPE_CHECKING:
@@ -494,7 +494,7 @@ def resend(
         if call.outlived:
             call.outlived = False
             if epoch is None:
-                epoch = fs.read_epoch(directory) or 0
+                epoch = epochs.read_epoch(directory) or 0
             if call.after is None and epoch > 0:
                 # Not "no flight that exists now": the one this call waited for may
                 # have ended, and the next begun, in the new term.

@@ -6,7 +6,7 @@ Design note.
 process campaigns with a thread blocked in ``flock(LOCK_EX)``; the kernel hands the lock
 to one of them when the coordinator closes or dies, so a new coordinator serves as soon
 as the lock is free, with no polling and no lease to renew (ADR 0010). The winner writes
-the next epoch durably before it serves (:func:`fs.next_epoch`, two copies, ADR 0009), so
+the next epoch durably before it serves (:func:`epochs.next_epoch`, two copies, ADR 0009), so
 every token of its term (``epoch << 32 | sequence``) is above every earlier one; then it
 runs a :class:`~.coordinator.Coordinator` on its group's background loop.
 
@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .._log import log
-from . import fs
+from . import epochs, fs
 from .coordinator import Coordinator
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ class Election:
             with state.campaign_lock:
                 if state.closing:
                     raise _Resign()
-                epoch = fs.next_epoch(state.directory)
+                epoch = epochs.next_epoch(state.directory)
         except _Resign:
             os.close(fd)
             return
