@@ -403,7 +403,7 @@ def test_closed_coordinators_leave_no_watcher_threads_behind(directory: str) -> 
             coordinator = arbiter(g)._state.coordinator
             assert coordinator is not None
             call = Background(lambda g=g: g.run_sync("k", lambda: "never"), f"waits-{index}")
-            wait_until(lambda c=coordinator: "k" in c._waiting, "the call waits for k")
+            wait_until(lambda c=coordinator: "k" in c._term.waiting, "the call waits for k")
             close_groups(g)
             with pytest.raises(GroupClosedError):
                 call.wait()

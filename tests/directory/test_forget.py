@@ -205,21 +205,21 @@ def test_a_call_after_a_confirmed_forget_never_joins_the_forgotten_flight_after_
         leader = Background(lambda: b.run_sync("k", old))
         assert running.wait(10)
         c.forget("k")  # returns once the coordinator confirmed it
-        assert "k" not in coordinator_of(a)._flights
+        assert "k" not in coordinator_of(a)._term.flights
 
         close(a)  # the coordinator changes (a SIGKILL does the same; the forget is lost)
         wait_until(lambda: _any_coordinator(b, c) is not None, "b or c coordinates")
         new = _any_coordinator(b, c)
         wait_until(
-            lambda: "k" in new._flights or bool(new._detached.get("k")),
+            lambda: "k" in new._term.flights or bool(new._term.detached.get("k")),
             "b reasserted its flight to the new term",
         )
 
         after = Background(lambda: c.run_sync("k", lambda: "new"))
         wait_until(
             lambda: (
-                bool(new._waiting.get("k"))
-                or ("k" in new._flights and len(new._flights["k"].joiners) == 1)
+                bool(new._term.waiting.get("k"))
+                or ("k" in new._term.flights and len(new._term.flights["k"].joiners) == 1)
             ),
             "c's call reached the new coordinator",
         )
