@@ -28,7 +28,8 @@ _serials = itertools.count(1)  # names each coordinator (its groups' identity)
 
 
 class FakeCoordinator:
-    """The fake's one decision point, shared by the groups it makes (see the module).
+    """The fake's one decision point, shared by the groups it makes (see the module);
+    it decides on its table of flights (:class:`~._table.FakeTable`).
 
     ``max_key_length``: longer keys are refused (ValueError), as a scope refuses a key
     it cannot carry. ``clock``: the time of kept outcomes, flight ages and status;
