@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import flightgroup.directory.epochs as epochs
 import flightgroup.directory.fs as fs_module
 from flightgroup import (
     JSON,
@@ -276,7 +277,7 @@ def test_a_closed_group_rejects_calls_and_the_directory_goes_on(directory: str) 
         a.run_sync("k", lambda: 1)
     try:
         assert b.run_sync("k", lambda: 2).value == 2  # b took over the election
-        epoch = fs_module.read_epoch(directory)
+        epoch = epochs.read_epoch(directory)
         assert epoch is not None and epoch >= 2
     finally:
         b.close()
@@ -308,7 +309,7 @@ def test_status_lists_the_flights_in_progress(directory: str) -> None:
         flight = flights[0]
         assert set(flight) == {"key", "token", "leader_pid", "joiners", "age_s"}
         assert flight["leader_pid"] == os.getpid() and flight["joiners"] == 1
-        assert flight["token"] >> 32 == fs_module.read_epoch(directory)
+        assert flight["token"] >> 32 == epochs.read_epoch(directory)
         release.set()
         leader.join(10)
         joiner.join(10)
