@@ -9,11 +9,11 @@ shares flights through a coordinator elected among them.
   a failover), ``server`` (the socket and its connections), ``records`` (what it knows
   of each key) and ``lockwatch`` (waiting for a key's lock).
 - ``client``: the arbiter a group uses (the Scope), on ``state`` (what its parts
-  share), ``election`` (the campaign and the term), ``connection`` (the channel,
-  reconnects, resends), ``answers`` (the coordinator's answers), ``keylocks`` (a lead's
-  key lock), ``leases`` (a lead's lease until its landing is acknowledged), ``outage``
-  (no coordinator of its version), ``closing`` and ``calls`` (what it keeps of each call
-  and lead).
+  share), ``election`` (the campaign and the term), ``connection`` (connecting,
+  reconnects, resends, on ``channel``), ``answers`` (the coordinator's answers),
+  ``keylocks`` (a lead's key lock), ``leases`` (a lead's lease until its landing is
+  acknowledged), ``outage`` (no coordinator of its version), ``closing`` and ``calls``
+  (what it keeps of each call and lead).
 - ``forked``: what a forked child lets go of.
 """
 

@@ -17,7 +17,7 @@ from ..errors import FlightInterruptedError, ValueTooLargeError
 from ..scope.events import Joined, Landed, NoOutcome, Refused
 from . import keylocks, wire
 from .calls import heard
-from .connection import Frames
+from .channel import Frames
 from .keylocks import KeyLocks
 from .leases import Leases
 from .state import GroupState, finish

@@ -27,7 +27,7 @@ from .calls import Call, DirectoryLead
 from .keylocks import drop_fd
 
 if TYPE_CHECKING:
-    from .connection import Channel
+    from .channel import Channel
     from .coordinator import Coordinator
 
 __all__ = ["GroupState", "finish"]
