@@ -43,7 +43,7 @@ def coordinating(directory: str, **kwargs: Any) -> FlightGroup:
     made = group(directory, **kwargs)
     assert made.run_sync("warm-up", lambda: 0).value == 0
     held = arbiter(made)
-    wait_until(lambda: held._coordinator is not None, "the first group coordinates")
+    wait_until(lambda: held._state.coordinator is not None, "the first group coordinates")
     return made
 
 
@@ -237,7 +237,7 @@ def live_coordinator(*groups: FlightGroup) -> Any:
     for each in groups:
         arbiter = scope_of(each)
         assert arbiter is not None
-        coordinator = arbiter._coordinator
+        coordinator = arbiter._state.coordinator
         if coordinator is not None and not coordinator.closed:
             return coordinator
     return None
@@ -263,7 +263,7 @@ def remote_leader(
 
 def coordinator_of(of: FlightGroup) -> Any:
     """The coordinator that runs in ``of`` (the test fails if ``of`` does not coordinate)."""
-    found = arbiter(of)._coordinator
+    found = arbiter(of)._state.coordinator
     assert found is not None, "this group does not coordinate"
     return found
 

@@ -359,18 +359,18 @@ def test_fresh_callers_of_two_groups_that_came_during_one_flight_share_the_next(
         return body
 
     try:
-        coordinator = scope_of(a)._coordinator
+        coordinator = scope_of(a)._state.coordinator
         t = Background(lambda: a.run_sync("k", work("t", None, release_t)))
         wait_until(lambda: runs == ["t"], "t runs in a")
         f = Background(lambda: a.run_sync("k", work("F", None, release_g), fresh=True))
         fresh_waiting(a, "k", 1)
         g = Background(lambda: b.run_sync("k", work("G", g_runs, release_g), fresh=True))
-        wait_until(lambda: len(coordinator._flights["k"].fresh) == 1, "G waits for t's end")
+        wait_until(lambda: len(coordinator._term.flights["k"].fresh) == 1, "G waits for t's end")
         release_t.set()
         assert t.wait().value == "t"
         assert g_runs.wait(10)
         wait_until(
-            lambda: (fl := coordinator._flights.get("k")) is not None and len(fl.joiners) == 1,
+            lambda: (fl := coordinator._term.flights.get("k")) is not None and len(fl.joiners) == 1,
             "F's run joined t2 (it waits for t2's end instead when it does not name t)",
         )
         release_g.set()
@@ -610,12 +610,12 @@ def test_a_fresh_caller_that_comes_after_the_landing_never_joins_the_flight_begu
 
     monkeypatch.setattr(DirectoryArbiter, "land", land)
     try:
-        coordinator = scope_of(a)._coordinator
+        coordinator = scope_of(a)._state.coordinator
         f = Background(lambda: a.run_sync("k", held(runs, "F", f_started, release_f)))
         assert f_started.wait(10)
         r = Background(lambda: b.run_sync("k", held(runs, "R", r_started, release_r),
                                           fresh=True))
-        wait_until(lambda: len(coordinator._flights["k"].fresh) == 1, "b waits for F's end")
+        wait_until(lambda: len(coordinator._term.flights["k"].fresh) == 1, "b waits for F's end")
         release_f.set()
         assert landed.wait(10)
         assert r_started.wait(10)  # R runs: F landed at the coordinator
@@ -624,7 +624,7 @@ def test_a_fresh_caller_that_comes_after_the_landing_never_joins_the_flight_begu
         go.set()
         assert f.wait().value == "F"
         wait_until(
-            lambda: (fl := coordinator._flights.get("k")) is not None
+            lambda: (fl := coordinator._term.flights.get("k")) is not None
             and len(fl.joiners) + len(fl.fresh) == 1,
             "the fresh caller's run reached R (joined it, or waits for its end)",
         )

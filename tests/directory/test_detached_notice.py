@@ -16,7 +16,7 @@ from collections.abc import Callable
 import pytest
 
 from flightgroup.directory import wire
-from flightgroup.directory.client import DirectoryArbiter
+from flightgroup.directory.answers import Answers
 
 from ..dirproc import HELLO_OK, Harness, RawConn, assert_value
 from ..ingroup import Background, arbiter, close, coordinating, group
@@ -81,15 +81,15 @@ def test_a_late_notice_leaves_the_keys_next_local_flight_alone(
     a = coordinating(directory)
     b = group(directory)
     held: list[wire.Answer] = []
-    answer = DirectoryArbiter._answer
+    answer = Answers.answer
 
-    def stash_notices(self: DirectoryArbiter, got: wire.Answer) -> None:
+    def stash_notices(self: Answers, got: wire.Answer) -> None:
         if isinstance(got, wire.Detached):
             held.append(got)  # read later, once the next flight is in the table
         else:
             answer(self, got)
 
-    monkeypatch.setattr(DirectoryArbiter, "_answer", stash_notices)
+    monkeypatch.setattr(Answers, "answer", stash_notices)
     first_may_end, second_may_end = threading.Event(), threading.Event()
     runs: list[str] = []
 
@@ -114,7 +114,7 @@ def test_a_late_notice_leaves_the_keys_next_local_flight_alone(
         )
         following = table_of(b).flights["k"]
         read = threading.Event()
-        arbiter(b)._background.post(lambda: (answer(arbiter(b), held[0]), read.set()))
+        arbiter(b)._background.post(lambda: (answer(arbiter(b)._answers, held[0]), read.set()))
         assert read.wait(10)
         assert table_of(b).flights.get("k") is following
         third = Background(lambda: b.run_sync("k", work("never", second_may_end)))
@@ -191,7 +191,7 @@ def test_a_rejoin_or_a_reassert_of_a_forgotten_flight_hears_it_in_the_next_term(
             other.send_frame({"op": "forget", "key": "k", "id": 2})
             assert other.expect("ack")[0]["id"] == 2
         close(a)
-        wait_until(lambda: arbiter(b)._coordinator is not None, "b coordinates")
+        wait_until(lambda: arbiter(b)._state.coordinator is not None, "b coordinates")
         with RawConn(sock) as leader, RawConn(sock) as joiner, RawConn(sock) as old:
             for conn in (leader, joiner, old):
                 assert conn.hello() == HELLO_OK

@@ -79,7 +79,7 @@ def test_a_forgotten_flight_that_retried_stays_detached_in_the_next_term(directo
         # Those connections closed: the flight was interrupted in this term. A leader
         # that comes back to the next term reasserts it.
         close(a)
-        wait_until(lambda: arbiter(b)._coordinator is not None, "b coordinates")
+        wait_until(lambda: arbiter(b)._state.coordinator is not None, "b coordinates")
         with RawConn(sock) as leader, RawConn(sock) as caller:
             assert leader.hello() == HELLO_OK and caller.hello() == HELLO_OK
             # Without its earlier token: the retry's token alone names it forgotten.
@@ -205,21 +205,21 @@ def test_a_call_after_a_confirmed_forget_never_joins_the_forgotten_flight_after_
         leader = Background(lambda: b.run_sync("k", old))
         assert running.wait(10)
         c.forget("k")  # returns once the coordinator confirmed it
-        assert "k" not in coordinator_of(a)._flights
+        assert "k" not in coordinator_of(a)._term.flights
 
         close(a)  # the coordinator changes (a SIGKILL does the same; the forget is lost)
         wait_until(lambda: _any_coordinator(b, c) is not None, "b or c coordinates")
         new = _any_coordinator(b, c)
         wait_until(
-            lambda: "k" in new._flights or bool(new._detached.get("k")),
+            lambda: "k" in new._term.flights or bool(new._term.detached.get("k")),
             "b reasserted its flight to the new term",
         )
 
         after = Background(lambda: c.run_sync("k", lambda: "new"))
         wait_until(
             lambda: (
-                bool(new._waiting.get("k"))
-                or ("k" in new._flights and len(new._flights["k"].joiners) == 1)
+                bool(new._term.waiting.get("k"))
+                or ("k" in new._term.flights and len(new._term.flights["k"].joiners) == 1)
             ),
             "c's call reached the new coordinator",
         )
@@ -236,7 +236,7 @@ def test_a_call_after_a_confirmed_forget_never_joins_the_forgotten_flight_after_
 
 def _any_coordinator(*groups: FlightGroup) -> Any:
     for each in groups:
-        found = arbiter(each)._coordinator
+        found = arbiter(each)._state.coordinator
         if found is not None and not found.closed:
             return found
     return None
@@ -291,7 +291,7 @@ def test_a_forgotten_flights_retry_does_not_detach_the_keys_next_flight(
             d.send_frame({"op": "attempt", "id": 1})
             assert d.expect("lead")[0]["token"] > token > first
         close(a)
-        wait_until(lambda: arbiter(b)._coordinator is not None, "b coordinates")
+        wait_until(lambda: arbiter(b)._state.coordinator is not None, "b coordinates")
         with raw_conns(sock, 2) as (n2, q):
             n2.send_frame({"op": "reassert", "id": 1, "key": "k", "token": token})
             n2.served()

@@ -60,7 +60,7 @@ def test_fresh_caller_elsewhere_never_gets_the_kept_outcome_of_the_older_flight(
 
         def waiting_fresh() -> bool:
             coordinator = live_coordinator(a, b)
-            flight = None if coordinator is None else coordinator._flights.get("k")
+            flight = None if coordinator is None else coordinator._term.flights.get("k")
             return flight is not None and len(flight.fresh) == 1
 
         wait_until(waiting_fresh, "the fresh call waits for the flight's end")
@@ -98,7 +98,9 @@ def test_fresh_callers_of_one_process_share_the_next_flight(directory: str) -> N
         b1 = Background(lambda: b.run_sync("k", second, fresh=True))
         # b1's fresh request reached the coordinator and waits for the running flight.
         wait_until(
-            lambda: (f := coordinator_of(a)._flights.get("k")) is not None and len(f.fresh) == 1,
+            lambda: (
+                (f := coordinator_of(a)._term.flights.get("k")) is not None and len(f.fresh) == 1
+            ),
             "b1's fresh request waits in the coordinator",
         )
         b3 = Background(lambda: b.run_sync("k", second, fresh=True))

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import flightgroup.directory.epochs as epochs
 import flightgroup.directory.fs as fs_module
 from flightgroup import (
     JSON,
@@ -133,9 +134,9 @@ def _fresh_waiting(group: FlightGroup, key: str) -> int:
     for candidate in (group,):
         arbiter = scope_of(candidate)
         assert arbiter is not None
-        coordinator = arbiter._coordinator
+        coordinator = arbiter._state.coordinator
         if coordinator is not None:
-            flight = coordinator._flights.get(key)
+            flight = coordinator._term.flights.get(key)
             return 0 if flight is None else len(flight.fresh)
     return -1
 
@@ -276,7 +277,7 @@ def test_a_closed_group_rejects_calls_and_the_directory_goes_on(directory: str) 
         a.run_sync("k", lambda: 1)
     try:
         assert b.run_sync("k", lambda: 2).value == 2  # b took over the election
-        epoch = fs_module.read_epoch(directory)
+        epoch = epochs.read_epoch(directory)
         assert epoch is not None and epoch >= 2
     finally:
         b.close()
@@ -308,7 +309,7 @@ def test_status_lists_the_flights_in_progress(directory: str) -> None:
         flight = flights[0]
         assert set(flight) == {"key", "token", "leader_pid", "joiners", "age_s"}
         assert flight["leader_pid"] == os.getpid() and flight["joiners"] == 1
-        assert flight["token"] >> 32 == fs_module.read_epoch(directory)
+        assert flight["token"] >> 32 == epochs.read_epoch(directory)
         release.set()
         leader.join(10)
         joiner.join(10)
@@ -357,7 +358,7 @@ def test_a_kept_failure_landed_while_the_coordinator_was_stopped_keeps_its_cause
             release.set()
             # Landed (sent), not yet read by the coordinator: the leader waits for it.
             wait_until(
-                lambda: any(lead.landing for lead in arbiter(g)._leads.values()),
+                lambda: any(lead.landing for lead in arbiter(g)._state.leads.values()),
                 "the landing was sent",
             )
             time.sleep(1.2)  # the keep time passes before the coordinator reads it

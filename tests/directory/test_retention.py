@@ -58,7 +58,7 @@ def test_max_bytes_evicts_the_least_recently_used_until_the_rest_fits(directory:
         assert b.run_sync("k2", lambda: "").joined is True
         assert b.run_sync("k3", lambda: "").joined is True
         assert b.run_sync("k1", lambda: "new").joined is False
-        assert arbiter(a)._coordinator._outcomes.kept.bytes <= 30  # type: ignore[union-attr]
+        assert arbiter(a)._state.coordinator._term.outcomes.kept.bytes <= 30  # type: ignore[union-attr]
     finally:
         close(a, b)
 

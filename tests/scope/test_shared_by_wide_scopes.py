@@ -290,7 +290,7 @@ def test_a_wide_group_dropped_without_close_lets_go_of_its_threads_and_connectio
     thread.join(20)
     assert not thread.is_alive()
     if scope == "directory":
-        assert arbiter._channel is None  # type: ignore[union-attr]
+        assert arbiter._state.channel is None  # type: ignore[union-attr]
     # A closed group's collection says nothing; nor does an unused one's (construction
     # does no I/O: nothing to let go of), nor a group the fork hook closed in a child.
     closed, unused, forked = scope_groups(request, scope, 3, lease=5.0)
