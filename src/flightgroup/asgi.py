@@ -74,6 +74,7 @@ DEFAULT_MAX_BODY_BYTES: Final = 8 * 1024 * 1024
 """The default bound on a shared body, when the group can carry it."""
 
 _HEADER_ALLOWANCE: Final = 64 * 1024  # room for a response's status and headers in a value
+_CODEC_ALLOWANCE: Final = 1024  # room for what a codec adds around a str or bytes
 _PRIVATE_REQUEST: Final = frozenset({b"authorization", b"proxy-authorization", b"cookie"})
 _FRAME_VERSION: Final = 1
 _SHARED: Final = 1  # a frame kind: a whole response follows
@@ -126,8 +127,8 @@ class CollapseRequests:
     of reach, the request runs the application for itself.
     """
 
-    __slots__ = ("_app", "_group", "_methods", "_private", "_role", "_run", "_vary", "_wire",
-                 "max_body_bytes")
+    __slots__ = ("_app", "_carries", "_group", "_methods", "_private", "_role", "_run", "_vary",
+                 "_wire", "max_body_bytes")
 
     def __init__(
         self,
@@ -163,6 +164,7 @@ class CollapseRequests:
             base64=self._wire is False,
         )
         """The largest body a flight shares (bytes)."""
+        self._carries = None if made.scope is None else made.max_value_bytes
         self._app = app
         self._group = group
 
@@ -258,7 +260,11 @@ class CollapseRequests:
         if self._wire is None:
             return _NOT_SHARED_RESPONSE if response is None else response
         frame = _frame(response)
-        return frame if self._wire else base64.b64encode(frame).decode("ascii")
+        value: bytes | str = frame if self._wire else base64.b64encode(frame).decode("ascii")
+        if self._carries is not None and len(value) > self._carries - _CODEC_ALLOWANCE:
+            # Headers past their allowance: the joiners run it rather than fail on it.
+            return self._pack(None)
+        return value
 
     def _unpack(self, value: object) -> _Response | None:
         """The response a flight's value stands for (None: not shared)."""
