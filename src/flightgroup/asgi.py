@@ -187,26 +187,28 @@ class CollapseRequests:
         try:
             value = await self._run(key, lambda: leader.run(self._app, self._pack))
         except asyncio.CancelledError:
+            leader.open = False  # I: the run goes on for the joiners, silent here
             raise
         except (GroupClosedError, UnavailableError):
             if leader.attempts:
+                await leader.finish()
                 raise
             await self._app(scope, receive, send)  # the group cannot serve it: alone
             return
         except BaseException as exc:
             if leader.attempts:
-                leader.open = False
+                await leader.finish()
                 if leader.completed and leader.error is None:
                     return  # its client has its whole response; the run ends here
                 raise
             await self._fail(send, exc)
             return
-        finally:
-            leader.open = False  # I: nothing is forwarded after this call returned
-        if leader.attempts and (leader.started or leader.gone):
-            if leader.error is not None:  # (after a complete response: for the log)
-                raise leader.error
-            return
+        if leader.attempts:
+            await leader.finish()
+            if leader.started or leader.gone:
+                if leader.error is not None:  # (after a whole response: for the log)
+                    raise leader.error
+                return
         response = self._unpack(value)
         if response is None:
             await self._app(scope, receive, send)  # not shared: this caller runs it
@@ -320,7 +322,7 @@ class _Leader:
     call returns or the client's send fails; the work forwards nothing after that."""
 
     __slots__ = ("attempts", "completed", "error", "gone", "limit", "open", "role", "scope",
-                 "send", "started")
+                 "send", "started", "tail")
 
     def __init__(self, scope: Scope, send: Send, *, role: bytes | None, limit: int) -> None:
         self.scope = scope
@@ -332,18 +334,24 @@ class _Leader:
         self.started = False  # the response start reached this caller's client
         self.completed = False  # ... and its last body message too
         self.gone = False  # this caller's client went away while its work ran
-        self.error: Exception | None = None  # what the app raised after a whole response
+        self.error: Exception | None = None  # what the app raised after the outcome
+        self.tail: asyncio.Task[None] | None = None  # the latest attempt's run of the app
 
     async def run(self, app: ASGIApp, pack: Callable[[_Response | None], object]) -> object:
         """The flight's work: run ``app`` once, stream to this caller's client while it
-        listens, and return the shared value (the captured response, or not shared)."""
+        listens, and return the shared value as soon as it is known: the whole captured
+        response, or "not shared" the moment the response cannot be shared (the run
+        then goes on for this caller alone, in ``tail``)."""
         self.attempts += 1
         # I: one response per client: a later attempt never writes to this client.
         live = self.open and not self.started
         capture = _Capture(self.limit)
+        verdict: asyncio.Future[object] = asyncio.get_running_loop().create_future()
 
         async def send(message: Message) -> None:
             capture.take(message)
+            if not capture.shared and not verdict.done():
+                verdict.set_result(pack(None))  # the joiners need not wait for the rest
             if live and self.open:
                 await self._forward(message)
 
@@ -353,13 +361,41 @@ class _Leader:
             scope["extensions"] = {
                 k: v for k, v in extensions.items() if not k.startswith("http.response.")
             }
+
+        async def run_app() -> None:
+            try:
+                await app(scope, _no_body_then_wait(), send)
+            except Exception as exc:
+                if not verdict.done() and not capture.done:
+                    verdict.set_exception(exc)
+                else:
+                    self.error = exc  # after the outcome: the leader's call raises it
+            finally:
+                if not verdict.done():  # I: the work never waits on a run that ended
+                    verdict.set_result(pack(capture.result()))
+
+        self.tail = tail = asyncio.ensure_future(run_app())
         try:
-            await app(scope, _no_body_then_wait(), send)
-        except Exception as exc:
-            if not capture.done:
-                raise
-            self.error = exc
-        return pack(capture.result())
+            return await verdict
+        except asyncio.CancelledError:
+            tail.cancel()  # the attempt is stopped (deadline, close): its run with it
+            raise
+
+    async def finish(self) -> None:
+        """Wait for this caller's own run to end (it may stream on past the flight's
+        outcome); cancelling this wait cancels that run, which serves no one else."""
+        tail = self.tail
+        try:
+            if tail is not None and not tail.done():
+                # A tail its attempt's stop cancelled ends quietly here; this call's own
+                # cancel stops the tail, which serves this caller alone by now.
+                try:
+                    await asyncio.wait((tail,))
+                except asyncio.CancelledError:
+                    tail.cancel()
+                    raise
+        finally:
+            self.open = False  # I: nothing is forwarded after this call returned
 
     async def _forward(self, message: Message) -> None:
         kind = message["type"]
@@ -441,12 +477,17 @@ async def _replay(send: Send, response: _Response, role: bytes | None, name: byt
 
 
 def _shareable(headers: Iterable[tuple[bytes, bytes]]) -> bool:
-    """False when a response is for its own client alone (Set-Cookie, private)."""
+    """False when a response is for its own client alone (Set-Cookie, private) or
+    has no end to wait for (an event stream)."""
     for name, value in headers:
         lowered = name.lower()
         if lowered == b"set-cookie":
             return False
         if lowered == b"cache-control" and b"private" in _tokens((value,)):
+            return False
+        if lowered == b"content-type" and value.split(b";", 1)[0].strip().lower() == (
+            b"text/event-stream"
+        ):
             return False
     return True
 

@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from flightgroup import FlightGroup, current_lease
-from flightgroup.asgi import CollapseRequests, Scope
+from flightgroup import FlightGroup, FlightTimeoutError, current_lease
+from flightgroup.asgi import CollapseRequests, Receive, Scope, Send
 
 from .driver import Answer, Endpoint, call, request
 
@@ -337,3 +337,67 @@ def test_bad_arguments_are_refused() -> None:
         CollapseRequests(app, group=group, max_body_bytes=-1)
     with pytest.raises(ValueError, match="role_header"):
         CollapseRequests(app, group=group, role_header="x y")
+
+
+class FirstRunHolds:
+    """An app whose first run sends its start and a first chunk, then holds until
+    ``rest`` is set; every later run answers at once. Each run records its number."""
+
+    def __init__(self, content_type: bytes, first: bytes, rest: bytes) -> None:
+        self.content_type = content_type
+        self.first = first
+        self.tail = rest
+        self.runs = 0
+        self.gate = asyncio.Event()
+        self.started = asyncio.Event()
+        self.rest = asyncio.Event()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        number = self.runs
+        self.runs += 1
+        self.started.set()
+        await self.gate.wait()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", self.content_type)]})
+        await send({"type": "http.response.body", "body": self.first,
+                    "more_body": True})
+        if number == 0:
+            await self.rest.wait()
+        await send({"type": "http.response.body", "body": self.tail})
+
+
+@pytest.mark.parametrize(
+    ("content_type", "first"),
+    [(b"application/octet-stream", b"x" * 2000), (b"text/event-stream", b"data: 1\n\n")],
+    ids=["over-the-limit", "event-stream"],
+)
+async def test_joiners_run_it_as_soon_as_the_response_cannot_be_shared(
+    content_type: bytes, first: bytes
+) -> None:
+    """The joiners of a response that passes the limit (or is an event stream) run the
+    app at once, while the leader's own response still streams; it ends whole."""
+    endpoint = FirstRunHolds(content_type, first, b"end")
+    group = FlightGroup()
+    app = CollapseRequests(endpoint, group=group, max_body_bytes=1000)
+    tasks = [asyncio.ensure_future(call(app, request("/s"))) for _ in range(3)]
+    await until(lambda: group.stats().calls >= 3 and endpoint.started.is_set())
+    endpoint.gate.set()
+    joiners = await asyncio.gather(*tasks[1:])  # while the leader's run still holds
+    assert not tasks[0].done() and endpoint.runs == 3
+    assert all(a.complete and a.body == first + b"end" for a in joiners)
+    endpoint.rest.set()
+    leader = await tasks[0]
+    assert leader.complete and leader.body == first + b"end"
+
+
+async def test_a_run_past_the_groups_deadline_answers_504_to_joiners() -> None:
+    """Under the group's deadline, a run that never answers ends: the leader raises
+    FlightTimeoutError (its server answers 500), each joiner gets a 504."""
+    endpoint = Endpoint(fixed())  # its gate is never set
+    group = FlightGroup(deadline=0.2)
+    app = CollapseRequests(endpoint, group=group)
+    tasks = [asyncio.ensure_future(call(app, request("/r"))) for _ in range(3)]
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(results[0], FlightTimeoutError)
+    assert [r.status for r in results[1:] if isinstance(r, Answer)] == [504, 504]
+    assert len(endpoint.runs) == 1
