@@ -180,3 +180,32 @@ def test_a_10_mb_streamed_body_reaches_every_caller_whole(
     assert len(server.runs(path)) == (1 if shared else 8)
     roles = sorted(a.headers.get("x-flightgroup", "-") for a in answers)
     assert roles == (["joined"] * 7 + ["led"] if shared else ["-"] * 7 + ["led"])
+
+
+@pytest.mark.timeout(120)
+def test_the_leaders_disconnect_leaves_the_joiners_whole(server: Server) -> None:
+    """The leader's client of a 10 MB body hangs up while the run waits; the run goes
+    on once, and the 7 joiners (in any worker) get the whole body."""
+    path = "/gone/big"
+
+    async def scenario() -> list[httpx.Response]:
+        before = server.calls()
+        _reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n\r\n".encode())
+        await writer.drain()
+        await until(lambda: len(server.runs(path)) == 1)
+        async with client(7) as http:
+            tasks = [asyncio.ensure_future(http.get(server.url + path)) for _ in range(7)]
+            await until(lambda: server.calls() - before >= 8)
+            writer.close()  # the leader's client goes away before its first byte
+            await writer.wait_closed()
+            server.go(path)
+            return list(await asyncio.gather(*tasks))
+
+    answers = run(scenario(), timeout=100)
+    expected = hashlib.sha256(big_body()).hexdigest()
+    assert {(a.status_code, hashlib.sha256(a.content).hexdigest()) for a in answers} == {
+        (200, expected)
+    }
+    assert {a.headers["x-flightgroup"] for a in answers} == {"joined"}
+    assert len(server.runs(path)) == 1
