@@ -204,17 +204,17 @@ class CollapseRequests:
             await self._fail(send, exc)
             return
         if leader.attempts:
+            # I: a caller whose own work ran got its response from that run, streamed
+            # (or its client left): it never gets a second one.
             await leader.finish()
-            if leader.started or leader.gone:
-                if leader.error is not None:  # (after a whole response: for the log)
-                    raise leader.error
-                return
+            if leader.error is not None:  # (after a whole response: for the log)
+                raise leader.error
+            return
         response = self._unpack(value)
         if response is None:
-            await self._app(scope, receive, send)  # not shared: this caller runs it
+            await self._app(scope, receive, send)  # not shared: this joiner runs it
             return
-        joined = leader.attempts == 0
-        await _replay(send, response, self._role, b"joined" if joined else b"led")
+        await _replay(send, response, self._role, b"joined")
 
     # -- keys -------------------------------------------------------------------
 
@@ -321,8 +321,8 @@ class _Leader:
     one event loop, so no lock is needed. ``open`` goes False for good when the
     call returns or the client's send fails; the work forwards nothing after that."""
 
-    __slots__ = ("attempts", "completed", "error", "gone", "limit", "open", "role", "scope",
-                 "send", "started", "tail")
+    __slots__ = ("attempts", "completed", "error", "limit", "open", "role", "scope", "send",
+                 "started", "tail")
 
     def __init__(self, scope: Scope, send: Send, *, role: bytes | None, limit: int) -> None:
         self.scope = scope
@@ -333,7 +333,6 @@ class _Leader:
         self.attempts = 0  # times this caller's own work ran (0: it joined)
         self.started = False  # the response start reached this caller's client
         self.completed = False  # ... and its last body message too
-        self.gone = False  # this caller's client went away while its work ran
         self.error: Exception | None = None  # what the app raised after the outcome
         self.tail: asyncio.Task[None] | None = None  # the latest attempt's run of the app
 
@@ -406,7 +405,6 @@ class _Leader:
             await self.send(message)
         except Exception:
             self.open = False  # the client is gone: the work goes on for the joiners
-            self.gone = True
             return
         if kind == "http.response.start":
             self.started = True

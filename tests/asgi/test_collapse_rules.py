@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from flightgroup import FlightGroup, FlightTimeoutError, current_lease
+from flightgroup import FlightGroup, FlightTimeoutError, Retry, current_lease
 from flightgroup.asgi import CollapseRequests, Receive, Scope, Send
 
 from .driver import Answer, Endpoint, call, request
@@ -401,3 +401,31 @@ async def test_a_run_past_the_groups_deadline_answers_504_to_joiners() -> None:
     assert isinstance(results[0], FlightTimeoutError)
     assert [r.status for r in results[1:] if isinstance(r, Answer)] == [504, 504]
     assert len(endpoint.runs) == 1
+
+
+async def test_a_retried_run_never_writes_a_second_response_to_its_leader() -> None:
+    """Under the group's Retry, a first attempt that broke off mid-response is run
+    again for the joiners; the leader's client keeps the cut response (its server
+    closes it) and never gets a second one mixed in."""
+    runs = 0
+    gate = asyncio.Event()
+
+    async def flaky(scope: Scope, receive: Receive, send: Send) -> None:
+        nonlocal runs
+        runs += 1
+        await gate.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"part-", "more_body": True})
+        if runs == 1:
+            raise RuntimeError("broke off")
+        await send({"type": "http.response.body", "body": b"whole"})
+
+    group = FlightGroup(retry=Retry(attempts=2, backoff=0.0, jitter=False))
+    app = CollapseRequests(flaky, group=group)
+    tasks = [asyncio.ensure_future(call(app, request("/r"))) for _ in range(3)]
+    await until(lambda: group.stats().calls >= 3 and runs == 1)
+    gate.set()
+    leader, *joiners = await asyncio.gather(*tasks)
+    assert runs == 2
+    assert (leader.body, leader.complete) == (b"part-", False)
+    assert all((a.body, a.complete) == (b"part-whole", True) for a in joiners)
