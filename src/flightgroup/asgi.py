@@ -17,14 +17,14 @@ The rules (docs/asgi.md; ADR 0045):
 - ``Cache-Control: no-cache`` / ``no-store`` or ``Pragma: no-cache`` on a request runs
   the application for it alone.
 - Every status is shared, 5xx included. A response is not shared when its body passes
-  ``max_body_bytes``, when it sets a cookie or says ``Cache-Control: private``, or when
-  it uses a message beyond ``http.response.start``/``http.response.body``: its leader
-  gets it as it is, and each joiner runs the application for itself. No caller ever
-  gets a truncated body.
+  ``max_body_bytes``, when it sets a cookie, says ``Cache-Control: private`` or is an
+  event stream, or when it uses a message beyond ``http.response.start``/
+  ``http.response.body``: its leader gets it as it is, and each joiner runs the
+  application for itself as soon as that is known. No caller ever gets a truncated body.
 - The leader's response streams to its client as the application sends it; the
-  joiners get it once it is complete. The application runs as the flight's work, on a
-  receive channel of its own, so the leader's disconnect stops neither the run nor the
-  joiners' response.
+  joiners get it once it is complete. The application runs for the flight (in a task
+  beside its work), on a receive channel of its own, so the leader's disconnect stops
+  neither the run nor the joiners' response.
 
 In a wide scope the shared response crosses processes through the group's codec as
 one value: ``bytes`` when the codec gives bytes back as bytes (PICKLE), else a base64
