@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,12 +17,21 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ..redisproc import free_port
 from ..support import run
 from .payload import BIG, big_body
 
 _ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 4
+# One worker of the suite runs them all, on one server (--dist loadgroup).
+pytestmark = pytest.mark.xdist_group("asgi_uvicorn")
+
+
+def free_port() -> int:
+    """A loopback port free at the time of asking."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 class Server:
