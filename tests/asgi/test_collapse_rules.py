@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from flightgroup import FlightGroup, FlightTimeoutError, Retry, current_lease
+from flightgroup import FlightGroup, FlightTimeoutError, Limits, Retry, current_lease
 from flightgroup.asgi import CollapseRequests, Receive, Scope, Send
 
 from .driver import Answer, Endpoint, call, request
@@ -429,3 +429,30 @@ async def test_a_retried_run_never_writes_a_second_response_to_its_leader() -> N
     assert runs == 2
     assert (leader.body, leader.complete) == (b"part-", False)
     assert all((a.body, a.complete) == (b"part-whole", True) for a in joiners)
+
+
+async def test_a_joiner_past_the_groups_max_waiters_gets_503() -> None:
+    """A joiner refused by the group's Limits(max_waiters) answers 503; the others share
+    the run."""
+    endpoint = Endpoint(fixed())
+    group = FlightGroup(limits=Limits(max_waiters=1))
+    app = CollapseRequests(endpoint, group=group)
+    tasks = [asyncio.ensure_future(call(app, request("/r"))) for _ in range(3)]
+    await until(lambda: tasks[2].done() and group.stats().calls >= 2 and endpoint.started.is_set())
+    endpoint.gate.set()
+    answers = await asyncio.gather(*tasks)
+    assert len(endpoint.runs) == 1
+    assert sorted((a.status, a.body) for a in answers) == [
+        (200, b"hello"), (200, b"hello"), (503, b"Service Unavailable")]
+
+
+async def test_a_closed_group_lets_each_request_run_the_app() -> None:
+    """Once the group is closed, every request runs the app itself instead of failing."""
+    endpoint = Endpoint(fixed())
+    endpoint.gate.set()
+    group = FlightGroup()
+    app = CollapseRequests(endpoint, group=group, role_header="x-flightgroup")
+    group.close()
+    answers = await asyncio.gather(*(call(app, request("/r")) for _ in range(3)))
+    assert len(endpoint.runs) == 3
+    assert all(a.body == b"hello" and a.header(b"x-flightgroup") is None for a in answers)
