@@ -68,7 +68,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 """An ASGI 3 application."""
 
 NAMESPACE: Final = "flightgroup.asgi"
-"""The namespace of the collapsed requests' keys in their group."""
+"""The default namespace of the collapsed requests' keys in their group."""
 
 DEFAULT_MAX_BODY_BYTES: Final = 8 * 1024 * 1024
 """The default bound on a shared body, when the group can carry it."""
@@ -114,8 +114,11 @@ class CollapseRequests:
             is a ValueError.
         role_header: a response header to name each collapsed caller's role in
             (``led`` or ``joined``), e.g. ``"x-flightgroup"``; None (default): none.
+        namespace: the namespace of the requests' keys in ``group``. Middlewares over
+            one group that wrap different applications need different namespaces, or
+            equal requests to the two would share a run.
 
-    Collapsed requests are flights of ``group`` in the namespace ``flightgroup.asgi``,
+    Collapsed requests are flights of ``group`` in their own namespace,
     with the group's deadline, retry and takeover policy, but never kept (a flight is
     not a cache). A collapsed request's flight ends with its response: a request that
     arrives after that runs the application again.
@@ -139,6 +142,7 @@ class CollapseRequests:
         vary: Iterable[str] = (),
         max_body_bytes: int | None = None,
         role_header: str | None = None,
+        namespace: str = NAMESPACE,
     ) -> None:
         if not callable(app):
             raise TypeError("app must be an ASGI application (a callable)")
@@ -173,7 +177,7 @@ class CollapseRequests:
 
         self._run: Callable[[str, Callable[[], Awaitable[object]]], Awaitable[object]] = (
             group.coalesce(
-                key=lambda key, work: key, name=NAMESPACE, retention=_NOT_KEPT
+                key=lambda key, work: key, name=namespace, retention=_NOT_KEPT
             )(shared)
         )
 

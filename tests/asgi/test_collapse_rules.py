@@ -456,3 +456,21 @@ async def test_a_closed_group_lets_each_request_run_the_app() -> None:
     answers = await asyncio.gather(*(call(app, request("/r")) for _ in range(3)))
     assert len(endpoint.runs) == 3
     assert all(a.body == b"hello" and a.header(b"x-flightgroup") is None for a in answers)
+
+
+async def test_middlewares_with_their_own_namespaces_never_share() -> None:
+    """Two middlewares over one group share equal requests only in one namespace."""
+    first, second = Endpoint(fixed(b"first")), Endpoint(fixed(b"second"))
+    group = FlightGroup()
+    apps = [CollapseRequests(first, group=group),
+            CollapseRequests(second, group=group, namespace="second-app")]
+    tasks = [asyncio.ensure_future(call(apps[i % 2], request("/r"))) for i in range(4)]
+    await until(lambda: group.stats().calls >= 4 and first.started.is_set()
+                and second.started.is_set())
+    first.gate.set()
+    second.gate.set()
+    answers = await asyncio.gather(*tasks)
+    assert (len(first.runs), len(second.runs)) == (1, 1)
+    assert [a.body for a in answers] == [b"first", b"second"] * 2
+    with pytest.raises(ValueError):
+        CollapseRequests(first, group=group, namespace="")
