@@ -25,7 +25,7 @@ from flightgroup.directory import fs as fs_module
 from flightgroup.directory import keylocks, lockwatch
 from flightgroup.directory.client import DirectoryArbiter
 
-from .support import wait_until
+from .support import scope_of, wait_until
 
 
 def group(directory: str, **kwargs: Any) -> FlightGroup:
@@ -33,7 +33,7 @@ def group(directory: str, **kwargs: Any) -> FlightGroup:
 
 
 def arbiter(of: FlightGroup) -> DirectoryArbiter:
-    found = of._scope
+    found = scope_of(of)
     assert isinstance(found, DirectoryArbiter)
     return found
 
@@ -235,7 +235,7 @@ def scope_groups(
 def live_coordinator(*groups: FlightGroup) -> Any:
     """The coordinator that runs in one of ``groups`` and is not closed, or None."""
     for each in groups:
-        arbiter = each._scope
+        arbiter = scope_of(each)
         assert arbiter is not None
         coordinator = arbiter._coordinator
         if coordinator is not None and not coordinator.closed:

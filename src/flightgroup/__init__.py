@@ -1,7 +1,7 @@
 """flightgroup: single flight (request coalescing) for Python.
 
 Callers that ask for the same key while its work runs do not start a second run:
-they join the run in progress and get its outcome. See README.md and API.md.
+they join the run in progress and get its outcome. See README.md and docs/api.md.
 """
 
 from .codec import JSON as JSON

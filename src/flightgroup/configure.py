@@ -1,7 +1,7 @@
 """What a FlightGroup's arguments make: every check of them, in one place, and the
 scope they name.
 
-Construction checks its arguments and does no I/O (API.md): a scope's machinery starts
+Construction checks its arguments and does no I/O (docs/api.md): a scope's machinery starts
 at its first call. Each wide scope's package opens its own scope (``open_scope``), so a
 new scope is one package and one line in :func:`configure`.
 """
@@ -75,7 +75,7 @@ def configure(
     max_frame_bytes: int,
     max_deadline_threads: int = MAX_DEADLINE_THREADS,
 ) -> Configuration:
-    """Check a FlightGroup's arguments (see its docstring and API.md) and make its scope.
+    """Check a FlightGroup's arguments (see its docstring and docs/api.md) and make its scope.
     Raises TypeError or ValueError for the first bad one; nothing is started."""
     if directory is not None and redis is not None:
         raise ValueError("directory and redis exclude each other: choose one scope")

@@ -100,7 +100,7 @@ class _Coalesce(Protocol):
 
 
 def namespace_of(fn: Callable[..., Any]) -> str:
-    """``fn``'s namespace: its module and qualified name (API.md). Every lambda of a
+    """``fn``'s namespace: its module and qualified name (docs/api.md). Every lambda of a
     scope has the qualified name ``<lambda>``, so a lambda's adds its first line and a
     digest of its code: two lambdas never share flights unless they are the same code
     at the same place, and one lambda has the same namespace in every process that runs

@@ -99,7 +99,7 @@ class FlightGroup:
 
     ``FlightGroup()`` is the process scope: every task and thread of this process
     that uses the group. The wider scopes (``directory=``, ``redis=``) take the
-    same calls; see API.md. ``lease`` and ``cluster`` belong to the fleet scope,
+    same calls; see docs/api.md. ``lease`` and ``cluster`` belong to the fleet scope,
     ``reconnect_timeout`` and ``max_frame_bytes`` to the directory scope: another
     scope refuses them (ValueError) rather than ignore them. ``on_unavailable``
     says what a call does while its wide scope cannot be reached: ``"raise"``
@@ -721,7 +721,7 @@ class FlightGroup:
         return self._closed
 
     def _closed_error(self) -> GroupClosedError:
-        """API.md's GroupClosedError; when the group was not closed by close(), the reason
+        """docs/api.md's GroupClosedError; when the group was not closed by close(), the reason
         is a note on it (shown in tracebacks; ``str()`` stays the contract's text)."""
         if self._closed_why is None:
             return GroupClosedError()

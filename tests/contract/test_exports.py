@@ -1,4 +1,4 @@
-"""The public names are exactly API.md's, in one place, and the errors form one tree."""
+"""The public names are exactly docs/api.md's, in one place, and the errors form one tree."""
 
 from __future__ import annotations
 

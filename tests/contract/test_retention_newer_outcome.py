@@ -2,7 +2,7 @@
 whatever that flight's own outcome (kept or not), in every scope; and the directory's
 kept outcomes that ran out leave before a live one is evicted.
 
-API.md: `fresh=True` reads your own writes, and a kept outcome is served "until its time
+docs/api.md: `fresh=True` reads your own writes, and a kept outcome is served "until its time
 runs out or it is evicted (LRU by items, then by encoded bytes)". A newer flight's
 outcome that is not kept ends the older kept one in the process and directory scopes
 (the fleet's record is replaced when the newer flight leads).
@@ -19,6 +19,7 @@ from flightgroup import JSON, FlightFailedError, FlightGroup, Retention
 
 from ..infleet import fleet_group
 from ..ingroup import close
+from ..support import scope_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -87,7 +88,7 @@ def test_the_directory_drops_kept_outcomes_that_ran_out_before_evicting_a_live_o
         again = g.run_sync("live", lambda: "ran again")
         # Two slots: the one that ran out goes, the live one stays.
         assert (again.value, again.joined) == ("kept", True)
-        arbiter = g._scope
+        arbiter = scope_of(g)
         assert isinstance(arbiter, DirectoryArbiter) and arbiter._coordinator is not None
         assert len(arbiter._coordinator._outcomes.kept) == 2
     finally:

@@ -514,7 +514,7 @@ def test_a_parents_group_used_in_a_forked_child_raises_instead_of_hanging(
     the fork (its copy there had no thread left to end it)."""
     assert forked["closed_at_once"] is True, forked  # the group counts as closed there
     for outcome in (forked["parent_group"], forked["parent_group_held"]):
-        # API.md's text; why, and the parent's pid, in a note
+        # docs/api.md's text; why, and the parent's pid, in a note
         assert outcome[:2] == ["GroupClosedError", "This flight group is closed."], outcome
         assert len(outcome[2]) == 1, outcome
         assert "This directory group was started in process" in outcome[2][0], outcome

@@ -18,7 +18,7 @@ from flightgroup import (
 
 from ..dirproc import Harness
 from ..ingroup import close, group
-from ..support import wait_until
+from ..support import scope_of, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -107,7 +107,7 @@ def test_groups_and_threads_of_one_process_take_part_in_one_election(directory: 
     groups += made
 
     def coordinating() -> list[FlightGroup]:
-        return [g for g in groups if g._scope._coordinator is not None]  # type: ignore[union-attr]
+        return [g for g in groups if scope_of(g)._coordinator is not None]
 
     try:
         for i, group in enumerate(groups):  # every group connected (its election waits)

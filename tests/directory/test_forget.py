@@ -52,7 +52,7 @@ def test_a_forget_survives_a_coordinator_killed_right_after_confirming_it(h: Har
     assert not c.seen("joined", "n")
     b.release("l")
     assert_value(b.expect("done", "l"), "old", joined=False)
-    # API.md: after forget(key) "the next call of the key leads a new flight".
+    # docs/api.md: after forget(key) "the next call of the key leads a new flight".
     assert_value(c.expect("done", "n"), "new", joined=False)
     assert [pid for pid, _, _ in h.runs_of("k")] == [b.pid, c.pid]
 
@@ -103,7 +103,7 @@ def test_forget_from_a_group_that_never_called_reaches_the_coordinator(directory
     b = _group(directory, retention=Retention(success=60.0))
     try:
         assert a.run_sync("k", lambda: "v1").value == "v1"
-        b.forget("k")  # a later call anywhere leads a new flight (API.md)
+        b.forget("k")  # a later call anywhere leads a new flight (docs/api.md)
         again = b.run_sync("k", lambda: "v2")
         assert again.value == "v2" and again.joined is False
     finally:
@@ -225,7 +225,7 @@ def test_a_call_after_a_confirmed_forget_never_joins_the_forgotten_flight_after_
         )
         release.set()
         assert leader.wait().value == "old"
-        # API.md: forget(key): "the next call of the key leads a new flight". c's call came
+        # docs/api.md: forget(key): "the next call of the key leads a new flight". c's call came
         # after the confirmed forget: it must not get the forgotten flight's value.
         result = after.wait()
         assert (result.value, result.joined) == ("new", False)

@@ -357,7 +357,7 @@ def test_a_fresh_directory_starts_at_1_and_adds_1(group_dir: Path) -> None:
 
 
 def test_a_term_removes_the_temp_files_a_crashed_epoch_write_left(group_dir: Path) -> None:
-    # API.md keeps the top level to the named files: the temp files of both epoch copies
+    # docs/api.md keeps the top level to the named files: the temp files of both epoch copies
     # are made in state/, and a crash between their write and rename leaves them there
     # until the next term (its writer holds flight.lock, so nobody else writes them).
     assert fs.next_epoch(str(group_dir)) == 1

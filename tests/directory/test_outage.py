@@ -34,7 +34,7 @@ from ..dirproc import (
     wait_for,
 )
 from ..ingroup import Background
-from ..support import wait_until
+from ..support import scope_of, wait_until
 
 
 @pytest.mark.timeout(60)
@@ -75,7 +75,7 @@ def test_a_call_made_while_the_leases_are_lost_is_refused_at_once(
     coordinator = subprocess.Popen([sys.executable, "-c", COORDINATOR_PROGRAM, directory],
                                    stdout=subprocess.PIPE)
     group = FlightGroup(directory=directory, codec=JSON, reconnect_timeout=0.5)
-    arbiter = group._scope
+    arbiter = scope_of(group)
     assert isinstance(arbiter, DirectoryArbiter)
     running = threading.Event()
     errors: list[BaseException] = []
@@ -152,7 +152,7 @@ def test_a_stall_of_this_process_is_not_an_outage(h: Harness, stall: str) -> Non
         ready, _, _ = select.select([frozen], [], [], 10)
         assert ready
         waiting, _ = frozen.accept()
-        arbiter = g._scope
+        arbiter = scope_of(g)
         wait_for(lambda: arbiter._background.loop is not None, "the group's loop")  # type: ignore[union-attr]
         loop = arbiter._background.loop  # type: ignore[union-attr]
         entered, go_on = threading.Event(), threading.Event()

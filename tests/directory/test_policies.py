@@ -32,7 +32,7 @@ from flightgroup import (
 )
 
 from ..ingroup import arbiter
-from ..support import run, wait_until
+from ..support import run, scope_of, wait_until
 
 
 def _groups(directory: str, n: int = 2, **kwargs: object) -> list[FlightGroup]:
@@ -131,7 +131,7 @@ def _fresh_waiting(group: FlightGroup, key: str) -> int:
     """How many fresh runs the coordinator holds for ``key``'s flight (test-only peek at
     the coordinator, which runs in this process)."""
     for candidate in (group,):
-        arbiter = candidate._scope
+        arbiter = scope_of(candidate)
         assert arbiter is not None
         coordinator = arbiter._coordinator
         if coordinator is not None:
@@ -302,8 +302,8 @@ def test_status_lists_the_flights_in_progress(directory: str) -> None:
         )
         joiner.start()
         assert joined.wait(10)
-        assert b._scope is not None
-        flights = [f for f in b._scope.status() if f["key"] == "k"]
+        assert scope_of(b) is not None
+        flights = [f for f in scope_of(b).status() if f["key"] == "k"]
         assert len(flights) == 1
         flight = flights[0]
         assert set(flight) == {"key", "token", "leader_pid", "joiners", "age_s"}
@@ -312,7 +312,7 @@ def test_status_lists_the_flights_in_progress(directory: str) -> None:
         release.set()
         leader.join(10)
         joiner.join(10)
-        arbiter = b._scope
+        arbiter = scope_of(b)
         # (a's landing and b's request travel on two connections: no order between them)
         wait_until(lambda: not [f for f in arbiter.status() if f["key"] == "k"], "no flight")
     finally:

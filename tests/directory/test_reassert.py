@@ -261,7 +261,7 @@ def test_a_frozen_joiner_gets_the_value_when_a_newer_lead_reasserts_first(h: Har
 
     # The leader is alive and landed: its frozen joiner still gets the value
     # (docs/directory-scope.md: "a coordinator that dies meanwhile is replaced and the
-    # value still reaches it"; API.md: a joiner is interrupted only when the leader died
+    # value still reaches it"; docs/api.md: a joiner is interrupted only when the leader died
     # or lost its lease).
     done = c.expect("done", "j")
     assert_value(done, big, joined=True)

@@ -436,7 +436,7 @@ def test_a_call_refused_before_the_scope_is_asked_counts_as_no_flight(
 
 
 def test_forgets_unavailable_error_carries_the_key() -> None:
-    """API.md: every error that concerns a key has `.key`; forget()'s too, a decorated
+    """docs/api.md: every error that concerns a key has `.key`; forget()'s too, a decorated
     function's with the key its function gave."""
     from flightgroup import JSON, UnavailableError
 

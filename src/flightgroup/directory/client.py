@@ -124,7 +124,7 @@ class DirectoryArbiter:
         self._waiters: dict[int, Future[Any]] = {}
         self._closed_future: Future[None] = Future()
         # Set when the first close() returns: a second one (another thread, a with-block
-        # after an explicit close) returns no sooner (API.md: once landings are handed over).
+        # after an explicit close) returns no sooner (docs/api.md: once landings are handed over).
         self._close_returned = threading.Event()
         self._campaigner: _Campaign | None = None  # its election thread's state
         self._election = Election(self)

@@ -1,7 +1,7 @@
 """The directory scope's files: where they are, the local-file-system check, durable
 writes, and the epoch that numbers the coordinator's terms.
 
-Layout of a group's directory (API.md, docs/directory-protocol.md)::
+Layout of a group's directory (docs/api.md, docs/directory-protocol.md)::
 
     flight.lock              the election (exclusive flock, held for a whole term)
     flight.epoch             the epoch of the last term, decimal text, written durably
@@ -490,7 +490,7 @@ def next_epoch(directory: str) -> int:
         )
     epoch = last + 1
     # state/ may have been removed by hand; the second copy is worth recreating it for.
-    # Both temp files are made there: API.md keeps the top level to the named files.
+    # Both temp files are made there: docs/api.md keeps the top level to the named files.
     state = os.path.dirname(second_path)
     _make_directory(state)
     _remove_stale_temp_files(state)

@@ -44,7 +44,7 @@ def forked_reason(scope: str, parent: int) -> str:
 
 
 def closed_in_fork(why: str) -> GroupClosedError:
-    """API.md's GroupClosedError, the reason as a note (``str()`` stays the contract's)."""
+    """docs/api.md's GroupClosedError, the reason as a note (``str()`` stays the contract's)."""
     error = GroupClosedError()
     error.add_note(why)
     return error
