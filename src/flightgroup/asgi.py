@@ -54,7 +54,16 @@ from .errors import (
 from .group import FlightGroup, internals
 from .policy import Retention
 
-__all__ = ["ASGIApp", "CollapseRequests", "Message", "Receive", "Scope", "Send"]
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "NAMESPACE",
+    "ASGIApp",
+    "CollapseRequests",
+    "Message",
+    "Receive",
+    "Scope",
+    "Send",
+]
 
 Scope = MutableMapping[str, Any]
 """An ASGI connection scope."""

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import flightgroup
+import flightgroup.asgi
 import flightgroup.otel
 import flightgroup.prometheus
 import flightgroup.testing
@@ -89,6 +90,9 @@ def public_names() -> dict[str, set[str]]:
         "FlightGroupCollector": _public(vars(flightgroup.prometheus.FlightGroupCollector)),
         "prometheus.register": _parameters(flightgroup.prometheus.register),
         "otel.instrument": _parameters(flightgroup.otel.instrument),
+        "flightgroup.asgi.__all__": set(flightgroup.asgi.__all__),
+        "CollapseRequests": _public(dir(flightgroup.asgi.CollapseRequests)),
+        "CollapseRequests()": _parameters(flightgroup.asgi.CollapseRequests.__init__),
     }
     for policy in (flightgroup.Retry, flightgroup.Retention, flightgroup.Limits):
         names[policy.__name__] = {field.name for field in dataclasses.fields(policy)}
