@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import flightgroup
+import flightgroup.asgi
 import flightgroup.otel
 import flightgroup.prometheus
 import flightgroup.testing
@@ -95,6 +96,9 @@ def public_names() -> dict[str, set[str]]:
             _public(dir(flightgroup.typed.TypedCodec))
             | _parameters(flightgroup.typed.TypedCodec.__init__)
         ),
+        "flightgroup.asgi.__all__": set(flightgroup.asgi.__all__),
+        "CollapseRequests": _public(dir(flightgroup.asgi.CollapseRequests)),
+        "CollapseRequests()": _parameters(flightgroup.asgi.CollapseRequests.__init__),
     }
     for policy in (flightgroup.Retry, flightgroup.Retention, flightgroup.Limits):
         names[policy.__name__] = {field.name for field in dataclasses.fields(policy)}
