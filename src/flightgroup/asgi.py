@@ -26,22 +26,20 @@ The rules (docs/asgi.md; ADR 0045):
   beside its work), on a receive channel of its own, so the leader's disconnect stops
   neither the run nor the joiners' response.
 
-In a wide scope the shared response crosses processes through the group's codec as
-one value: ``bytes`` when the codec gives bytes back as bytes (PICKLE), else a base64
-``str`` (JSON, and any codec that carries a str). The frame inside is this module's own.
+In a wide scope (or a group with a codec) the shared response crosses as this module's
+own frame of bytes, through a codec of the middleware's own operation that carries bytes
+as they are, whatever the group's codec is.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
 import struct
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Final, final
 
-from .codec import encode_bytes
 from .errors import (
     FlightFailedError,
     FlightInterruptedError,
@@ -83,7 +81,6 @@ DEFAULT_MAX_BODY_BYTES: Final = 8 * 1024 * 1024
 """The default bound on a shared body, when the group can carry it."""
 
 _HEADER_ALLOWANCE: Final = 64 * 1024  # room for a response's status and headers in a value
-_CODEC_ALLOWANCE: Final = 1024  # room for what a codec adds around a str or bytes
 _PRIVATE_REQUEST: Final = frozenset({b"authorization", b"proxy-authorization", b"cookie"})
 _FRAME_VERSION: Final = 1
 _SHARED: Final = 1  # a frame kind: a whole response follows
@@ -110,17 +107,17 @@ class CollapseRequests:
     Args:
         app: the ASGI 3 application to wrap.
         group: the FlightGroup that decides who shares (its scope: one process, a
-            host's workers, a fleet). A wide group needs a codec; any codec that
-            carries a ``str`` (JSON) or ``bytes`` (PICKLE) does.
+            host's workers, a fleet). Whatever the group's codec, the middleware's
+            own operation carries its responses as bytes.
         methods: the request methods that are collapsed (upper case).
         vary: request header names whose values join the key (case-insensitive).
             Naming ``authorization`` or ``cookie`` here lets requests with equal
             credentials share a response; the key holds only a digest of them.
         max_body_bytes: the largest body that is shared. A longer one streams to its
             leader in full and each joiner runs the application for itself. Default:
-            8 MiB, or less when the group's ``max_value_bytes`` holds less (about 3/4
-            of it, less 64 KiB, with a base64 codec). A value the group cannot carry
-            is a ValueError.
+            8 MiB, or less when the group's ``max_value_bytes`` holds less (that bound
+            less 64 KiB for the headers). A value the group cannot carry is a
+            ValueError.
         role_header: a response header to name each collapsed caller's role in
             (``led`` or ``joined``), e.g. ``"x-flightgroup"``; None (default): none.
         namespace: the namespace of the requests' keys in ``group``. Middlewares over
@@ -139,8 +136,8 @@ class CollapseRequests:
     of reach, the request runs the application for itself.
     """
 
-    __slots__ = ("_app", "_carries", "_group", "_methods", "_private", "_role", "_run", "_vary",
-                 "_wire", "max_body_bytes")
+    __slots__ = ("_app", "_carries", "_framed", "_group", "_methods", "_private", "_role",
+                 "_run", "_vary", "max_body_bytes")
 
     def __init__(
         self,
@@ -168,13 +165,11 @@ class CollapseRequests:
             raise ValueError("role_header must be None or a header name")
         self._role = None if role_header is None else role_header.lower().encode("latin-1")
         made = internals(group)
-        # None: the process scope, whose values are shared as they are; else whether
-        # the codec carries bytes (else a base64 str goes through it).
-        self._wire = None if made.scope is None else _carries_bytes(group)
+        # A value that is encoded (a wide scope, or a group with a codec) is a frame of
+        # bytes carried by _FRAMES; else the response objects are shared as they are.
+        self._framed = made.scope is not None or made.codec is not None
         self.max_body_bytes = _body_bound(
-            max_body_bytes,
-            None if made.scope is None else made.max_value_bytes,
-            base64=self._wire is False,
+            max_body_bytes, None if made.scope is None else made.max_value_bytes
         )
         """The largest body a flight shares (bytes)."""
         self._carries = None if made.scope is None else made.max_value_bytes
@@ -186,7 +181,8 @@ class CollapseRequests:
 
         self._run: Callable[[str, Callable[[], Awaitable[object]]], Awaitable[object]] = (
             group.coalesce(
-                key=lambda key, work: key, name=namespace, retention=_NOT_KEPT
+                key=lambda key, work: key, name=namespace, retention=_NOT_KEPT,
+                codec=_FRAMES if self._framed else None,
             )(shared)
         )
 
@@ -272,14 +268,13 @@ class CollapseRequests:
 
     def _pack(self, response: _Response | None) -> object:
         """The flight's value for ``response`` (None: not shared)."""
-        if self._wire is None:
+        if not self._framed:
             return _NOT_SHARED_RESPONSE if response is None else response
         frame = _frame(response)
-        value: bytes | str = frame if self._wire else base64.b64encode(frame).decode("ascii")
-        if self._carries is not None and len(value) > self._carries - _CODEC_ALLOWANCE:
+        if self._carries is not None and len(frame) > self._carries:
             # Headers past their allowance: the joiners run it rather than fail on it.
             return self._pack(None)
-        return value
+        return frame
 
     def _unpack(self, value: object) -> _Response | None:
         """The response a flight's value stands for (None: not shared)."""
@@ -287,8 +282,6 @@ class CollapseRequests:
             return value
         if value is _NOT_SHARED_RESPONSE:
             return None
-        if isinstance(value, str):
-            return _parse(base64.b64decode(value))
         if isinstance(value, bytes | bytearray | memoryview):
             return _parse(bytes(value))
         raise TypeError(f"a collapsed request's flight gave {type(value).__name__}")
@@ -550,26 +543,32 @@ def _parse(frame: bytes) -> _Response | None:
     return _Response(status, tuple(headers), frame[at:])
 
 
-def _carries_bytes(group: FlightGroup) -> bool:
-    """Whether ``group``'s codec gives bytes back as equal bytes (PICKLE does)."""
-    codec = group._codec
-    if codec is None:
-        return False
-    probe = b"\x00\xff flightgroup"
-    try:
-        back = codec.decode(encode_bytes(codec, probe))
-    except Exception:
-        return False
-    return isinstance(back, bytes) and back == probe
+class _Frames:
+    """The codec of the middleware's operation: a shared response is a frame of bytes
+    (:func:`_frame`), carried as it is, whatever the group's own codec."""
+
+    __slots__ = ()
+
+    def encode(self, value: Any, /) -> bytes:
+        if not isinstance(value, bytes):
+            raise TypeError(f"a collapsed request's value is a frame, not {type(value).__name__}")
+        return value
+
+    def decode(self, data: bytes, /) -> bytes:
+        return bytes(data)
+
+    def __repr__(self) -> str:
+        return "flightgroup.asgi frames"
 
 
-def _body_bound(given: int | None, carries: int | None, *, base64: bool) -> int:
+_FRAMES: Final = _Frames()
+
+
+def _body_bound(given: int | None, carries: int | None) -> int:
     """The bound on a shared body: ``given``, checked against what a value may hold."""
     room: int | None = None
     if carries is not None:
         room = carries - _HEADER_ALLOWANCE
-        if base64:
-            room = room * 3 // 4 - 3  # a base64 str, and a codec's quotes
     if given is None:
         bound = DEFAULT_MAX_BODY_BYTES if room is None else min(DEFAULT_MAX_BODY_BYTES, room)
         return max(bound, 0)

@@ -958,15 +958,16 @@ def _forget_flights(ref: weakref.ref[FlightGroup], why: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Internals:
-    """What the package's integrations (metrics, tracing, the CLI) read of a group:
-    its wide scope (None: the process scope), its flight table, and its bound on an
-    encoded outcome."""
+    """What the package's integrations (metrics, tracing, the CLI, the ASGI middleware)
+    read of a group: its wide scope (None: the process scope), its flight table, its
+    bound on an encoded outcome and its own codec (None: values are not encoded)."""
 
     scope: Scope | None
     table: FlightTable[Any]
     max_value_bytes: int | None
+    codec: Codec | None
 
 
 def internals(group: FlightGroup) -> Internals:
     """``group``'s :class:`Internals`, for the integrations of this package only."""
-    return Internals(group._scope, group._table, group._max_value_bytes)
+    return Internals(group._scope, group._table, group._max_value_bytes, group._policy.codec)
