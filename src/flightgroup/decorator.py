@@ -263,118 +263,152 @@ def make_coalesce(
         if not callable(fn):
             raise TypeError("coalesce() decorates a function")
         namespace = name or namespace_of(fn)
-        if key is None:
-            signature = inspect.signature(fn)
-
-            def key_of(*args: Any, **kwargs: Any) -> str:
-                bound = signature.bind(*args, **kwargs)
-                bound.apply_defaults()
-                return repr(tuple(bound.arguments.items()))
-        else:
-            check_key_takes_calls(key, fn)
-            key_of = key
-
-        def op_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[str, str], str]:
-            op = check_key(key_of(*args, **kwargs))
-            return (namespace, op), op
-
+        op_key = _key_maker(fn, key, namespace)
         is_async = inspect.iscoroutinefunction(inspect.unwrap(fn)) or (
             inspect.iscoroutinefunction(fn)
         )
         operation = None if new_operation is None else new_operation(fn, namespace)
-        # A group's own operation: its codec made once, for its declared return type (a
-        # typed codec). A slot's is made for each group the slot holds (GroupSlot.bind).
-        op_policy = (
-            policy if operation is not None
-            else policy.with_codec(operation_codec(policy.codec, fn, namespace))
-        )
-        fixed = (group, op_policy)
-        wrapper: Any
-        # A group's own operation reads its group and policy from the closure; a slot's
-        # reads them from its Operation, once per call (they change together).
-        if is_async and operation is None:
+        if operation is None:
+            # A group's own operation: its codec made once, for its declared return type
+            # (a typed codec). A slot's is made for each group it holds (GroupSlot.bind).
+            op_policy = policy.with_codec(operation_codec(policy.codec, fn, namespace))
+            wrapper = _fixed_wrapper(fn, op_key, group, op_policy, is_async=is_async)
+            fixed = (group, op_policy)
 
-            @functools.wraps(fn)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                tkey, op = op_key(args, kwargs)
-                return (await group._run_op(tkey, op, lambda: fn(*args, **kwargs), op_policy)).value
-
-            wrapper = async_wrapper
-        elif is_async:
-            assert operation is not None
-
-            @functools.wraps(fn)
-            async def late_async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                tkey, op = op_key(args, kwargs)
-                bound, policy = operation.bound
-                return (await bound._run_op(tkey, op, lambda: fn(*args, **kwargs), policy)).value
-
-            wrapper = late_async_wrapper
-        elif operation is None:
-
-            @functools.wraps(fn)
-            def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
-                tkey, op = op_key(args, kwargs)
-                if group._closed:
-                    raise group._closed_error()
-                work = functools.partial(fn, *args, **kwargs)
-                return group._call_sync(tkey, op, work, op_policy).value
-
-            wrapper = sync_wrapper
+            def current() -> tuple[Any, FlightPolicy]:
+                return fixed
         else:
+            wrapper = _late_wrapper(fn, op_key, operation, is_async=is_async)
 
-            @functools.wraps(fn)
-            def late_sync_wrapper(*args: Any, **kwargs: Any) -> Any:
-                tkey, op = op_key(args, kwargs)
-                bound, policy = operation.bound
-                if bound._closed:
-                    raise bound._closed_error()
-                work = functools.partial(fn, *args, **kwargs)
-                return bound._call_sync(tkey, op, work, policy).value
-
-            wrapper = late_sync_wrapper
-
-        def current() -> tuple[Any, FlightPolicy]:
-            return fixed if operation is None else operation.bound
+            def current() -> tuple[Any, FlightPolicy]:
+                return operation.bound
 
         def forget(*args: Any, **kwargs: Any) -> None:
             current()[0]._forget_op(op_key(args, kwargs)[0])
 
-        def options(
-            *,
-            on_join: Callable[[], object] | None = None,
-            timeout: float | None = None,
-            fresh: bool = False,
-        ) -> Any:
-            check_call(fn, on_join, timeout, fresh)
-            call: Any
-            if is_async:
-
-                async def call_async(*args: Any, **kwargs: Any) -> Any:
-                    tkey, op = op_key(args, kwargs)
-                    bound, policy = current()
-                    return await bound._run_op_with(
-                        tkey, op, lambda: fn(*args, **kwargs), policy,
-                        on_join=on_join, timeout=timeout, fresh=fresh,
-                    )
-
-                call = call_async
-            else:
-
-                def call_sync(*args: Any, **kwargs: Any) -> Any:
-                    tkey, op = op_key(args, kwargs)
-                    bound, policy = current()
-                    return bound._call_sync_with(
-                        tkey, op, functools.partial(fn, *args, **kwargs), policy,
-                        on_join=on_join, timeout=timeout, fresh=fresh,
-                    )
-
-                call = call_sync
-            return functools.wraps(fn)(call)
-
         wrapper.forget = forget
-        wrapper.options = options
+        wrapper.options = _options_maker(fn, op_key, current, is_async=is_async)
         wrapper.flight_namespace = namespace
         return wrapper
 
     return decorate
+
+
+_OpKey = Callable[[tuple[Any, ...], dict[str, Any]], tuple[tuple[str, str], str]]
+
+
+def _key_maker(fn: Any, key: Callable[..., str] | None, namespace: str) -> _OpKey:
+    """What makes a call's keys from its arguments: the table's (namespace, key) and the
+    key itself, checked. Without ``key``, the repr of the bound arguments; a ``key``
+    that could not take some call ``fn`` accepts raises TypeError here."""
+    if key is None:
+        signature = inspect.signature(fn)
+
+        def key_of(*args: Any, **kwargs: Any) -> str:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return repr(tuple(bound.arguments.items()))
+    else:
+        check_key_takes_calls(key, fn)
+        key_of = key
+
+    def op_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[str, str], str]:
+        op = check_key(key_of(*args, **kwargs))
+        return (namespace, op), op
+
+    return op_key
+
+
+def _fixed_wrapper(
+    fn: Any, op_key: _OpKey, group: Any, policy: FlightPolicy, *, is_async: bool
+) -> Any:
+    """The decorated function of a group's own operation: its group and policy are the
+    closure's."""
+    if is_async:
+
+        @functools.wraps(fn)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            tkey, op = op_key(args, kwargs)
+            return (await group._run_op(tkey, op, lambda: fn(*args, **kwargs), policy)).value
+
+        return async_wrapper
+
+    @functools.wraps(fn)
+    def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+        tkey, op = op_key(args, kwargs)
+        if group._closed:
+            raise group._closed_error()
+        work = functools.partial(fn, *args, **kwargs)
+        return group._call_sync(tkey, op, work, policy).value
+
+    return sync_wrapper
+
+
+def _late_wrapper(fn: Any, op_key: _OpKey, operation: Operation, *, is_async: bool) -> Any:
+    """The decorated function of a GroupSlot's operation: it reads its group and policy
+    from ``operation`` once per call (they change together)."""
+    if is_async:
+
+        @functools.wraps(fn)
+        async def late_async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            tkey, op = op_key(args, kwargs)
+            bound, policy = operation.bound
+            return (await bound._run_op(tkey, op, lambda: fn(*args, **kwargs), policy)).value
+
+        return late_async_wrapper
+
+    @functools.wraps(fn)
+    def late_sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+        tkey, op = op_key(args, kwargs)
+        bound, policy = operation.bound
+        if bound._closed:
+            raise bound._closed_error()
+        work = functools.partial(fn, *args, **kwargs)
+        return bound._call_sync(tkey, op, work, policy).value
+
+    return late_sync_wrapper
+
+
+def _options_maker(
+    fn: Any,
+    op_key: _OpKey,
+    current: Callable[[], tuple[Any, FlightPolicy]],
+    *,
+    is_async: bool,
+) -> Callable[..., Any]:
+    """The decorated function's ``options(...)``: the options checked once, it returns
+    the function that calls with them and gives the Result."""
+
+    def options(
+        *,
+        on_join: Callable[[], object] | None = None,
+        timeout: float | None = None,
+        fresh: bool = False,
+    ) -> Any:
+        check_call(fn, on_join, timeout, fresh)
+        call: Any
+        if is_async:
+
+            async def call_async(*args: Any, **kwargs: Any) -> Any:
+                tkey, op = op_key(args, kwargs)
+                bound, policy = current()
+                return await bound._run_op_with(
+                    tkey, op, lambda: fn(*args, **kwargs), policy,
+                    on_join=on_join, timeout=timeout, fresh=fresh,
+                )
+
+            call = call_async
+        else:
+
+            def call_sync(*args: Any, **kwargs: Any) -> Any:
+                tkey, op = op_key(args, kwargs)
+                bound, policy = current()
+                return bound._call_sync_with(
+                    tkey, op, functools.partial(fn, *args, **kwargs), policy,
+                    on_join=on_join, timeout=timeout, fresh=fresh,
+                )
+
+            call = call_sync
+        return functools.wraps(fn)(call)
+
+    return options

@@ -18,16 +18,14 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import math
 import os
 import threading
-import time
 import warnings
 import weakref
 from asyncio import events
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Self, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 from .codec import Codec, check_codec
 from .configure import (
@@ -44,32 +42,18 @@ from .decorator import _Coalesce, make_coalesce
 from .engine.attempts import Attempts
 from .engine.flight import (
     CLOSED,
-    EXPIRED,
-    JOINED,
     SETTLED,
     Flight,
-    Outcome,
     Result,
     Role,
-    ThreadWaiter,
-    Waiter,
-    _expire,
     new_thread_waiter,
     wake,
 )
-from .engine.follow import DELIVER, START, Follower, WideRules, signal_for
 from .engine.table import FlightTable
 from .engine.workers import MAX_DEADLINE_THREADS
-from .errors import (
-    FlightFailedError,
-    FlightInterruptedError,
-    FlightTimeoutError,
-    GroupClosedError,
-    renewed,
-)
 from .lease import _CURRENT
+from .operations import Operations
 from .policy import (
-    FlightPolicy,
     Limits,
     OnUnavailable,
     Retention,
@@ -79,6 +63,7 @@ from .policy import (
     check_takeover,
 )
 from .stats import Stats
+from .waiting import warn_blocks_loop
 
 if TYPE_CHECKING:
     from typing_extensions import deprecated
@@ -101,7 +86,7 @@ T = TypeVar("T")
 _WAIT_MAX = threading.TIMEOUT_MAX
 
 
-class FlightGroup:
+class FlightGroup(Operations):
     """A group of callers that share flights: one run per key at a time.
 
     ``FlightGroup()`` is the process scope: every task and thread of this process
@@ -307,126 +292,6 @@ class FlightGroup:
             return await self._claimed(signal, work, loop, self._policy)  # a takeover's
         return await self._follow(role, flight, waiter, work, on_join, timeout, loop, self._policy)
 
-    async def _run_op(
-        self, tkey: Hashable, key: str, work: Callable[[], Awaitable[T]], policy: FlightPolicy
-    ) -> Result[T]:
-        """``run`` for a decorated function: ``tkey`` is its namespaced key. Returns the
-        Result (the wrapper takes its value; a traced group reads its token)."""
-        if self._closed:
-            raise self._closed_error()
-        loop = events.get_running_loop()
-        task = asyncio.current_task(loop)
-        if task is not None and task.cancelling():
-            raise asyncio.CancelledError()
-        current = _CURRENT.get()
-        role, flight, waiter = self._table.arrive(
-            tkey,
-            key,
-            fresh=False,
-            make_waiter=loop.create_future,
-            chain=None if current is None else current.flight,
-            blocking_loop=None,
-            policy=policy,
-        )
-        if role is Role.LEAD:
-            self._attempts.start_async(flight, work, loop)
-            if flight.outcome is not None:
-                return self._deliver(flight, True)
-            return await self._lead_waiting(flight, work, loop, policy)
-        if role is Role.KEPT:
-            return self._deliver(flight, False)
-        return await self._follow(role, flight, waiter, work, None, None, loop, policy)
-
-    async def _run_op_with(
-        self,
-        tkey: Hashable,
-        key: str,
-        work: Callable[[], Awaitable[T]],
-        policy: FlightPolicy,
-        *,
-        on_join: Callable[[], object] | None,
-        timeout: float | None,
-        fresh: bool,
-    ) -> Result[T]:
-        """``run`` for a decorated function called with options (``fn.options(...)``,
-        checked there): as :meth:`run`'s, over the namespaced key ``tkey``."""
-        if self._closed:
-            raise self._closed_error()
-        if timeout is not None and timeout <= 0:
-            raise TimeoutError(f"timeout of 0 s for {key!r}: the call neither led nor joined")
-        loop = events.get_running_loop()
-        task = asyncio.current_task(loop)
-        if task is not None and task.cancelling():
-            raise asyncio.CancelledError()
-        current = _CURRENT.get()
-        role, flight, waiter = self._table.arrive(
-            tkey,
-            key,
-            fresh=fresh,
-            make_waiter=loop.create_future,
-            chain=None if current is None else current.flight,
-            blocking_loop=None,
-            policy=policy,
-        )
-        if role is Role.LEAD:
-            self._attempts.start_async(flight, work, loop)
-            if flight.outcome is not None:  # the work finished eagerly: no waiting
-                if on_join is not None and self._bridge is not None and flight.joined_remote:
-                    on_join()  # (wide scopes) it joined elsewhere, and the outcome came
-                return self._deliver(flight, True)
-            role = Role.LEADING
-        elif role is Role.KEPT:
-            return self._deliver(flight, False)
-        return await self._follow(role, flight, waiter, work, on_join, timeout, loop, policy)
-
-    async def _lead_waiting(
-        self,
-        flight: Flight,
-        work: Callable[[], Awaitable[T]],
-        loop: asyncio.AbstractEventLoop,
-        policy: FlightPolicy,
-    ) -> Result[Any]:
-        """The leader whose work (or its scope's answer) has not come yet, with no
-        on_join and no timeout: the follower's decisions for that case, without the
-        follower (the miss path of every wide call, and of Python 3.11, which has no
-        eager task). JOINED (a wide flight joined one led elsewhere) makes it wait again,
-        as a joiner now; SETTLED delivers; CLOSED raises; a claim (a takeover of the
-        interrupted flight it joined) claims the next flight."""
-        table = self._table
-        while True:
-            fut = loop.create_future()
-            if not table.wait_as_leader(flight, fut):
-                if self._bridge is not None and table.leader_takes_over(flight):
-                    role, following, waiter = table.take_over(flight, loop.create_future, policy)
-                    return await self._follow(
-                        role, following, waiter, work, None, None, loop, policy
-                    )
-                return self._deliver(flight, True)
-            try:
-                signal = await fut
-            except BaseException:
-                table.give_up(flight, fut)
-                raise
-            if signal is SETTLED:
-                return self._deliver(flight, True)
-            if signal is CLOSED:
-                raise self._closed_error()
-            if signal is not JOINED:
-                return await self._claimed(signal, work, loop, policy)
-
-    async def _claimed(
-        self,
-        following: Any,
-        work: Callable[[], Awaitable[T]],
-        loop: asyncio.AbstractEventLoop,
-        policy: FlightPolicy,
-    ) -> Result[T]:
-        """A joiner of an interrupted flight that its policy takes over claims the
-        flight after it (FlightTable.settle): it leads it, joins it, or takes its
-        outcome."""
-        role, waiter = self._table.claim(following, loop.create_future, policy)
-        return await self._follow(role, following, waiter, work, None, None, loop, policy)
-
     def _admit(
         self, key: object, work: object, on_join: object, timeout: object, fresh: object
     ) -> str:
@@ -440,48 +305,6 @@ class FlightGroup:
             raise TimeoutError(f"timeout of 0 s for {key!r}: the call neither led nor joined")
         return key
 
-    async def _follow(
-        self,
-        role: Role,
-        flight: Flight,
-        waiter: Waiter | None,
-        work: Callable[[], Awaitable[T]],
-        on_join: Callable[[], object] | None,
-        timeout: float | None,
-        loop: asyncio.AbstractEventLoop,
-        policy: FlightPolicy,
-    ) -> Result[T]:
-        """The async shell of the wait loop (follow.py decides): waits on futures of
-        ``loop``, its timeout a timer on that loop."""
-        at = None if timeout is None or math.isinf(timeout) else loop.time() + timeout
-        follower = Follower(
-            self._table, role, flight, waiter, on_join=on_join, policy=policy,
-            make_waiter=loop.create_future, wide=self._wide_rules(),
-            closed_error=self._closed_error,
-        )
-        while True:
-            step = follower.step()
-            if step is DELIVER:
-                return self._deliver(follower.flight, follower.leader)
-            if step is START:
-                self._attempts.start_async(follower.flight, work, loop)
-                follower.role = Role.LEADING
-                continue
-            fut: asyncio.Future[Any] = follower.waiter  # type: ignore[assignment]
-            timer = None if at is None else loop.call_at(at, _expire, fut)
-            try:
-                signal = await fut
-            except BaseException:
-                follower.abandon()
-                raise
-            finally:
-                if timer is not None:
-                    timer.cancel()
-            if follower.woken(signal) is DELIVER:
-                return self._deliver(follower.flight, follower.leader)
-
-    # An async work given to run_sync fails its flight at run time (TypeError): a type
-    # checker that reports deprecated calls flags it where it is written (ADR 0044).
     @overload
     @deprecated(
         "run_sync() runs a plain callable; an async work needs await run() (given to "
@@ -543,7 +366,7 @@ class FlightGroup:
             check_call(work, None, None, False)
         loop = events._get_running_loop()
         if loop is not None:  # (whether it would wait is the other callers' timing)
-            _warn_blocks_loop(f"run_sync({key!r})", stacklevel=3)
+            warn_blocks_loop(f"run_sync({key!r})", stacklevel=3)
         table = self._table
         if table.kept is not None and not fresh:
             kept = table.take_kept(key)
@@ -580,163 +403,7 @@ class FlightGroup:
                 return self._deliver(flight, False)
         return self._follow_sync(role, flight, waiter, work, on_join, timeout, self._policy)
 
-    def _call_sync(
-        self, tkey: Hashable, key: str, work: Callable[[], T], policy: FlightPolicy
-    ) -> Result[T]:
-        """``run_sync`` for a decorated function: ``tkey`` is its namespaced key."""
-        current = _CURRENT.get()
-        parent = None if current is None else current.flight
-        loop = events._get_running_loop()
-        if loop is not None:
-            namespace, op = cast("tuple[str, str]", tkey)
-            _warn_blocks_loop(f"{namespace}({op!r})", stacklevel=4)
-        role, flight, waiter = self._table.arrive(
-            tkey, key, fresh=False, make_waiter=new_thread_waiter, chain=parent,
-            blocking_loop=loop, policy=policy,
-        )
-        if role is Role.KEPT:
-            return self._deliver(flight, False)
-        if role is Role.LEAD and self._scope is None:
-            self._attempts.drive_sync(flight, work, parent)
-            return self._deliver(flight, True)
-        return self._follow_sync(role, flight, waiter, work, None, None, policy)
-
-    def _call_sync_with(
-        self,
-        tkey: Hashable,
-        key: str,
-        work: Callable[[], T],
-        policy: FlightPolicy,
-        *,
-        on_join: Callable[[], object] | None,
-        timeout: float | None,
-        fresh: bool,
-    ) -> Result[T]:
-        """``run_sync`` for a decorated function called with options
-        (``fn.options(...)``, checked there): as :meth:`run_sync`'s, over the
-        namespaced key ``tkey``; with a ``timeout`` the leader's work runs on a thread
-        of its own."""
-        if self._closed:
-            raise self._closed_error()
-        if timeout is not None and timeout <= 0:
-            raise TimeoutError(f"timeout of 0 s for {key!r}: the call neither led nor joined")
-        current = _CURRENT.get()
-        parent = None if current is None else current.flight
-        loop = events._get_running_loop()
-        if loop is not None:
-            namespace, op = cast("tuple[str, str]", tkey)
-            _warn_blocks_loop(f"{namespace}({op!r})", stacklevel=4)
-        role, flight, waiter = self._table.arrive(
-            tkey, key, fresh=fresh, make_waiter=new_thread_waiter, chain=parent,
-            blocking_loop=loop, policy=policy,
-        )
-        if role is Role.KEPT:
-            return self._deliver(flight, False)
-        return self._follow_sync(role, flight, waiter, work, on_join, timeout, policy)
-
-    def _follow_sync(
-        self,
-        role: Role,
-        flight: Flight,
-        waiter: Waiter | None,
-        work: Callable[[], T],
-        on_join: Callable[[], object] | None,
-        timeout: float | None,
-        policy: FlightPolicy,
-    ) -> Result[T]:
-        """The sync shell of the wait loop (follow.py decides): waits on locks, its
-        timeout the lock's; starts the leader's work in this thread or on its own."""
-        monotonic = time.monotonic
-        # Past threading.TIMEOUT_MAX (~292 years) Lock.acquire overflows: no limit.
-        limited = timeout is not None and timeout < threading.TIMEOUT_MAX
-        at = monotonic() + timeout if limited and timeout is not None else None
-        follower = Follower(
-            self._table, role, flight, waiter, on_join=on_join, policy=policy,
-            make_waiter=new_thread_waiter, wide=self._wide_rules(),
-            closed_error=self._closed_error,
-        )
-        while True:
-            step = follower.step()
-            if step is DELIVER:
-                return self._deliver(follower.flight, follower.leader)
-            if step is START:
-                if self._attempts.start_sync(follower, work, own=at is None):
-                    if follower.ended_as_leader():
-                        return self._deliver(follower.flight, True)
-                    continue  # it takes over the interrupted flight it joined elsewhere
-                follower.role = Role.LEADING
-                continue
-            waiter = follower.waiter
-            assert type(waiter) is ThreadWaiter
-            try:
-                if at is None:
-                    taken = waiter.acquire()
-                else:
-                    taken = waiter.acquire(timeout=min(max(0.0, at - monotonic()), _WAIT_MAX))
-            except BaseException:
-                follower.abandon()
-                raise
-            signal = (
-                signal_for(
-                    self._table, follower.flight, follower.fresh_of, waiter, follower.leader
-                )
-                if taken else EXPIRED
-            )
-            if follower.woken(signal) is DELIVER:
-                return self._deliver(follower.flight, follower.leader)
-
-    def _wide_rules(self) -> WideRules | None:
-        """The wide table's rules for a waiting call (None in the process scope)."""
-        return None if self._bridge is None else self._bridge.table
-
     # -- the outcome --------------------------------------------------------------
-
-    def _deliver(self, flight: Flight, leader: bool) -> Result[Any]:
-        """Turn a settled flight into this caller's return value or exception."""
-        if flight.closed:  # the group closed while this caller's flight ran
-            raise self._closed_error()
-        outcome = flight.outcome
-        if outcome is Outcome.VALUE:
-            data = flight.data
-            if data is not None:
-                # The flight's own codec made ``data`` (an operation's may differ from
-                # the group's): every flight of one key has one operation's policy.
-                codec = flight.policy.codec
-                assert codec is not None
-                bridge = self._bridge
-                joined = not leader or (bridge is not None and bridge.ran_elsewhere(flight))
-                return Result(codec.decode(data), joined, flight.token)
-            if leader:
-                return Result(flight.value, False, flight.token)
-            # One Result for every joiner (ADR 0003); setdefault is atomic, so two
-            # threads that both found none still return the same object.
-            shared = vars(flight)
-            result: Result[Any] | None = shared.get("joined_result")
-            if result is None:
-                result = shared.setdefault(
-                    "joined_result", Result(flight.value, True, flight.token)
-                )
-            return result
-        error = flight.error
-        assert error is not None
-        if self._bridge is not None and self._bridge.ran_elsewhere(flight):
-            # (its outcome came from the scope: every caller here is a joiner)
-            raise renewed(error)
-        if leader:
-            raise error
-        if outcome is Outcome.LOST:
-            raise FlightInterruptedError(flight.key, "its leader lost its lease") from None
-        if outcome is Outcome.TIMEOUT:
-            assert isinstance(error, FlightTimeoutError)
-            raise renewed(error) from None
-        if outcome is Outcome.ERROR:
-            description = flight.failure
-            if description is None:  # a race here only makes the same tuple twice
-                description = flight.failure = FlightFailedError.describe(flight.key, error)
-            raise FlightFailedError.of(flight.key, error, description)
-        raise FlightInterruptedError(
-            flight.key, f"its work was stopped by {type(error).__qualname__}"
-        ) from None
 
     # -- the decorator ----------------------------------------------------------
 
@@ -811,20 +478,6 @@ class FlightGroup:
         bridge.scope.check_key(sent)  # a key the scope cannot carry changes nothing
         bridge.forget(key, sent, key)
 
-    def _forget_op(self, tkey: Hashable) -> None:
-        if self._closed:
-            raise self._closed_error()
-        bridge = self._bridge
-        if bridge is None:
-            self._table.forget(tkey)
-            return
-        from .scope.bridge import op_scope_key
-
-        namespace, op = cast("tuple[str, str]", tkey)
-        sent = op_scope_key(namespace, op)
-        bridge.scope.check_key(sent)
-        bridge.forget(tkey, sent, op)
-
     def stats(self) -> Stats:
         """A snapshot of this group's counters in this process."""
         workers = self._attempts.workers
@@ -843,15 +496,6 @@ class FlightGroup:
         """True once the group is closed; in a forked child, also a wide group that was
         started in the parent (its thread was not copied: docs/adr/0014 and 0018)."""
         return self._closed
-
-    def _closed_error(self) -> GroupClosedError:
-        """docs/api.md's GroupClosedError; when the group was not closed by close(), the reason
-        is a note on it (shown in tracebacks; ``str()`` stays the contract's text)."""
-        if self._closed_why is None:
-            return GroupClosedError()
-        from .scope.loop import closed_in_fork
-
-        return closed_in_fork(self._closed_why)
 
     def close(self) -> None:
         """Close the group: waiting calls raise GroupClosedError, later calls too.
@@ -904,23 +548,6 @@ class FlightGroup:
         scope = "process scope" if self._scope is None else self._scope.label
         return f"<FlightGroup {scope}, {state}, {len(self._table.flights)} flights>"
 
-
-
-def _warn_blocks_loop(call: str, *, stacklevel: int) -> None:
-    """A sync call (``call``, naming its key) made on the thread of a running event loop:
-    whether it leads (its work runs in this thread) or joins (it waits for another
-    caller's work), that loop runs nothing until the call returns. Said for every such
-    call, a kept outcome's too: whether one would wait depends on the other callers'
-    timing, the warning must not. Said before the call reaches the table: a warning
-    turned into an error changes nothing."""
-    warnings.warn(
-        f"{call} was called on the thread of a running event loop: it blocks that loop "
-        "until the flight's outcome comes (a leader runs the work in this thread, a joiner "
-        "waits for another caller's); use await run() there, or call it from another "
-        "thread (asyncio.to_thread)",
-        RuntimeWarning,
-        stacklevel=stacklevel,
-    )
 
 
 def _close_dropped(scope: Scope, name: str) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-import flightgroup.group as group_module
+import flightgroup.waiting as waiting_module
 from flightgroup import JSON, FlightGroup, GroupClosedError, LeaseLostError, UnavailableError
 from flightgroup.directory.client import DirectoryArbiter
 from flightgroup.engine.table import FlightTable
@@ -187,13 +187,13 @@ def test_an_async_leading_caller_out_of_time_as_its_flight_joins_elsewhere_times
         started, release = threading.Event(), threading.Event()
         leader = Background(lambda: a.run_sync("k", held([], "old", started, release)))
         assert started.wait(10)
-        original = group_module._expire
+        original = waiting_module._expire
 
         def expire_then_join(fut: Any) -> None:
             original(fut)
             table_of(b).joined_remote(table_of(b).flights["k"])  # the JOIN's detach, right then
 
-        monkeypatch.setattr(group_module, "_expire", expire_then_join)
+        monkeypatch.setattr(waiting_module, "_expire", expire_then_join)
 
         async def late() -> Any:
             async def work() -> str:
@@ -285,7 +285,7 @@ def test_an_async_leading_caller_out_of_time_as_its_flight_joins_and_lands_never
     """The outcome is in before time runs out; the driver is woken first, then the
     caller's future expires before the driver's step runs (so the driver detaches it
     and settles the flight before the caller resumes)."""
-    original = group_module._expire
+    original = waiting_module._expire
 
     def call(b: FlightGroup, gates: _Gates, on_join: Callable[[], object]) -> Any:
         def expire(fut: Any) -> None:
@@ -293,7 +293,7 @@ def test_an_async_leading_caller_out_of_time_as_its_flight_joins_and_lands_never
             gates.open()
             asyncio.get_running_loop().call_soon(original, fut)
 
-        monkeypatch.setattr(group_module, "_expire", expire)
+        monkeypatch.setattr(waiting_module, "_expire", expire)
 
         async def late() -> Any:
             async def work() -> str:
