@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from .scope.interface import Scope
 
 __all__ = [
-    "MAX_FRAME", "Configuration", "check_call", "check_key", "check_policies", "configure",
+    "MAX_FRAME", "Configuration", "OperationSettings", "check_call", "check_key",
+    "check_operation", "check_policies", "configure",
 ]
 
 SOCKET_PATH_LIMIT = 103  # bytes of UTF-8; macOS allows 104 with the NUL, Linux 108
@@ -207,6 +208,53 @@ def _directory_max_value(max_value_bytes: int | None, max_frame_bytes: int) -> i
             f"header in max_frame_bytes ({max_frame_bytes}): at most {room}"
         )
     return max_value_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class OperationSettings:
+    """A decorated operation's own settings (``coalesce()``'s), checked; each one None
+    leaves the group's."""
+
+    deadline: float | None
+    retry: Retry | None
+    retention: Retention | None
+    limits: Limits | None
+    on_unavailable: OnUnavailable | None
+    takeover: int | None
+    codec: Codec | None
+
+    def over(self, policy: FlightPolicy) -> FlightPolicy:
+        """``policy`` (a group's) with these settings in place of its own."""
+        return policy.override(
+            self.deadline, self.retry, self.retention, self.limits, self.on_unavailable,
+            self.takeover, self.codec,
+        )
+
+
+def check_operation(
+    *,
+    key: object,
+    name: object,
+    deadline: float | None,
+    retry: Retry | None,
+    retention: Retention | None,
+    limits: Limits | None,
+    on_unavailable: OnUnavailable | None,
+    takeover: int | None,
+    codec: Codec | None,
+) -> OperationSettings:
+    """``coalesce()``'s arguments (a group's or a slot's), checked: TypeError or
+    ValueError for a bad one, before anything is decorated."""
+    if key is not None and not callable(key):
+        raise TypeError("key must be a callable that returns the call's key")
+    if name is not None and (not isinstance(name, str) or not name or "\x00" in name):
+        raise ValueError("name must be a non-empty str without NUL characters")
+    check_seconds("deadline", deadline, allow_zero=False, allow_inf=False)
+    check_policies(retry=retry, retention=retention, limits=limits)
+    return OperationSettings(
+        deadline, retry, retention, limits, check_on_unavailable(on_unavailable),
+        check_takeover(takeover), None if codec is None else check_codec(codec),
+    )
 
 
 def check_policies(

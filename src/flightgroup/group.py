@@ -27,13 +27,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
-from .codec import Codec, check_codec
+from .codec import Codec
 from .configure import (
     MAX_FRAME,
     Configuration,
     check_call,
     check_key,
-    check_policies,
+    check_operation,
     configure,
 )
 from .decorator import BoundCoalesced as BoundCoalesced
@@ -58,9 +58,6 @@ from .policy import (
     OnUnavailable,
     Retention,
     Retry,
-    check_on_unavailable,
-    check_seconds,
-    check_takeover,
 )
 from .stats import Stats
 from .waiting import warn_blocks_loop
@@ -403,8 +400,6 @@ class FlightGroup(Operations):
                 return self._deliver(flight, False)
         return self._follow_sync(role, flight, waiter, work, on_join, timeout, self._policy)
 
-    # -- the outcome --------------------------------------------------------------
-
     # -- the decorator ----------------------------------------------------------
 
     def coalesce(
@@ -442,17 +437,11 @@ class FlightGroup(Operations):
         type; a value that does not match it fails in the leader's encode, naming
         the operation and the type (docs/codecs.md).
         """
-        if key is not None and not callable(key):
-            raise TypeError("key must be a callable that returns the call's key")
-        if name is not None and (not isinstance(name, str) or not name or "\x00" in name):
-            raise ValueError("name must be a non-empty str without NUL characters")
-        check_seconds("deadline", deadline, allow_zero=False, allow_inf=False)
-        check_policies(retry=retry, retention=retention, limits=limits)
-        policy = self._policy.override(
-            deadline, retry, retention, limits, check_on_unavailable(on_unavailable),
-            check_takeover(takeover), None if codec is None else check_codec(codec),
+        settings = check_operation(
+            key=key, name=name, deadline=deadline, retry=retry, retention=retention,
+            limits=limits, on_unavailable=on_unavailable, takeover=takeover, codec=codec,
         )
-        decorator: _Coalesce = make_coalesce(self, key, name, policy)
+        decorator: _Coalesce = make_coalesce(self, key, name, settings.over(self._policy))
         return decorator
 
     # -- the group --------------------------------------------------------------

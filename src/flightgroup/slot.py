@@ -21,8 +21,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
-from .codec import Codec, check_codec, operation_codec
-from .configure import check_policies
+from .codec import Codec, operation_codec
+from .configure import OperationSettings, check_operation
 from .decorator import Operation, _Coalesce, make_coalesce
 from .errors import GroupClosedError
 from .group import FlightGroup
@@ -33,9 +33,6 @@ from .policy import (
     OnUnavailable,
     Retention,
     Retry,
-    check_on_unavailable,
-    check_seconds,
-    check_takeover,
 )
 
 if TYPE_CHECKING:
@@ -93,15 +90,9 @@ class GroupSlot:
         operation's overrides (a typed ``codec``, or the group's, is made for the
         function's return type when a group is bound). Arguments are checked here, at
         import."""
-        if key is not None and not callable(key):
-            raise TypeError("key must be a callable that returns the call's key")
-        if name is not None and (not isinstance(name, str) or not name or "\x00" in name):
-            raise ValueError("name must be a non-empty str without NUL characters")
-        check_seconds("deadline", deadline, allow_zero=False, allow_inf=False)
-        check_policies(retry=retry, retention=retention, limits=limits)
-        settings = (
-            deadline, retry, retention, limits, check_on_unavailable(on_unavailable),
-            check_takeover(takeover), None if codec is None else check_codec(codec),
+        settings = check_operation(
+            key=key, name=name, deadline=deadline, retry=retry, retention=retention,
+            limits=limits, on_unavailable=on_unavailable, takeover=takeover, codec=codec,
         )
 
         def new_operation(fn: Callable[..., Any], namespace: str) -> Operation:
@@ -241,7 +232,7 @@ class _Overrides:
     __slots__ = ("_fn", "_namespace", "_settings")
 
     def __init__(
-        self, settings: tuple[Any, ...], *, fn: Callable[..., Any], namespace: str
+        self, settings: OperationSettings, *, fn: Callable[..., Any], namespace: str
     ) -> None:
         self._settings = settings
         self._fn = fn
@@ -250,7 +241,7 @@ class _Overrides:
     def under(self, group: FlightGroup) -> FlightPolicy:
         """The operation's policy in ``group``: the group's, with these overrides, its
         codec made for the function's declared return type (a typed codec)."""
-        policy: FlightPolicy = group._policy.override(*self._settings)
+        policy = self._settings.over(group._policy)
         return policy.with_codec(operation_codec(policy.codec, self._fn, self._namespace))
 
 
