@@ -273,7 +273,7 @@ class CutProxy:
                         return
                     else:
                         client.sendall(data)
-        except OSError:
+        except (OSError, ValueError):  # (ValueError: close() closed a socket meanwhile)
             return
         finally:
             for sock in (client, server):
