@@ -399,11 +399,11 @@ class _Worker:
 
     def floor_epoch(self, directory: str) -> int:
         """ns for what a new coordinator writes first: the next epoch, durably."""
-        from flightgroup.directory import fs
+        from flightgroup.directory import epochs
 
         os.makedirs(directory, exist_ok=True)
         start = _clock()
-        fs.next_epoch(directory)
+        epochs.next_epoch(directory)
         return _clock() - start
 
     # -- (2), (5) herds -----------------------------------------------------------

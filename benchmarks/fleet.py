@@ -145,10 +145,6 @@ def _append(journal: str, line: str) -> None:
         os.close(fd)
 
 
-def _journal_runs(journal: str) -> int:
-    return len(_journal_starts(journal))
-
-
 def _journal_starts(journal: str) -> list[int]:
     """When each run of the work began (its journal lines: pid, key, monotonic ns)."""
     try:
@@ -692,7 +688,7 @@ class Herd(DirectoryHerd):
     server: list[dict[str, int]] = field(default_factory=list)  # commandstats delta
     waiting: list[int] = field(default_factory=list)  # callers still waiting at the cut
     spread: list[float] = field(default_factory=list)  # s, start -> the last caller called
-    late: list[int] = field(default_factory=list)  # callers after their process's landing
+    late: list[int] = field(default_factory=list)  # callers after a landing (here or anywhere)
     budget: float = 0.0  # s, when a herd is cut
 
     @property
@@ -810,8 +806,9 @@ def _measure_herds(procs: Sequence[Proc], client: Any, url: str, files: str,
         series.got.append(sum(d[2] for d in done))
         series.errors.append(sum(d[3] for d in done))
         series.first_error = series.first_error or next((d[4] for d in done if d[4]), "")
+        starts = _journal_starts(journal) if lib not in FLOOR_OF else []
         if lib not in FLOOR_OF:
-            series.runs.append(_journal_runs(journal))
+            series.runs.append(len(starts))
         series.acquires.append(sum(d[5].get("acquire", 0) for d in done))
         series.sent.append(sum(sum(d[5].values()) for d in done))
         series.server.append(server)
@@ -819,7 +816,12 @@ def _measure_herds(procs: Sequence[Proc], client: Any, url: str, files: str,
         arrivals = [t for d in done for t in d[7]]
         start = min(d[0] for d in done)
         series.spread.append((max(arrivals) - start) / 1e9 if arrivals else 0.0)
-        series.late.append(sum(d[8] for d in done))
+        # A caller that called after the first run's work had ended (the monotonic clock is
+        # the host's, so arrivals of every process compare with the journal's starts) may
+        # lead a new run as rightly as one that called after its own process's landing.
+        ended = starts[0] + int(sizes.work * 1e9) if starts else None
+        after_end = 0 if ended is None else sum(1 for t in arrivals if t > ended)
+        series.late.append(max(sum(d[8] for d in done), after_end))
         series.budget = budget
 
 
@@ -916,8 +918,8 @@ def _named(counts: Sequence[dict[str, int]]) -> str:
 
 def _herd_ok(series: Herd | None, processes: int) -> bool:
     """Every caller served; one run and one ACQUIRE per process in each herd where no
-    caller called after the flight had landed in its process (such a call leads a new
-    flight, as it must: nothing is kept)."""
+    caller called after the flight had landed in its process or after the first run's
+    work had ended (such a call leads a new flight, as it must: nothing is kept)."""
     if series is None or not series.served:
         return False
     late = series.late or [0] * len(series.runs)
@@ -932,7 +934,8 @@ def _late_note(series: Herd) -> str:
         return ""
     herds = sum(1 for n in series.late if n)
     return (f" ({herds} herd(s) had callers that called after the flight had landed in "
-            f"their process: {_spread([n for n in series.late if n])})")
+            f"their process or after the first run ended: "
+            f"{_spread([n for n in series.late if n])})")
 
 
 def targets(out: FleetReport) -> list[Target]:

@@ -481,14 +481,17 @@ class Child:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            try:
-                event = json.loads(raw)
-            except ValueError:
-                event = {"ev": "garbage", "line": raw.decode(errors="replace")}
-            with self._cond:
-                self.events.append(event)
-                self._cond.notify_all()
+        try:
+            for raw in self.proc.stdout:
+                try:
+                    event = json.loads(raw)
+                except ValueError:
+                    event = {"ev": "garbage", "line": raw.decode(errors="replace")}
+                with self._cond:
+                    self.events.append(event)
+                    self._cond.notify_all()
+        except ValueError:  # the pipe was closed by the harness as the child was stopped
+            pass
         with self._cond:
             self.eof = True
             self._cond.notify_all()

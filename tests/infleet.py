@@ -15,6 +15,8 @@ from flightgroup import (
 )
 from flightgroup.redis.arbiter import RedisArbiter
 
+from .support import scope_of
+
 
 def fleet_group(url: str, namespace: str, **options: Any) -> FlightGroup:
     return FlightGroup(redis=url, namespace=namespace, codec=JSON, **options)
@@ -22,7 +24,7 @@ def fleet_group(url: str, namespace: str, **options: Any) -> FlightGroup:
 
 def fleet_of(group: FlightGroup) -> RedisArbiter:
     """The group's fleet arbiter (its private steps are what tests patch)."""
-    arbiter = group._scope
+    arbiter = scope_of(group)
     assert isinstance(arbiter, RedisArbiter)
     return arbiter
 

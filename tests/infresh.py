@@ -14,7 +14,7 @@ from flightgroup import FlightGroup
 from flightgroup.scope.bridge import Bridge
 
 from .ingroup import Background
-from .support import flight_of, wait_until
+from .support import bridge_of, flight_of, wait_until
 
 
 def fresh_waiting(g: FlightGroup, key: str, count: int) -> None:
@@ -56,7 +56,7 @@ class HeldLead:
         original = Bridge._lead
 
         def held(of: Bridge, *args: Any) -> Any:
-            if of is g._bridge:
+            if of is bridge_of(g):
                 self.reached.set()
                 assert self.go.wait(20)
             return original(of, *args)

@@ -25,7 +25,7 @@ from flightgroup.directory import fs as fs_module
 from flightgroup.directory import keylocks, lockwatch
 from flightgroup.directory.client import DirectoryArbiter
 
-from .support import wait_until
+from .support import scope_of, wait_until
 
 
 def group(directory: str, **kwargs: Any) -> FlightGroup:
@@ -33,7 +33,7 @@ def group(directory: str, **kwargs: Any) -> FlightGroup:
 
 
 def arbiter(of: FlightGroup) -> DirectoryArbiter:
-    found = of._scope
+    found = scope_of(of)
     assert isinstance(found, DirectoryArbiter)
     return found
 
@@ -43,7 +43,7 @@ def coordinating(directory: str, **kwargs: Any) -> FlightGroup:
     made = group(directory, **kwargs)
     assert made.run_sync("warm-up", lambda: 0).value == 0
     held = arbiter(made)
-    wait_until(lambda: held._coordinator is not None, "the first group coordinates")
+    wait_until(lambda: held._state.coordinator is not None, "the first group coordinates")
     return made
 
 
@@ -235,9 +235,9 @@ def scope_groups(
 def live_coordinator(*groups: FlightGroup) -> Any:
     """The coordinator that runs in one of ``groups`` and is not closed, or None."""
     for each in groups:
-        arbiter = each._scope
+        arbiter = scope_of(each)
         assert arbiter is not None
-        coordinator = arbiter._coordinator
+        coordinator = arbiter._state.coordinator
         if coordinator is not None and not coordinator.closed:
             return coordinator
     return None
@@ -263,7 +263,7 @@ def remote_leader(
 
 def coordinator_of(of: FlightGroup) -> Any:
     """The coordinator that runs in ``of`` (the test fails if ``of`` does not coordinate)."""
-    found = arbiter(of)._coordinator
+    found = arbiter(of)._state.coordinator
     assert found is not None, "this group does not coordinate"
     return found
 

@@ -27,6 +27,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import redis
@@ -46,6 +47,17 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+@contextlib.contextmanager
+def refused_port() -> Iterator[int]:
+    """A loopback port where every connection is refused while the block runs: a socket
+    holds it bound and never listens, so no server that another test starts meanwhile
+    can take it (a ``free_port()`` is free only when it is asked for)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        port: int = held.getsockname()[1]
+        yield port
 
 
 def free_cluster_port() -> int:
@@ -261,7 +273,7 @@ class CutProxy:
                         return
                     else:
                         client.sendall(data)
-        except OSError:
+        except (OSError, ValueError):  # (ValueError: close() closed a socket meanwhile)
             return
         finally:
             for sock in (client, server):

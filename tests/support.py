@@ -140,14 +140,14 @@ LONE = "tenant:\udcff"  # a lone surrogate: what a non-UTF-8 argv byte becomes i
 def flight_of(group: Any, key: str) -> Any:
     """The flight ``group``'s table holds for ``key`` now (a ``run``/``run_sync`` key),
     or None. No public way: ``stats()`` counts flights, it names none."""
-    return group._table.flights.get(key)
+    return table_of(group).flights.get(key)
 
 
 def flights_of(group: Any) -> list[Any]:
     """Every flight ``group``'s table holds now: those keyed, and those forget() detached
     that still run (read under the table's lock). No public way: ``stats().in_flight``
     leaves out an IDLE flight, which has no leader yet."""
-    table = group._table
+    table = table_of(group)
     with table.lock:
         return [*table.flights.values(), *table.detached]
 
@@ -156,7 +156,7 @@ def waiting_on(group: Any, key: str) -> int:
     """How many callers wait on ``key``'s flight in ``group`` now (its leader's own wait
     included), 0 if there is none. No public way: ``stats().joins`` counts the joins
     made, and a joiner that withdrew stays counted there."""
-    table = group._table
+    table = table_of(group)
     with table.lock:
         flight = table.flights.get(key)
         return 0 if flight is None else len(flight.waiters)
@@ -165,14 +165,14 @@ def waiting_on(group: Any, key: str) -> int:
 def use_clock(group: Any, clock: Callable[[], float]) -> None:
     """Drive ``group``'s retention with ``clock`` (a fake one the test advances). No public
     way: a group reads time.monotonic, and a test cannot wait out a TTL by the clock."""
-    group._table.use_clock(clock)
+    table_of(group).use_clock(clock)
 
 
 def kept_entries(group: Any) -> list[Any]:
     """The outcomes ``group`` keeps now (Retention), each with its ``ok`` and ``expires``
     (read under the table's lock). No public way: ``stats().kept`` counts them, and when
     each expires is not shown."""
-    table = group._table
+    table = table_of(group)
     with table.lock:
         return [] if table.kept is None else list(table.kept._entries.values())
 
@@ -224,3 +224,32 @@ def hanging_works(ran: list[str], release: threading.Event) -> Callable[[str], A
         return work
 
     return hangs
+
+
+# -- the parts of a group that white-box tests patch or read ---------------------------------
+#
+# A test that forces an interleaving inside a real wide scope patches a step of that scope
+# (or of the bridge to it) for one group only, and tells "its" object apart by these; a
+# test of a scope's own bookkeeping reads it through them. The group's fields are named
+# here and nowhere else in the tests.
+
+
+def scope_of(group: Any) -> Any:
+    """``group``'s wide scope (its arbiter), None in the process scope: what the CLI's
+    ``status`` reads (``internals(group).scope``)."""
+    from flightgroup.group import internals
+
+    return internals(group).scope
+
+
+def table_of(group: Any) -> Any:
+    """``group``'s flight table (``internals(group).table``)."""
+    from flightgroup.group import internals
+
+    return internals(group).table
+
+
+def bridge_of(group: Any) -> Any:
+    """The bridge between ``group``'s table and its wide scope (None in the process
+    scope). No public way: what a wide flight adds is the bridge's own."""
+    return group._bridge

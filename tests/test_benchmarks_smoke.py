@@ -151,3 +151,23 @@ def test_a_written_report_keeps_the_files_history_section(tmp_path: Path) -> Non
     assert _history(report) == "\n## History\n\n### a run\n\nrows\n"
     report.write_text("# Benchmarks\n\nno history here\n")
     assert _history(report) == ""
+
+
+@pytest.mark.timeout(60)
+def test_codecs_benchmark_runs_and_reports_every_codec_against_json() -> None:
+    """``python -m benchmarks.codecs`` runs (tiny sizes) and prints a row per codec,
+    with JSON's ratio to itself 1.00."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.codecs", "--times", "20", "--rounds", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=55,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    out = proc.stdout
+    for row in ("| TypedCodec for Report (JSON) |", "| TypedCodec for Report (MessagePack) |",
+                "| TypedCodec() untyped |", "| flightgroup.PICKLE |"):
+        assert row in out, out
+    assert "| flightgroup.JSON, plain dict |" in out and "| 1.00 | 1.00 |" in out, out

@@ -1,7 +1,7 @@
 """flightgroup: single flight (request coalescing) for Python.
 
 Callers that ask for the same key while its work runs do not start a second run:
-they join the run in progress and get its outcome. See README.md and API.md.
+they join the run in progress and get its outcome. See README.md and docs/api.md.
 """
 
 from .codec import JSON as JSON
@@ -27,6 +27,7 @@ from .lease import current_lease as current_lease
 from .policy import Limits as Limits
 from .policy import Retention as Retention
 from .policy import Retry as Retry
+from .slot import GroupSlot as GroupSlot
 from .stats import Stats as Stats
 
 __version__ = "0.1.0"
@@ -41,6 +42,7 @@ __all__ = [
     "FlightInterruptedError",
     "FlightTimeoutError",
     "GroupClosedError",
+    "GroupSlot",
     "Lease",
     "LeaseLostError",
     "Limits",

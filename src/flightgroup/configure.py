@@ -1,7 +1,7 @@
 """What a FlightGroup's arguments make: every check of them, in one place, and the
 scope they name.
 
-Construction checks its arguments and does no I/O (API.md): a scope's machinery starts
+Construction checks its arguments and does no I/O (docs/api.md): a scope's machinery starts
 at its first call. Each wide scope's package opens its own scope (``open_scope``), so a
 new scope is one package and one line in :func:`configure`.
 """
@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from .scope.interface import Scope
 
 __all__ = [
-    "MAX_FRAME", "Configuration", "check_call", "check_key", "check_policies", "configure",
+    "MAX_FRAME", "Configuration", "OperationSettings", "check_call", "check_key",
+    "check_operation", "check_policies", "configure",
 ]
 
 SOCKET_PATH_LIMIT = 103  # bytes of UTF-8; macOS allows 104 with the NUL, Linux 108
@@ -75,7 +76,7 @@ def configure(
     max_frame_bytes: int,
     max_deadline_threads: int = MAX_DEADLINE_THREADS,
 ) -> Configuration:
-    """Check a FlightGroup's arguments (see its docstring and API.md) and make its scope.
+    """Check a FlightGroup's arguments (see its docstring and docs/api.md) and make its scope.
     Raises TypeError or ValueError for the first bad one; nothing is started."""
     if directory is not None and redis is not None:
         raise ValueError("directory and redis exclude each other: choose one scope")
@@ -118,7 +119,7 @@ def configure(
     for arg, value, default, owner in other:
         if value != default:
             raise ValueError(f"{arg} belongs to the {owner}")
-    policy = FlightPolicy(deadline, retry, retention, limits, fallback, takeovers)
+    policy = FlightPolicy(deadline, retry, retention, limits, fallback, takeovers, codec)
     scope: Scope | None = None
     named = "FlightGroup()"
     if redis is not None:
@@ -207,6 +208,53 @@ def _directory_max_value(max_value_bytes: int | None, max_frame_bytes: int) -> i
             f"header in max_frame_bytes ({max_frame_bytes}): at most {room}"
         )
     return max_value_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class OperationSettings:
+    """A decorated operation's own settings (``coalesce()``'s), checked; each one None
+    leaves the group's."""
+
+    deadline: float | None
+    retry: Retry | None
+    retention: Retention | None
+    limits: Limits | None
+    on_unavailable: OnUnavailable | None
+    takeover: int | None
+    codec: Codec | None
+
+    def over(self, policy: FlightPolicy) -> FlightPolicy:
+        """``policy`` (a group's) with these settings in place of its own."""
+        return policy.override(
+            self.deadline, self.retry, self.retention, self.limits, self.on_unavailable,
+            self.takeover, self.codec,
+        )
+
+
+def check_operation(
+    *,
+    key: object,
+    name: object,
+    deadline: float | None,
+    retry: Retry | None,
+    retention: Retention | None,
+    limits: Limits | None,
+    on_unavailable: OnUnavailable | None,
+    takeover: int | None,
+    codec: Codec | None,
+) -> OperationSettings:
+    """``coalesce()``'s arguments (a group's or a slot's), checked: TypeError or
+    ValueError for a bad one, before anything is decorated."""
+    if key is not None and not callable(key):
+        raise TypeError("key must be a callable that returns the call's key")
+    if name is not None and (not isinstance(name, str) or not name or "\x00" in name):
+        raise ValueError("name must be a non-empty str without NUL characters")
+    check_seconds("deadline", deadline, allow_zero=False, allow_inf=False)
+    check_policies(retry=retry, retention=retention, limits=limits)
+    return OperationSettings(
+        deadline, retry, retention, limits, check_on_unavailable(on_unavailable),
+        check_takeover(takeover), None if codec is None else check_codec(codec),
+    )
 
 
 def check_policies(

@@ -18,16 +18,14 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import math
 import os
 import threading
-import time
 import warnings
 import weakref
 from asyncio import events
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 from .codec import Codec
 from .configure import (
@@ -35,7 +33,7 @@ from .configure import (
     Configuration,
     check_call,
     check_key,
-    check_policies,
+    check_operation,
     configure,
 )
 from .decorator import BoundCoalesced as BoundCoalesced
@@ -44,45 +42,37 @@ from .decorator import _Coalesce, make_coalesce
 from .engine.attempts import Attempts
 from .engine.flight import (
     CLOSED,
-    EXPIRED,
-    JOINED,
     SETTLED,
     Flight,
-    Outcome,
     Result,
     Role,
-    ThreadWaiter,
-    Waiter,
-    _expire,
     new_thread_waiter,
     wake,
 )
-from .engine.follow import DELIVER, START, Follower, WideRules, signal_for
 from .engine.table import FlightTable
 from .engine.workers import MAX_DEADLINE_THREADS
-from .errors import (
-    FlightFailedError,
-    FlightInterruptedError,
-    FlightTimeoutError,
-    GroupClosedError,
-    renewed,
-)
 from .lease import _CURRENT
+from .operations import Operations
 from .policy import (
-    FlightPolicy,
     Limits,
     OnUnavailable,
     Retention,
     Retry,
-    check_on_unavailable,
-    check_seconds,
-    check_takeover,
 )
 from .stats import Stats
+from .waiting import warn_blocks_loop
 
 if TYPE_CHECKING:
+    from typing_extensions import deprecated
+
     from .scope.bridge import Bridge
     from .scope.interface import Scope
+else:
+
+    def deprecated(message: str) -> Callable[[T], T]:
+        """(Read by type checkers only: at run time an overload is never called.)"""
+        return lambda overload: overload
+
 
 # The wide scopes' modules are imported when a group of that scope is made: the process
 # scope needs none of their OS interfaces (fcntl, Unix sockets), so it imports anywhere.
@@ -90,16 +80,15 @@ if TYPE_CHECKING:
 __all__ = ["BoundCoalesced", "Coalesced", "FlightGroup", "Result"]
 
 T = TypeVar("T")
-
 _WAIT_MAX = threading.TIMEOUT_MAX
 
 
-class FlightGroup:
+class FlightGroup(Operations):
     """A group of callers that share flights: one run per key at a time.
 
     ``FlightGroup()`` is the process scope: every task and thread of this process
     that uses the group. The wider scopes (``directory=``, ``redis=``) take the
-    same calls; see API.md. ``lease`` and ``cluster`` belong to the fleet scope,
+    same calls; see docs/api.md. ``lease`` and ``cluster`` belong to the fleet scope,
     ``reconnect_timeout`` and ``max_frame_bytes`` to the directory scope: another
     scope refuses them (ValueError) rather than ignore them. ``on_unavailable``
     says what a call does while its wide scope cannot be reached: ``"raise"``
@@ -122,7 +111,6 @@ class FlightGroup:
         "_bridge",
         "_closed",
         "_closed_why",
-        "_codec",
         "_deadline",
         "_finalizer",
         "_max_value_bytes",
@@ -171,7 +159,6 @@ class FlightGroup:
     def _build(self, made: Configuration) -> None:
         self._deadline = made.deadline
         self._policy = made.policy
-        self._codec = made.codec
         self._max_value_bytes = made.max_value_bytes
         scope = self._scope = made.scope
         self._closed = False
@@ -182,7 +169,7 @@ class FlightGroup:
         if scope is None:
             self._table = FlightTable()
             self._attempts = Attempts(
-                self._table, codec=made.codec, max_value_bytes=made.max_value_bytes,
+                self._table, max_value_bytes=made.max_value_bytes,
                 max_deadline_threads=made.max_deadline_threads,
             )
             return
@@ -193,7 +180,7 @@ class FlightGroup:
         # other's flights (WideTable.scope).
         self._table = WideTable(scope.identity, left_holds=scope.left_flights_hold_keys)
         self._attempts = Attempts(
-            self._table, codec=made.codec, max_value_bytes=made.max_value_bytes,
+            self._table, max_value_bytes=made.max_value_bytes,
             max_deadline_threads=made.max_deadline_threads,
         )
         self._bridge = self._attempts.bridge = Bridge(
@@ -302,84 +289,6 @@ class FlightGroup:
             return await self._claimed(signal, work, loop, self._policy)  # a takeover's
         return await self._follow(role, flight, waiter, work, on_join, timeout, loop, self._policy)
 
-    async def _run_op(
-        self, tkey: Hashable, key: str, work: Callable[[], Awaitable[T]], policy: FlightPolicy
-    ) -> Result[T]:
-        """``run`` for a decorated function: ``tkey`` is its namespaced key. Returns the
-        Result (the wrapper takes its value; a traced group reads its token)."""
-        if self._closed:
-            raise self._closed_error()
-        loop = events.get_running_loop()
-        task = asyncio.current_task(loop)
-        if task is not None and task.cancelling():
-            raise asyncio.CancelledError()
-        current = _CURRENT.get()
-        role, flight, waiter = self._table.arrive(
-            tkey,
-            key,
-            fresh=False,
-            make_waiter=loop.create_future,
-            chain=None if current is None else current.flight,
-            blocking_loop=None,
-            policy=policy,
-        )
-        if role is Role.LEAD:
-            self._attempts.start_async(flight, work, loop)
-            if flight.outcome is not None:
-                return self._deliver(flight, True)
-            return await self._lead_waiting(flight, work, loop, policy)
-        if role is Role.KEPT:
-            return self._deliver(flight, False)
-        return await self._follow(role, flight, waiter, work, None, None, loop, policy)
-
-    async def _lead_waiting(
-        self,
-        flight: Flight,
-        work: Callable[[], Awaitable[T]],
-        loop: asyncio.AbstractEventLoop,
-        policy: FlightPolicy,
-    ) -> Result[Any]:
-        """The leader whose work (or its scope's answer) has not come yet, with no
-        on_join and no timeout: the follower's decisions for that case, without the
-        follower (the miss path of every wide call, and of Python 3.11, which has no
-        eager task). JOINED (a wide flight joined one led elsewhere) makes it wait again,
-        as a joiner now; SETTLED delivers; CLOSED raises; a claim (a takeover of the
-        interrupted flight it joined) claims the next flight."""
-        table = self._table
-        while True:
-            fut = loop.create_future()
-            if not table.wait_as_leader(flight, fut):
-                if self._bridge is not None and table.leader_takes_over(flight):
-                    role, following, waiter = table.take_over(flight, loop.create_future, policy)
-                    return await self._follow(
-                        role, following, waiter, work, None, None, loop, policy
-                    )
-                return self._deliver(flight, True)
-            try:
-                signal = await fut
-            except BaseException:
-                table.give_up(flight, fut)
-                raise
-            if signal is SETTLED:
-                return self._deliver(flight, True)
-            if signal is CLOSED:
-                raise self._closed_error()
-            if signal is not JOINED:
-                return await self._claimed(signal, work, loop, policy)
-
-    async def _claimed(
-        self,
-        following: Any,
-        work: Callable[[], Awaitable[T]],
-        loop: asyncio.AbstractEventLoop,
-        policy: FlightPolicy,
-    ) -> Result[T]:
-        """A joiner of an interrupted flight that its policy takes over claims the
-        flight after it (FlightTable.settle): it leads it, joins it, or takes its
-        outcome."""
-        role, waiter = self._table.claim(following, loop.create_future, policy)
-        return await self._follow(role, following, waiter, work, None, None, loop, policy)
-
     def _admit(
         self, key: object, work: object, on_join: object, timeout: object, fresh: object
     ) -> str:
@@ -393,45 +302,31 @@ class FlightGroup:
             raise TimeoutError(f"timeout of 0 s for {key!r}: the call neither led nor joined")
         return key
 
-    async def _follow(
+    @overload
+    @deprecated(
+        "run_sync() runs a plain callable; an async work needs await run() (given to "
+        "run_sync, its flight fails with TypeError)"
+    )
+    def run_sync(
         self,
-        role: Role,
-        flight: Flight,
-        waiter: Waiter | None,
-        work: Callable[[], Awaitable[T]],
-        on_join: Callable[[], object] | None,
-        timeout: float | None,
-        loop: asyncio.AbstractEventLoop,
-        policy: FlightPolicy,
-    ) -> Result[T]:
-        """The async shell of the wait loop (follow.py decides): waits on futures of
-        ``loop``, its timeout a timer on that loop."""
-        at = None if timeout is None or math.isinf(timeout) else loop.time() + timeout
-        follower = Follower(
-            self._table, role, flight, waiter, on_join=on_join, policy=policy,
-            make_waiter=loop.create_future, wide=self._wide_rules(),
-            closed_error=self._closed_error,
-        )
-        while True:
-            step = follower.step()
-            if step is DELIVER:
-                return self._deliver(follower.flight, follower.leader)
-            if step is START:
-                self._attempts.start_async(follower.flight, work, loop)
-                follower.role = Role.LEADING
-                continue
-            fut: asyncio.Future[Any] = follower.waiter  # type: ignore[assignment]
-            timer = None if at is None else loop.call_at(at, _expire, fut)
-            try:
-                signal = await fut
-            except BaseException:
-                follower.abandon()
-                raise
-            finally:
-                if timer is not None:
-                    timer.cancel()
-            if follower.woken(signal) is DELIVER:
-                return self._deliver(follower.flight, follower.leader)
+        key: str,
+        work: Callable[[], Awaitable[Any]],
+        *,
+        on_join: Callable[[], object] | None = None,
+        timeout: float | None = None,
+        fresh: bool = False,
+    ) -> Result[object]: ...
+
+    @overload
+    def run_sync(
+        self,
+        key: str,
+        work: Callable[[], T],
+        *,
+        on_join: Callable[[], object] | None = None,
+        timeout: float | None = None,
+        fresh: bool = False,
+    ) -> Result[T]: ...
 
     def run_sync(
         self,
@@ -468,7 +363,7 @@ class FlightGroup:
             check_call(work, None, None, False)
         loop = events._get_running_loop()
         if loop is not None:  # (whether it would wait is the other callers' timing)
-            _warn_blocks_loop(f"run_sync({key!r})", stacklevel=3)
+            warn_blocks_loop(f"run_sync({key!r})", stacklevel=3)
         table = self._table
         if table.kept is not None and not fresh:
             kept = table.take_kept(key)
@@ -505,128 +400,6 @@ class FlightGroup:
                 return self._deliver(flight, False)
         return self._follow_sync(role, flight, waiter, work, on_join, timeout, self._policy)
 
-    def _call_sync(
-        self, tkey: Hashable, key: str, work: Callable[[], T], policy: FlightPolicy
-    ) -> Result[T]:
-        """``run_sync`` for a decorated function: ``tkey`` is its namespaced key."""
-        current = _CURRENT.get()
-        parent = None if current is None else current.flight
-        loop = events._get_running_loop()
-        if loop is not None:
-            namespace, op = cast("tuple[str, str]", tkey)
-            _warn_blocks_loop(f"{namespace}({op!r})", stacklevel=4)
-        role, flight, waiter = self._table.arrive(
-            tkey, key, fresh=False, make_waiter=new_thread_waiter, chain=parent,
-            blocking_loop=loop, policy=policy,
-        )
-        if role is Role.KEPT:
-            return self._deliver(flight, False)
-        if role is Role.LEAD and self._scope is None:
-            self._attempts.drive_sync(flight, work, parent)
-            return self._deliver(flight, True)
-        return self._follow_sync(role, flight, waiter, work, None, None, policy)
-
-    def _follow_sync(
-        self,
-        role: Role,
-        flight: Flight,
-        waiter: Waiter | None,
-        work: Callable[[], T],
-        on_join: Callable[[], object] | None,
-        timeout: float | None,
-        policy: FlightPolicy,
-    ) -> Result[T]:
-        """The sync shell of the wait loop (follow.py decides): waits on locks, its
-        timeout the lock's; starts the leader's work in this thread or on its own."""
-        monotonic = time.monotonic
-        # Past threading.TIMEOUT_MAX (~292 years) Lock.acquire overflows: no limit.
-        limited = timeout is not None and timeout < threading.TIMEOUT_MAX
-        at = monotonic() + timeout if limited and timeout is not None else None
-        follower = Follower(
-            self._table, role, flight, waiter, on_join=on_join, policy=policy,
-            make_waiter=new_thread_waiter, wide=self._wide_rules(),
-            closed_error=self._closed_error,
-        )
-        while True:
-            step = follower.step()
-            if step is DELIVER:
-                return self._deliver(follower.flight, follower.leader)
-            if step is START:
-                if self._attempts.start_sync(follower, work, own=at is None):
-                    if follower.ended_as_leader():
-                        return self._deliver(follower.flight, True)
-                    continue  # it takes over the interrupted flight it joined elsewhere
-                follower.role = Role.LEADING
-                continue
-            waiter = follower.waiter
-            assert type(waiter) is ThreadWaiter
-            try:
-                if at is None:
-                    taken = waiter.acquire()
-                else:
-                    taken = waiter.acquire(timeout=min(max(0.0, at - monotonic()), _WAIT_MAX))
-            except BaseException:
-                follower.abandon()
-                raise
-            signal = (
-                signal_for(
-                    self._table, follower.flight, follower.fresh_of, waiter, follower.leader
-                )
-                if taken else EXPIRED
-            )
-            if follower.woken(signal) is DELIVER:
-                return self._deliver(follower.flight, follower.leader)
-
-    def _wide_rules(self) -> WideRules | None:
-        """The wide table's rules for a waiting call (None in the process scope)."""
-        return None if self._bridge is None else self._bridge.table
-
-    # -- the outcome --------------------------------------------------------------
-
-    def _deliver(self, flight: Flight, leader: bool) -> Result[Any]:
-        """Turn a settled flight into this caller's return value or exception."""
-        if flight.closed:  # the group closed while this caller's flight ran
-            raise self._closed_error()
-        outcome = flight.outcome
-        if outcome is Outcome.VALUE:
-            data = flight.data
-            if data is not None:
-                assert self._codec is not None
-                bridge = self._bridge
-                joined = not leader or (bridge is not None and bridge.ran_elsewhere(flight))
-                return Result(self._codec.decode(data), joined, flight.token)
-            if leader:
-                return Result(flight.value, False, flight.token)
-            # One Result for every joiner (ADR 0003); setdefault is atomic, so two
-            # threads that both found none still return the same object.
-            shared = vars(flight)
-            result: Result[Any] | None = shared.get("joined_result")
-            if result is None:
-                result = shared.setdefault(
-                    "joined_result", Result(flight.value, True, flight.token)
-                )
-            return result
-        error = flight.error
-        assert error is not None
-        if self._bridge is not None and self._bridge.ran_elsewhere(flight):
-            # (its outcome came from the scope: every caller here is a joiner)
-            raise renewed(error)
-        if leader:
-            raise error
-        if outcome is Outcome.LOST:
-            raise FlightInterruptedError(flight.key, "its leader lost its lease") from None
-        if outcome is Outcome.TIMEOUT:
-            assert isinstance(error, FlightTimeoutError)
-            raise renewed(error) from None
-        if outcome is Outcome.ERROR:
-            description = flight.failure
-            if description is None:  # a race here only makes the same tuple twice
-                description = flight.failure = FlightFailedError.describe(flight.key, error)
-            raise FlightFailedError.of(flight.key, error, description)
-        raise FlightInterruptedError(
-            flight.key, f"its work was stopped by {type(error).__qualname__}"
-        ) from None
-
     # -- the decorator ----------------------------------------------------------
 
     def coalesce(
@@ -640,28 +413,35 @@ class FlightGroup:
         limits: Limits | None = None,
         on_unavailable: OnUnavailable | None = None,
         takeover: int | None = None,
+        codec: Codec | None = None,
     ) -> _Coalesce:
         """Decorate an ``async def`` or a plain ``def`` so that concurrent calls with
-        the same key share one run. The decorated function returns the value itself.
+        the same key share one run. The decorated function returns the value itself;
+        ``fn.options(timeout=..., fresh=..., on_join=...)(*args)`` calls it with those
+        options and returns the ``Result``.
 
         ``key`` is called with the function's arguments and returns the call's key
         (without it, the key is the ``repr`` of the bound arguments: only for
         arguments whose repr says all that matters). Keys live in a namespace of the
         function's own (``module.qualname``, a lambda's with its line and a digest of
         its code, or ``name``), so two decorated functions never share a flight. The
-        wrapper also has ``forget(*args, **kwargs)``.
+        wrapper also has ``forget(*args, **kwargs)``. A ``key`` function that could not
+        take some call the function accepts raises TypeError here (ADR 0044).
+
+        ``deadline``, ``retry``, ``retention``, ``limits``, ``on_unavailable`` and
+        ``takeover`` override the group's for this operation. ``codec`` too: its
+        values cross with that codec instead of the group's (also in the process
+        scope, where every caller then gets decode(encode(value))). A codec with
+        ``for_type`` (``flightgroup.typed.TypedCodec``) is made for the function's
+        declared return type, so every caller, the leader too, gets a value of that
+        type; a value that does not match it fails in the leader's encode, naming
+        the operation and the type (docs/codecs.md).
         """
-        if key is not None and not callable(key):
-            raise TypeError("key must be a callable that returns the call's key")
-        if name is not None and (not isinstance(name, str) or not name or "\x00" in name):
-            raise ValueError("name must be a non-empty str without NUL characters")
-        check_seconds("deadline", deadline, allow_zero=False, allow_inf=False)
-        check_policies(retry=retry, retention=retention, limits=limits)
-        policy = self._policy.override(
-            deadline, retry, retention, limits, check_on_unavailable(on_unavailable),
-            check_takeover(takeover),
+        settings = check_operation(
+            key=key, name=name, deadline=deadline, retry=retry, retention=retention,
+            limits=limits, on_unavailable=on_unavailable, takeover=takeover, codec=codec,
         )
-        decorator: _Coalesce = make_coalesce(self, key, name, policy)
+        decorator: _Coalesce = make_coalesce(self, key, name, settings.over(self._policy))
         return decorator
 
     # -- the group --------------------------------------------------------------
@@ -687,20 +467,6 @@ class FlightGroup:
         bridge.scope.check_key(sent)  # a key the scope cannot carry changes nothing
         bridge.forget(key, sent, key)
 
-    def _forget_op(self, tkey: Hashable) -> None:
-        if self._closed:
-            raise self._closed_error()
-        bridge = self._bridge
-        if bridge is None:
-            self._table.forget(tkey)
-            return
-        from .scope.bridge import op_scope_key
-
-        namespace, op = cast("tuple[str, str]", tkey)
-        sent = op_scope_key(namespace, op)
-        bridge.scope.check_key(sent)
-        bridge.forget(tkey, sent, op)
-
     def stats(self) -> Stats:
         """A snapshot of this group's counters in this process."""
         workers = self._attempts.workers
@@ -719,15 +485,6 @@ class FlightGroup:
         """True once the group is closed; in a forked child, also a wide group that was
         started in the parent (its thread was not copied: docs/adr/0014 and 0018)."""
         return self._closed
-
-    def _closed_error(self) -> GroupClosedError:
-        """API.md's GroupClosedError; when the group was not closed by close(), the reason
-        is a note on it (shown in tracebacks; ``str()`` stays the contract's text)."""
-        if self._closed_why is None:
-            return GroupClosedError()
-        from .scope.loop import closed_in_fork
-
-        return closed_in_fork(self._closed_why)
 
     def close(self) -> None:
         """Close the group: waiting calls raise GroupClosedError, later calls too.
@@ -782,23 +539,6 @@ class FlightGroup:
 
 
 
-def _warn_blocks_loop(call: str, *, stacklevel: int) -> None:
-    """A sync call (``call``, naming its key) made on the thread of a running event loop:
-    whether it leads (its work runs in this thread) or joins (it waits for another
-    caller's work), that loop runs nothing until the call returns. Said for every such
-    call, a kept outcome's too: whether one would wait depends on the other callers'
-    timing, the warning must not. Said before the call reaches the table: a warning
-    turned into an error changes nothing."""
-    warnings.warn(
-        f"{call} was called on the thread of a running event loop: it blocks that loop "
-        "until the flight's outcome comes (a leader runs the work in this thread, a joiner "
-        "waits for another caller's); use await run() there, or call it from another "
-        "thread (asyncio.to_thread)",
-        RuntimeWarning,
-        stacklevel=stacklevel,
-    )
-
-
 def _close_dropped(scope: Scope, name: str) -> None:
     """A wide group collected without close(): warn, as an unclosed socket does, and
     close its scope's machinery on a thread of its own (a collection may run on any
@@ -834,15 +574,16 @@ def _forget_flights(ref: weakref.ref[FlightGroup], why: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Internals:
-    """What the package's integrations (metrics, tracing, the CLI) read of a group:
-    its wide scope (None: the process scope), its flight table, and its bound on an
-    encoded outcome."""
+    """What the package's integrations (metrics, tracing, the CLI, the ASGI middleware)
+    read of a group: its wide scope (None: the process scope), its flight table, its
+    bound on an encoded outcome and its own codec (None: values are not encoded)."""
 
     scope: Scope | None
     table: FlightTable[Any]
     max_value_bytes: int | None
+    codec: Codec | None
 
 
 def internals(group: FlightGroup) -> Internals:
     """``group``'s :class:`Internals`, for the integrations of this package only."""
-    return Internals(group._scope, group._table, group._max_value_bytes)
+    return Internals(group._scope, group._table, group._max_value_bytes, group._policy.codec)

@@ -9,7 +9,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from .codec import Codec
 
 __all__ = [
     "NO_POLICY",
@@ -174,6 +177,10 @@ class FlightPolicy:
     # lease, was stopped) calls again instead of raising FlightInterruptedError: the
     # first of them leads the key's next flight, the others join it (0: never).
     takeover: int = 0
+    # What turns the flight's value into bytes for the other callers and back: the
+    # group's, or the operation's own (None: values are shared as they are). The
+    # flight's leader encodes with it and every caller here decodes with it.
+    codec: Codec | None = None
     keeps: bool = field(init=False, repr=False, compare=False)
     """True if a settled outcome may be kept (read on every settle)."""
 
@@ -190,6 +197,7 @@ class FlightPolicy:
         limits: Limits | None,
         on_unavailable: OnUnavailable | None = None,
         takeover: int | None = None,
+        codec: Codec | None = None,
     ) -> FlightPolicy:
         """This policy with each given (not None) field replaced."""
         return FlightPolicy(
@@ -199,6 +207,16 @@ class FlightPolicy:
             limits if limits is not None else self.limits,
             on_unavailable if on_unavailable is not None else self.on_unavailable,
             takeover if takeover is not None else self.takeover,
+            codec if codec is not None else self.codec,
+        )
+
+    def with_codec(self, codec: Codec | None) -> FlightPolicy:
+        """This policy with ``codec`` (itself when that is its codec already)."""
+        if codec is self.codec:
+            return self
+        return FlightPolicy(
+            self.deadline, self.retry, self.retention, self.limits, self.on_unavailable,
+            self.takeover, codec,
         )
 
     def backoff(self, failed_attempts: int, uniform: Callable[[float, float], float]) -> float:

@@ -9,6 +9,7 @@ its power of two, about 6%).
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 __all__ = ["Histogram", "Recorder", "Stats"]
@@ -115,6 +116,23 @@ class Histogram:
             seen += count
         return seen
 
+    def cumulative(self, bounds: list[int]) -> list[int]:
+        """``[self.at_most(bound) for bound in bounds]`` (``bounds`` ascending) in one
+        pass over the buckets."""
+        counts = self._counts
+        made: list[int] = []
+        seen = 0
+        index = 0
+        for bound in bounds:
+            if bound < 0:
+                made.append(0)
+                continue
+            end = bisect.bisect_right(_LOWERS, bound, lo=index)
+            seen += sum(counts[index:end])
+            index = end
+            made.append(seen)
+        return made
+
     def percentile(self, fraction: float) -> int:
         """The smallest bucket's lower bound at or above ``fraction`` of the counts."""
         if self.count == 0:
@@ -126,6 +144,10 @@ class Histogram:
             if seen >= rank:
                 return min(self._lower(index), self.max)
         return self.max
+
+
+# Each bucket's lower bound, by index (ascending).
+_LOWERS: tuple[int, ...] = tuple(Histogram._lower(index) for index in range(_LAST + 1))
 
 
 class Recorder:

@@ -640,13 +640,13 @@ def test_fresh_callers_wait_for_the_run_in_flight_and_share_the_next(
 # still being elected); it says when it lost the connection and when it began closing.
 LATE_RECONNECT = r"""
 import os, sys
-from flightgroup.directory.client import DirectoryArbiter
+from flightgroup.directory.closing import Closing
 from flightgroup.directory.connection import Connection
 from flightgroup.directory.leases import Leases
 hold = sys.argv.pop(1)
-connect = DirectoryArbiter._connect
+connect = Connection.connect
 disconnected = Connection.disconnected
-begin_close = DirectoryArbiter._begin_close
+begin_close = Closing.begin_close
 land = Leases.land
 lost = []
 def say(text):
@@ -666,9 +666,9 @@ def _begin_close(self):
 def _land(self, *args, **kwargs):
     land(self, *args, **kwargs)
     say("landed")
-DirectoryArbiter._connect = _connect
+Connection.connect = _connect
 Connection.disconnected = _disconnected
-DirectoryArbiter._begin_close = _begin_close
+Closing.begin_close = _begin_close
 Leases.land = _land
 from flightgroup.cli import main
 sys.exit(main(sys.argv[1:]))

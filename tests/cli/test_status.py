@@ -26,7 +26,7 @@ from flightgroup.group import internals
 from ..infleet import fleet_group
 from ..infresh import held
 from ..ingroup import Background
-from ..support import wait_until
+from ..support import scope_of, wait_until
 from .test_run import (
     PY,
     Run,
@@ -71,7 +71,7 @@ def test_fleet_status_shows_a_key_that_is_not_utf8_as_it_was_called(
     try:
         leader = Background(lambda: g.run_sync(key, held([], "v", started, release)))
         assert started.wait(10)
-        [flight] = g._scope.status()  # type: ignore[union-attr]
+        [flight] = scope_of(g).status()
         assert flight["key"] == key
         release.set()
         assert leader.wait().value == "v"

@@ -1,4 +1,4 @@
-"""API.md, item by item: each test names the line of the contract it pins."""
+"""docs/api.md, item by item: each test names the line of the contract it pins."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from flightgroup import JSON, FlightFailedError, FlightGroup, Limits, Retention, Retry
 
-REDIS = "redis://127.0.0.1:6379/0"  # the machine's Redis (API.md's fleet scope)
+REDIS = "redis://127.0.0.1:6379/0"  # the machine's Redis (docs/api.md's fleet scope)
 
 
 @pytest.fixture(params=["directory", "fleet"])
@@ -30,7 +30,7 @@ def wide(request: pytest.FixtureRequest, directory: str) -> Iterator[dict[str, A
 
 
 def test_policy_defaults_are_the_contracts() -> None:
-    # API.md "Policies": Retry(attempts=3, backoff=0.1, max_backoff=5.0, jitter=True,
+    # docs/api.md "Policies": Retry(attempts=3, backoff=0.1, max_backoff=5.0, jitter=True,
     # on=(Exception,), on_timeout=True); Retention(success=30.0, error=None,
     # max_items=10_000, max_bytes=None); Limits(max_waiters=None, max_flights=None).
     assert Retry() == Retry(3, 0.1, 5.0, True, (Exception,), True)
@@ -39,7 +39,7 @@ def test_policy_defaults_are_the_contracts() -> None:
 
 
 def test_call_options_are_keyword_only_with_the_contracts_defaults() -> None:
-    # API.md "Calls": run(key, work, *, on_join=None, timeout=None, fresh=False).
+    # docs/api.md "Calls": run(key, work, *, on_join=None, timeout=None, fresh=False).
     for method in (FlightGroup.run, FlightGroup.run_sync):
         params = inspect.signature(method).parameters
         assert list(params)[:3] == ["self", "key", "work"]
@@ -91,7 +91,7 @@ def test_a_wide_scope_keeps_nothing_over_max_bytes(wide: dict[str, Any]) -> None
 def test_a_joiner_in_another_group_of_the_leaders_process_has_the_error_as_cause(
     wide: dict[str, Any],
 ) -> None:
-    # API.md, Outcomes: "joiner | the work raised E | FlightFailedError ...; in the same
+    # docs/api.md, Outcomes: "joiner | the work raised E | FlightFailedError ...; in the same
     # process __cause__ is E": a joiner in another group of the process has it too, not
     # only the joiners of the leader's own group.
     a, b = FlightGroup(**wide), FlightGroup(**wide)
@@ -152,7 +152,7 @@ def test_a_kept_failure_in_the_leaders_process_has_the_error_as_cause(
 
 
 def test_a_failures_message_crosses_the_wide_scope_whole(wide: dict[str, Any]) -> None:
-    # API.md (Outcomes): FlightFailedError has '.message (its str())', whole (past 8,192
+    # docs/api.md (Outcomes): FlightFailedError has '.message (its str())', whole (past 8,192
     # characters too). Served here from the kept failure, so it crossed the store.
     text = "m" * 10_000
     g = FlightGroup(retention=Retention(success=None, error=60), **wide)

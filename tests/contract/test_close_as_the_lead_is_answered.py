@@ -1,5 +1,5 @@
 """A wide group closed between the scope's LEAD answer and the work's start: close()
-has returned, so the work must not start after it (API.md: closing makes every waiting
+has returned, so the work must not start after it (docs/api.md: closing makes every waiting
 call raise GroupClosedError); the lead goes back to the scope, and another group of
 the key leads. The window is held open by a patched ``Bridge._lead``."""
 
@@ -14,6 +14,7 @@ from flightgroup import FlightGroup, GroupClosedError
 from flightgroup.scope.bridge import Bridge
 
 from ..ingroup import Background
+from ..support import bridge_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,7 +29,7 @@ def test_a_lead_answered_as_the_group_closes_starts_no_work(
     original = Bridge._lead
 
     def held(of: Bridge, *args: Any) -> Any:
-        if of is g._bridge:
+        if of is bridge_of(g):
             reached.set()
             assert closed.wait(20)
         return original(of, *args)

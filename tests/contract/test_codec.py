@@ -118,3 +118,72 @@ def test_a_decode_failure_fails_only_that_caller() -> None:
     with pytest.raises(ValueError, match="cannot decode"):
         g.run_sync("k", lambda: "poison")
     assert g.run_sync("k", lambda: "ok").value == "okok"
+
+
+def test_an_operations_codec_overrides_the_groups_for_that_operation_only() -> None:
+    """coalesce(codec=) encodes and decodes that operation's flights; the group's codec
+    still serves plain calls and the other operations."""
+    group_codec, op_codec = Doubling(), Doubling()
+    g = FlightGroup(codec=group_codec)
+
+    @g.coalesce(codec=op_codec)
+    def own() -> str:
+        return "a"
+
+    @g.coalesce()
+    def shared() -> str:
+        return "b"
+
+    assert own() == "aa"
+    assert op_codec.decodes == 1 and group_codec.decodes == 0
+    assert shared() == "bb"
+    assert g.run_sync("k", lambda: "c").value == "cc"
+    assert (op_codec.decodes, group_codec.decodes) == (1, 2)
+
+
+def test_an_operations_codec_in_a_process_group_without_one_gives_decode_of_encode() -> None:
+    """In the process scope without a group codec, an operation's codec still makes every
+    caller, the leader too, get decode(encode(value)); plain calls share the object."""
+    g = FlightGroup()
+    value = (1, 2)
+
+    @g.coalesce(codec=JSON)
+    def pair() -> Any:
+        return value
+
+    assert pair() == [1, 2]
+    assert g.run_sync("k", lambda: value).value is value
+
+
+def test_an_operations_codec_in_the_wrong_shape_is_refused_at_decoration() -> None:
+    """coalesce(codec=) checks the codec as the group does: a TypeError, nothing made."""
+    g = FlightGroup()
+    with pytest.raises(TypeError, match="codec"):
+        g.coalesce(codec=object())  # type: ignore[arg-type]
+
+
+def test_an_operations_encode_failure_fails_its_joiners_with_flight_failed() -> None:
+    """The operation's codec's encode error: the leader gets it, its joiner
+    FlightFailedError, as for a group's codec."""
+    g = FlightGroup()
+
+    async def main() -> None:
+        release = asyncio.Event()
+
+        @g.coalesce(key=lambda: "k", codec=JSON)
+        async def unencodable() -> object:
+            await release.wait()
+            return object()
+
+        leader = asyncio.create_task(unencodable())
+        await until(lambda: g.stats().calls == 1)
+        joiner = asyncio.create_task(unencodable())
+        await until(lambda: g.stats().joins == 1)
+        release.set()
+        with pytest.raises(TypeError):
+            await leader
+        with pytest.raises(FlightFailedError) as info:
+            await joiner
+        assert info.value.error_type == "TypeError"
+
+    run(main())

@@ -1,4 +1,4 @@
-"""The public names are exactly API.md's, in one place, and the errors form one tree."""
+"""The public names are exactly docs/api.md's, in one place, and the errors form one tree."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ API_NAMES = {
     "LeaseLostError", "TooManyWaitersError", "TooManyFlightsError",
     "ProtocolVersionError", "NetworkDirectoryError", "GroupClosedError", "ValueTooLargeError",
     "UnavailableError",
+    "GroupSlot",  # issue 29: operations declared before their group (ADR 0044)
 }  # fmt: skip
 
 

@@ -3,7 +3,7 @@ forgets the key in its table, then tells the scope. A call that comes in between
 local flight whose request may reach the scope before the forget and join the old
 flight; once forget() returned, that local flight is out of the table at once (not when
 the scope's notice reaches it), so a call made after forget() returned leads a new
-flight (API.md) and never gets the old outcome, in the fleet scope and the directory
+flight (docs/api.md) and never gets the old outcome, in the fleet scope and the directory
 scope alike. The test puts a call in that window by hand.
 """
 
@@ -19,7 +19,7 @@ from flightgroup import current_lease
 
 from ..infleet import fleet_of
 from ..ingroup import Background
-from ..support import flight_of, wait_until
+from ..support import flight_of, scope_of, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -39,7 +39,7 @@ def test_a_call_after_forget_returned_never_joins_the_old_flight(
     in_between: list[Background] = []
     try:
         assert started.wait(20)
-        arbiter = forgetter._scope
+        arbiter = scope_of(forgetter)
         real_forget = arbiter.forget
 
         def forget(*args: Any, **kwargs: Any) -> Any:
@@ -70,7 +70,7 @@ def test_fresh_callers_of_a_flight_forgotten_elsewhere_wait_for_the_keys_next_fl
     """B forgets k and leads t2 at once; a fresh caller comes to A while A's table still
     holds t1 (A hears of the forget at its next renewal). A then drops t1 from its table,
     and a plain caller makes a new local flight, which joins t2. When t1 ends, its fresh
-    caller must not take that local flight: t2 began before its call (API.md: "fresh=True
+    caller must not take that local flight: t2 began before its call (docs/api.md: "fresh=True
     accepts only a flight that starts after its call"). It waits for t2's end and takes
     the flight after it."""
     from ..infleet import fleet_group

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-import flightgroup.group as group_module
+import flightgroup.waiting as waiting_module
 from flightgroup import JSON, FlightGroup, GroupClosedError, LeaseLostError, UnavailableError
 from flightgroup.directory.client import DirectoryArbiter
 from flightgroup.engine.table import FlightTable
@@ -29,7 +29,7 @@ from flightgroup.scope.bridge import Bridge
 from ..infleet import fleet_group, fleet_of, never
 from ..infresh import fresh_waiting, held, lead_held, ran
 from ..ingroup import Background, close, coordinating, group
-from ..support import flight_of, wait_until
+from ..support import bridge_of, flight_of, scope_of, table_of, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -51,7 +51,7 @@ def test_fresh_callers_that_came_before_the_lead_join_it(
     fresh_waiting(g, "k", 2)
     hold.go.set()
     assert started.wait(10)
-    # API.md: on_join runs in the joiner before it waits, so while the work still runs
+    # docs/api.md: on_join runs in the joiner before it waits, so while the work still runs
     wait_until(lambda: joined == [1], "the promoted async caller ran its on_join")
     release.set()
     first = leader.wait()
@@ -187,13 +187,13 @@ def test_an_async_leading_caller_out_of_time_as_its_flight_joins_elsewhere_times
         started, release = threading.Event(), threading.Event()
         leader = Background(lambda: a.run_sync("k", held([], "old", started, release)))
         assert started.wait(10)
-        original = group_module._expire
+        original = waiting_module._expire
 
         def expire_then_join(fut: Any) -> None:
             original(fut)
-            b._table.joined_remote(b._table.flights["k"])  # the JOIN's detach, right then
+            table_of(b).joined_remote(table_of(b).flights["k"])  # the JOIN's detach, right then
 
-        monkeypatch.setattr(group_module, "_expire", expire_then_join)
+        monkeypatch.setattr(waiting_module, "_expire", expire_then_join)
 
         async def late() -> Any:
             async def work() -> str:
@@ -285,7 +285,7 @@ def test_an_async_leading_caller_out_of_time_as_its_flight_joins_and_lands_never
     """The outcome is in before time runs out; the driver is woken first, then the
     caller's future expires before the driver's step runs (so the driver detaches it
     and settles the flight before the caller resumes)."""
-    original = group_module._expire
+    original = waiting_module._expire
 
     def call(b: FlightGroup, gates: _Gates, on_join: Callable[[], object]) -> Any:
         def expire(fut: Any) -> None:
@@ -293,7 +293,7 @@ def test_an_async_leading_caller_out_of_time_as_its_flight_joins_and_lands_never
             gates.open()
             asyncio.get_running_loop().call_soon(original, fut)
 
-        monkeypatch.setattr(group_module, "_expire", expire)
+        monkeypatch.setattr(waiting_module, "_expire", expire)
 
         async def late() -> Any:
             async def work() -> str:
@@ -315,7 +315,7 @@ def test_a_sync_leading_caller_out_of_time_as_its_flight_joins_and_lands_never_s
 
     def call(b: FlightGroup, gates: _Gates, on_join: Callable[[], object]) -> Any:
         def withdraw(table: FlightTable, flight: Any, waiter: Any) -> bool:
-            if table is b._table and flight.outcome is None:  # the caller, out of time
+            if table is table_of(b) and flight.outcome is None:  # the caller, out of time
                 assert gates.landed.wait(20)
                 gates.open()
                 wait_until(lambda: flight.outcome is not None, "the driver settled the flight")
@@ -342,7 +342,7 @@ def test_fresh_callers_of_two_groups_that_came_during_one_flight_share_the_next(
     real_submit = DirectoryArbiter.submit
 
     def submit(self: DirectoryArbiter, key: str, **options: Any) -> Any:
-        if self is a._scope and options["fresh"] and key == "k":
+        if self is scope_of(a) and options["fresh"] and key == "k":
             assert g_runs.wait(10)  # F's run goes once G leads t2
         return real_submit(self, key, **options)
 
@@ -359,18 +359,18 @@ def test_fresh_callers_of_two_groups_that_came_during_one_flight_share_the_next(
         return body
 
     try:
-        coordinator = a._scope._coordinator  # type: ignore[union-attr]
+        coordinator = scope_of(a)._state.coordinator
         t = Background(lambda: a.run_sync("k", work("t", None, release_t)))
         wait_until(lambda: runs == ["t"], "t runs in a")
         f = Background(lambda: a.run_sync("k", work("F", None, release_g), fresh=True))
         fresh_waiting(a, "k", 1)
         g = Background(lambda: b.run_sync("k", work("G", g_runs, release_g), fresh=True))
-        wait_until(lambda: len(coordinator._flights["k"].fresh) == 1, "G waits for t's end")
+        wait_until(lambda: len(coordinator._term.flights["k"].fresh) == 1, "G waits for t's end")
         release_t.set()
         assert t.wait().value == "t"
         assert g_runs.wait(10)
         wait_until(
-            lambda: (fl := coordinator._flights.get("k")) is not None and len(fl.joiners) == 1,
+            lambda: (fl := coordinator._term.flights.get("k")) is not None and len(fl.joiners) == 1,
             "F's run joined t2 (it waits for t2's end instead when it does not name t)",
         )
         release_g.set()
@@ -599,7 +599,7 @@ def test_a_fresh_caller_that_comes_after_the_landing_never_joins_the_flight_begu
 
     def land(self: DirectoryArbiter, call: Any, outcome: Any, *, done: Any, **rest: Any) -> None:
         def handed(answer: Any) -> None:  # taken by the coordinator, not settled here
-            if self is a._scope and call.key == "k":
+            if self is scope_of(a) and call.key == "k":
                 landed.set()
                 # Told on a's own thread, which coordinates too: held in another one.
                 threading.Thread(target=lambda: go.wait(20) and done(answer)).start()
@@ -610,12 +610,12 @@ def test_a_fresh_caller_that_comes_after_the_landing_never_joins_the_flight_begu
 
     monkeypatch.setattr(DirectoryArbiter, "land", land)
     try:
-        coordinator = a._scope._coordinator  # type: ignore[union-attr]
+        coordinator = scope_of(a)._state.coordinator
         f = Background(lambda: a.run_sync("k", held(runs, "F", f_started, release_f)))
         assert f_started.wait(10)
         r = Background(lambda: b.run_sync("k", held(runs, "R", r_started, release_r),
                                           fresh=True))
-        wait_until(lambda: len(coordinator._flights["k"].fresh) == 1, "b waits for F's end")
+        wait_until(lambda: len(coordinator._term.flights["k"].fresh) == 1, "b waits for F's end")
         release_f.set()
         assert landed.wait(10)
         assert r_started.wait(10)  # R runs: F landed at the coordinator
@@ -624,7 +624,7 @@ def test_a_fresh_caller_that_comes_after_the_landing_never_joins_the_flight_begu
         go.set()
         assert f.wait().value == "F"
         wait_until(
-            lambda: (fl := coordinator._flights.get("k")) is not None
+            lambda: (fl := coordinator._term.flights.get("k")) is not None
             and len(fl.joiners) + len(fl.fresh) == 1,
             "the fresh caller's run reached R (joined it, or waits for its end)",
         )
@@ -654,13 +654,13 @@ def test_a_promoted_caller_whose_flight_ended_before_its_claim_takes_its_outcome
     real_lead, real_claim = Bridge._lead, FlightTable.claim
 
     def lead_wide(of: Bridge, *args: Any) -> Any:
-        if of is g._bridge:
+        if of is bridge_of(g):
             lead_reached.set()
             assert lead_go.wait(20)
         return real_lead(of, *args)
 
     def claim(table: FlightTable, *args: Any, claimed: bool = True, **more: Any) -> Any:
-        if table is g._table and not claimed:
+        if table is table_of(g) and not claimed:
             claim_reached.set()
             assert claim_go.wait(20)
         return real_claim(table, *args, claimed=claimed, **more)

@@ -1,5 +1,5 @@
 """A joiner's on_join in the wide scopes waits for the scope's answer to its process's
-flight: API.md calls on_join "never for a call served from a kept outcome", and a local
+flight: docs/api.md calls on_join "never for a call served from a kept outcome", and a local
 joiner that came while the first caller's request was out may be served by one.
 
 Each test holds the request to the scope (the group's ``submit``) until the local joiners
@@ -20,7 +20,7 @@ from flightgroup import JSON, FlightGroup, Retention
 from ..infleet import fleet_group, never
 from ..infresh import held
 from ..ingroup import Background
-from ..support import wait_until
+from ..support import scope_of, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,7 +32,7 @@ class HeldAsk:
 
     def __init__(self, g: FlightGroup, monkeypatch: pytest.MonkeyPatch) -> None:
         self.reached, self.go = threading.Event(), threading.Event()
-        arbiter = g._scope
+        arbiter = scope_of(g)
         original = type(arbiter).submit
 
         def submit(of: Any, *args: Any, **options: Any) -> Any:

@@ -2,7 +2,7 @@
 whatever that flight's own outcome (kept or not), in every scope; and the directory's
 kept outcomes that ran out leave before a live one is evicted.
 
-API.md: `fresh=True` reads your own writes, and a kept outcome is served "until its time
+docs/api.md: `fresh=True` reads your own writes, and a kept outcome is served "until its time
 runs out or it is evicted (LRU by items, then by encoded bytes)". A newer flight's
 outcome that is not kept ends the older kept one in the process and directory scopes
 (the fleet's record is replaced when the newer flight leads).
@@ -19,6 +19,7 @@ from flightgroup import JSON, FlightFailedError, FlightGroup, Retention
 
 from ..infleet import fleet_group
 from ..ingroup import close
+from ..support import scope_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -87,9 +88,9 @@ def test_the_directory_drops_kept_outcomes_that_ran_out_before_evicting_a_live_o
         again = g.run_sync("live", lambda: "ran again")
         # Two slots: the one that ran out goes, the live one stays.
         assert (again.value, again.joined) == ("kept", True)
-        arbiter = g._scope
-        assert isinstance(arbiter, DirectoryArbiter) and arbiter._coordinator is not None
-        assert len(arbiter._coordinator._outcomes.kept) == 2
+        arbiter = scope_of(g)
+        assert isinstance(arbiter, DirectoryArbiter) and arbiter._state.coordinator is not None
+        assert len(arbiter._state.coordinator._term.outcomes.kept) == 2
     finally:
         close(g)
 
@@ -110,14 +111,14 @@ def test_a_fresh_flight_whose_leader_vanished_ends_the_older_kept_outcome(
     try:
         assert a.run_sync("k", lambda: "old").value == "old"
         assert a.run_sync("k", lambda: "unused").value == "old"  # kept
-        coordinator = arbiter(a)._coordinator
+        coordinator = arbiter(a)._state.coordinator
         assert coordinator is not None
         with RawConn(os.path.join(directory, "flight.sock")) as leader:
             assert leader.hello() == HELLO_OK
             leader.send_frame({"op": "run", "id": 1, "key": "k", "fresh": True})
             leader.expect("lead")
         # Its connection closed with the lead: the flight is interrupted.
-        wait_until(lambda: "k" not in coordinator._flights, "the fresh flight ended")
+        wait_until(lambda: "k" not in coordinator._term.flights, "the fresh flight ended")
         later = a.run_sync("k", lambda: "new")
         assert (later.value, later.joined) == ("new", False)
     finally:

@@ -19,7 +19,7 @@ from flightgroup import (
 from ..infleet import fleet_group
 from ..infresh import held
 from ..redisproc import RedisServer
-from ..support import in_thread, outcome
+from ..support import in_thread, outcome, scope_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,8 +40,8 @@ def test_status_shows_the_raw_key_of_a_plain_key_that_starts_with_a_nul(
     thread, out = in_thread(g.run_sync, "\x00k", held([], "v", started, release))
     try:
         assert started.wait(10)
-        assert g._scope is not None
-        keys = [flight["key"] for flight in g._scope.status()]
+        assert scope_of(g) is not None
+        keys = [flight["key"] for flight in scope_of(g).status()]
     finally:
         release.set()
         thread.join(10)

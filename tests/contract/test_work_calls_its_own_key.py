@@ -18,7 +18,7 @@ import pytest
 from flightgroup import JSON, FlightGroup, FlightTimeoutError
 
 from ..ingroup import Background
-from ..support import flight_of, wait_until
+from ..support import flight_of, scope_of, table_of, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -60,9 +60,9 @@ def test_a_flight_lingers_only_until_its_late_work_returns(wide: Any) -> None:
     late = wide.coalesce(key=lambda: "k", deadline=0.3)(body)
     with pytest.raises(FlightTimeoutError):
         late()
-    assert len(wide._table.lingering) == 1
+    assert len(table_of(wide).lingering) == 1
     go_on.set()
-    wait_until(lambda: not wide._table.lingering, "the flight lets go once its work returned")
+    wait_until(lambda: not table_of(wide).lingering, "the flight lets go once its work returned")
 
 
 def test_a_work_whose_flight_a_forget_elsewhere_detached_still_raises(
@@ -101,7 +101,7 @@ def test_a_work_that_calls_its_own_key_through_another_group_of_the_scope_raises
     pair: tuple[Any, Any], mode: str
 ) -> None:
     """Two groups of one process that share a scope (one directory, or one namespace on
-    one Redis) are one group (API.md): a work of k that calls k through the other group
+    one Redis) are one group (docs/api.md): a work of k that calls k through the other group
     would join its own flight and wait for itself until the deadline: it raises."""
     first, second = pair
     runs: list[str] = []
@@ -140,7 +140,7 @@ def test_a_work_that_calls_its_own_key_through_another_group_of_the_scope_raises
 def _stranger(first: Any, tmp: str) -> Any:
     """A group of the same kind as ``first`` with another scope: another directory (the
     same one under another name is the same scope), or another namespace on its Redis."""
-    fleet = first._scope
+    fleet = scope_of(first)
     if fleet.kind != "fleet":
         return FlightGroup(directory=os.path.join(tmp, "other"), codec=JSON)
     return FlightGroup(redis=fleet.url, namespace=f"{fleet.namespace}-other", codec=JSON)
@@ -160,10 +160,10 @@ def test_a_work_of_k_calls_k_in_another_scope_and_it_runs_there(
         assert first.run_sync("k", outer).value == "outer+elsewhere"
     finally:
         stranger.close()
-    if first._scope.kind == "fleet":
+    if scope_of(first).kind == "fleet":
         return
     link = os.path.join(str(tmp_path), "link")
-    os.symlink(first._table.scope[1], link)
+    os.symlink(table_of(first).scope[1], link)
     alias = FlightGroup(directory=link, codec=JSON)
     try:
         def through_alias() -> str:
@@ -337,7 +337,7 @@ def test_a_flight_being_forgotten_is_still_seen_by_another_group_of_its_scope(
 
     first = FlightGroup(directory=directory, codec=JSON)
     second = FlightGroup(directory=directory, codec=JSON)
-    table = first._table
+    table = table_of(first)
     started, go, checked = threading.Event(), threading.Event(), threading.Event()
     inner: list[BaseException | str] = []
 

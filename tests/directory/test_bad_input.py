@@ -2,7 +2,7 @@
 protocol version, and raw bytes on the socket of a live coordinator.
 
 After each bad connection the coordinator must still be the same process, and the
-calls of other processes must still work (API.md: bad input closes or answers that
+calls of other processes must still work (docs/api.md: bad input closes or answers that
 connection only).
 """
 

@@ -32,7 +32,7 @@ from ..ingroup import key_lock_free as _key_lock_free
 from ..ingroup import key_watchers as _key_watchers
 from ..ingroup import landed_leader_holds as _landed_leader_holds
 from ..ingroup import lock_waiters as _lock_waiters
-from ..support import wait_until
+from ..support import scope_of, wait_until
 
 
 def test_a_closed_groups_running_work_keeps_the_key_and_the_next_call_waits(
@@ -109,9 +109,9 @@ def test_close_wakes_a_sync_leader_waiting_for_the_key_lock(directory: str) -> N
             return "b"
 
         call = Background(lambda: b.run_sync("k", work_b))
-        arbiter = b._scope
+        arbiter = scope_of(b)
         assert arbiter is not None
-        wait_until(lambda: len(arbiter._leads) == 1, "b leads k and waits for its lock")
+        wait_until(lambda: len(arbiter._state.leads) == 1, "b leads k and waits for its lock")
         closing = Background(b.close)
         closing.wait()
         ended = call.done.wait(3)
@@ -130,7 +130,7 @@ def test_a_lead_waiting_on_its_key_lock_at_close_never_leaks_the_lock(directory:
     c = _coordinating(directory)
     b = _group(directory)
     a, release, runs = _landed_leader_holds(directory)
-    arbiter = b._scope
+    arbiter = scope_of(b)
     assert arbiter is not None
     try:
         async def work_b() -> str:
@@ -141,7 +141,7 @@ def test_a_lead_waiting_on_its_key_lock_at_close_never_leaks_the_lock(directory:
             async with b:  # the usual shape: the group closes with the program's loop
                 with pytest.raises(TimeoutError):
                     await b.run("k", work_b, timeout=0.5)
-                assert len(arbiter._leads) == 1  # b leads k and waits for its lock
+                assert len(arbiter._state.leads) == 1  # b leads k and waits for its lock
 
         asyncio.run(main())  # aclose(), then the loop's end cancels the driver task
         assert _lock_waiters(directory) == 1  # b's lead still waits in flock
@@ -151,7 +151,7 @@ def test_a_lead_waiting_on_its_key_lock_at_close_never_leaks_the_lock(directory:
         assert _key_lock_free(directory, "k"), "nobody runs k, yet its key lock stays held"
     finally:
         release.set()
-        for lead in list(arbiter._leads.values()):
+        for lead in list(arbiter._state.leads.values()):
             lead.release()  # the leaked fd
         _close(a, c)
 
@@ -197,7 +197,7 @@ def test_a_second_close_returns_only_once_the_landings_were_handed_over(h: Harne
         assert running.wait(10)
         a.stop()  # the coordinator cannot acknowledge the landing
         release.set()
-        lead = next(iter(arbiter(g)._leads.values()))
+        lead = next(iter(arbiter(g)._state.leads.values()))
         wait_until(lambda: lead.landing is not None, "the landing was made")
         assert not lead.acked
         assert not leader.done.is_set()  # the leader returns once its landing is taken
@@ -212,7 +212,7 @@ def test_a_second_close_returns_only_once_the_landings_were_handed_over(h: Harne
         returned = Watched()
         arbiter(g)._close_returned = returned
         first = Background(g.close, name="first-close")
-        wait_until(lambda: arbiter(g)._closing, "the first close began")
+        wait_until(lambda: arbiter(g)._state.closing, "the first close began")
 
         def second_close() -> bool:
             g.close()
@@ -222,10 +222,10 @@ def test_a_second_close_returns_only_once_the_landings_were_handed_over(h: Harne
         assert waiting.wait(10)
         assert not second.done.is_set()  # it waits while the landing is not acknowledged
         a.cont()  # the coordinator acknowledges; the first close returns, then the second
-        # API.md: "close() returns once the landings already made have been handed over"
+        # docs/api.md: "close() returns once the landings already made have been handed over"
         assert second.wait(20) is True
         assert first.wait(20) is None
-        # API.md: a call still waiting when its group closes raises GroupClosedError
+        # docs/api.md: a call still waiting when its group closes raises GroupClosedError
         with pytest.raises(GroupClosedError):
             leader.wait()
     finally:

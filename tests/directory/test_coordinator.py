@@ -95,7 +95,7 @@ class Served:
         os.close(fd)
 
     def waiting(self, key: str) -> int:
-        return int(self.on_loop(lambda: len(self.coordinator._waiting.get(key, ()))))
+        return int(self.on_loop(lambda: len(self.coordinator._term.waiting.get(key, ()))))
 
     def sessions(self) -> int:
         return int(self.on_loop(lambda: len(self.coordinator._server.sessions)))
@@ -400,10 +400,10 @@ def test_closed_coordinators_leave_no_watcher_threads_behind(directory: str) -> 
     try:
         for index in range(3):
             g = coordinating(directory)
-            coordinator = arbiter(g)._coordinator
+            coordinator = arbiter(g)._state.coordinator
             assert coordinator is not None
             call = Background(lambda g=g: g.run_sync("k", lambda: "never"), f"waits-{index}")
-            wait_until(lambda c=coordinator: "k" in c._waiting, "the call waits for k")
+            wait_until(lambda c=coordinator: "k" in c._term.waiting, "the call waits for k")
             close_groups(g)
             with pytest.raises(GroupClosedError):
                 call.wait()
@@ -427,14 +427,14 @@ def test_a_term_out_of_tokens_hands_over_to_a_new_term(directory: str) -> None:
     a = coordinating(directory)
     b = make_group(directory)
     try:
-        coordinator = arbiter(a)._coordinator
+        coordinator = arbiter(a)._state.coordinator
         assert coordinator is not None
         loop = arbiter(a)._background.loop
         assert loop is not None
         done = threading.Event()
 
         def near_the_end() -> None:
-            coordinator._sequence = (1 << 32) - 2
+            coordinator._term.sequence = (1 << 32) - 2
             done.set()
 
         loop.call_soon_threadsafe(near_the_end)
@@ -466,7 +466,7 @@ def test_a_fresh_run_that_names_the_flight_it_came_during_takes_only_later_ones(
     during.send(wire.run_frame(1, "k", fresh=True, after=t1))
     during.send(wire.run_frame(2, "k", fresh=True))
     wait_until(
-        lambda: served.on_loop(lambda: len(served.coordinator._flights["k"].fresh)) == 2,
+        lambda: served.on_loop(lambda: len(served.coordinator._term.flights["k"].fresh)) == 2,
         "both fresh runs wait for t1's end",
     )
     leader.send(wire.land_frame(1, t1, wire.Value(b'"one"', keep=60.0)))

@@ -16,11 +16,11 @@ from collections.abc import Callable
 import pytest
 
 from flightgroup.directory import wire
-from flightgroup.directory.client import DirectoryArbiter
+from flightgroup.directory.answers import Answers
 
 from ..dirproc import HELLO_OK, Harness, RawConn, assert_value
 from ..ingroup import Background, arbiter, close, coordinating, group
-from ..support import wait_until
+from ..support import table_of, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -47,7 +47,7 @@ def test_a_joining_process_stops_handing_a_forgotten_flight_to_its_new_calls(h: 
     b.release("l")
     assert_value(b.expect("done", "l"), "old", joined=False)
     assert_value(c.expect("done", "j1"), "old", joined=True)
-    # API.md: after forget(key) "the next call of the key leads a new flight".
+    # docs/api.md: after forget(key) "the next call of the key leads a new flight".
     assert_value(c.expect("done", "j2"), "new", joined=False)
     assert [pid for pid, _, _ in h.runs_of("k")] == [b.pid, c.pid]
 
@@ -81,15 +81,15 @@ def test_a_late_notice_leaves_the_keys_next_local_flight_alone(
     a = coordinating(directory)
     b = group(directory)
     held: list[wire.Answer] = []
-    answer = DirectoryArbiter._answer
+    answer = Answers.answer
 
-    def stash_notices(self: DirectoryArbiter, got: wire.Answer) -> None:
+    def stash_notices(self: Answers, got: wire.Answer) -> None:
         if isinstance(got, wire.Detached):
             held.append(got)  # read later, once the next flight is in the table
         else:
             answer(self, got)
 
-    monkeypatch.setattr(DirectoryArbiter, "_answer", stash_notices)
+    monkeypatch.setattr(Answers, "answer", stash_notices)
     first_may_end, second_may_end = threading.Event(), threading.Event()
     runs: list[str] = []
 
@@ -104,19 +104,19 @@ def test_a_late_notice_leaves_the_keys_next_local_flight_alone(
     try:
         first = Background(lambda: b.run_sync("k", work("old", first_may_end)))
         wait_until(lambda: runs == ["old"], "b leads the first flight")
-        forgotten = b._table.flights["k"]
+        forgotten = table_of(b).flights["k"]
         b.forget("k")
         assert len(held) == 1  # written before the forget's ack, which came
         second = Background(lambda: b.run_sync("k", work("new", second_may_end)))
         wait_until(
-            lambda: b._table.flights.get("k") not in (None, forgotten),
+            lambda: table_of(b).flights.get("k") not in (None, forgotten),
             "the next local flight is in the table",
         )
-        following = b._table.flights["k"]
+        following = table_of(b).flights["k"]
         read = threading.Event()
-        arbiter(b)._background.post(lambda: (answer(arbiter(b), held[0]), read.set()))
+        arbiter(b)._background.post(lambda: (answer(arbiter(b)._answers, held[0]), read.set()))
         assert read.wait(10)
-        assert b._table.flights.get("k") is following
+        assert table_of(b).flights.get("k") is following
         third = Background(lambda: b.run_sync("k", work("never", second_may_end)))
         # (Its on_join waits for the scope's answer to that flight: ADR 0025.)
         wait_until(lambda: following.joiners == 1, "a third call joins the next local flight")
@@ -191,7 +191,7 @@ def test_a_rejoin_or_a_reassert_of_a_forgotten_flight_hears_it_in_the_next_term(
             other.send_frame({"op": "forget", "key": "k", "id": 2})
             assert other.expect("ack")[0]["id"] == 2
         close(a)
-        wait_until(lambda: arbiter(b)._coordinator is not None, "b coordinates")
+        wait_until(lambda: arbiter(b)._state.coordinator is not None, "b coordinates")
         with RawConn(sock) as leader, RawConn(sock) as joiner, RawConn(sock) as old:
             for conn in (leader, joiner, old):
                 assert conn.hello() == HELLO_OK

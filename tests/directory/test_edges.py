@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from flightgroup import UnavailableError
-from flightgroup.directory import fs
+from flightgroup.directory import epochs
 
 from ..dirproc import HELLO, HELLO_OK, FakeCoordinator, RawConn, key_file, wait_for
 from ..ingroup import Background, arbiter, close, coordinating, group
@@ -161,7 +161,7 @@ def test_silent_peers_do_not_stop_the_coordinator_serving_others_and_are_dropped
     other = group(directory)
     silent: list[socket.socket] = []
     try:
-        served = arbiter(g)._coordinator
+        served = arbiter(g)._state.coordinator
         assert served is not None
         before = len(served._server.transports)
         for _ in range(100):
@@ -329,7 +329,7 @@ def test_a_fifo_as_the_epoch_file_fails_the_election_instead_of_hanging(director
     try:
         with pytest.raises(Exception) as raised:
             g.run_sync("k", lambda: "ran", timeout=10)
-        assert isinstance(raised.value, fs.EpochError), repr(raised.value)
+        assert isinstance(raised.value, epochs.EpochError), repr(raised.value)
         closing = Background(g.close)
         assert closing.done.wait(10), "close() did not return"
     finally:
@@ -353,7 +353,7 @@ def test_a_call_that_comes_as_the_election_fails_gets_its_error_at_once(
     g = group(directory, reconnect_timeout=30.0)
     a = arbiter(g)
     past_check, failed_all = threading.Event(), threading.Event()
-    real_ensure, real_fail_all = a._ensure_started, a._fail_all
+    real_ensure, real_fail_all = a._ensure_started, a._election.fail_all
 
     def ensure_started() -> Any:
         loop = real_ensure()  # starts the election
@@ -363,19 +363,19 @@ def test_a_call_that_comes_as_the_election_fails_gets_its_error_at_once(
 
     def next_epoch(path: str) -> int:
         assert past_check.wait(20)
-        raise fs.EpochError("the epoch cannot be told (this test)")
+        raise epochs.EpochError("the epoch cannot be told (this test)")
 
     def fail_all(exc: BaseException) -> None:
         real_fail_all(exc)
         failed_all.set()
 
     monkeypatch.setattr(a, "_ensure_started", ensure_started)
-    monkeypatch.setattr(a, "_fail_all", fail_all)
-    monkeypatch.setattr(fs, "next_epoch", next_epoch)
+    monkeypatch.setattr(a._election, "fail_all", fail_all)
+    monkeypatch.setattr(epochs, "next_epoch", next_epoch)
     try:
         with pytest.raises(Exception) as raised:
             g.run_sync("k", lambda: "ran", timeout=10)
-        assert isinstance(raised.value, fs.EpochError), repr(raised.value)
+        assert isinstance(raised.value, epochs.EpochError), repr(raised.value)
         assert failed_all.is_set()
     finally:
         close(g)
@@ -514,7 +514,7 @@ def test_a_parents_group_used_in_a_forked_child_raises_instead_of_hanging(
     the fork (its copy there had no thread left to end it)."""
     assert forked["closed_at_once"] is True, forked  # the group counts as closed there
     for outcome in (forked["parent_group"], forked["parent_group_held"]):
-        # API.md's text; why, and the parent's pid, in a note
+        # docs/api.md's text; why, and the parent's pid, in a note
         assert outcome[:2] == ["GroupClosedError", "This flight group is closed."], outcome
         assert len(outcome[2]) == 1, outcome
         assert "This directory group was started in process" in outcome[2][0], outcome

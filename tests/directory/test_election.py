@@ -18,7 +18,7 @@ from flightgroup import (
 
 from ..dirproc import Harness
 from ..ingroup import close, group
-from ..support import wait_until
+from ..support import scope_of, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -38,14 +38,14 @@ def test_a_failed_election_is_tried_again_once_the_directory_is_repaired(
     disk) lets the lock go and campaigns again a second later; calls raise the error at once only
     while no coordinator serves, and are served once the epoch is written by hand as the error
     says."""
-    from flightgroup.directory import fs
+    from flightgroup.directory import epochs
 
     os.makedirs(os.path.join(directory, "state"), mode=0o700)
     _write_epochs(directory, "not a number\n")  # both copies damaged, no token
     g = group(directory)
     try:
         for _ in range(2):  # the first call waited for the election; the next one not
-            with pytest.raises(fs.EpochError):
+            with pytest.raises(epochs.EpochError):
                 g.run_sync("k", lambda: "ran", timeout=20)
         _write_epochs(directory, "41\n")  # the repair the error names
         results: list[Any] = []
@@ -53,7 +53,7 @@ def test_a_failed_election_is_tried_again_once_the_directory_is_repaired(
         def served() -> bool:
             try:
                 results.append(g.run_sync("k", lambda: "ran", timeout=20))
-            except fs.EpochError:
+            except epochs.EpochError:
                 return False
             return True
 
@@ -96,7 +96,7 @@ def test_groups_and_threads_of_one_process_take_part_in_one_election(directory: 
     Two groups of this thread and one made in another thread, on one directory:
     one of them coordinates (one term, epoch 1); closing it hands over to exactly one
     other (epoch 2), never to two at once."""
-    from flightgroup.directory import fs
+    from flightgroup.directory import epochs
 
     groups = [FlightGroup(directory=directory, codec=JSON) for _ in range(2)]
     made: list[FlightGroup] = []
@@ -107,19 +107,19 @@ def test_groups_and_threads_of_one_process_take_part_in_one_election(directory: 
     groups += made
 
     def coordinating() -> list[FlightGroup]:
-        return [g for g in groups if g._scope._coordinator is not None]  # type: ignore[union-attr]
+        return [g for g in groups if scope_of(g)._state.coordinator is not None]
 
     try:
         for i, group in enumerate(groups):  # every group connected (its election waits)
             assert group.run_sync(f"k{i}", lambda i=i: i).value == i
-        assert fs.read_epoch(directory) == 1
+        assert epochs.read_epoch(directory) == 1
         (first,) = coordinating()
         first.close()
         groups.remove(first)
         # The next call is served by the next term: one of the others coordinates.
         assert groups[0].run_sync("after", lambda: "ok").value == "ok"
         wait_until(lambda: len(coordinating()) == 1, "one new coordinator")
-        assert fs.read_epoch(directory) == 2
+        assert epochs.read_epoch(directory) == 2
         assert len(coordinating()) == 1
     finally:
         for group in groups:

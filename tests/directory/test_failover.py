@@ -325,7 +325,7 @@ def test_2mib_value_to_a_frozen_joiner_while_the_coordinator_dies(h: Harness) ->
     assert h.coordinator_pid(not_pid=a.pid) in (b.pid, e.pid)  # c is frozen
     c.cont()
 
-    # The leader is alive and landed: c still gets the value (API.md: a joiner is
+    # The leader is alive and landed: c still gets the value (docs/api.md: a joiner is
     # interrupted only when the leader died or lost its lease).
     done = c.expect("done", "j")
     assert_value(done, big, joined=True)

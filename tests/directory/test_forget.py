@@ -52,7 +52,7 @@ def test_a_forget_survives_a_coordinator_killed_right_after_confirming_it(h: Har
     assert not c.seen("joined", "n")
     b.release("l")
     assert_value(b.expect("done", "l"), "old", joined=False)
-    # API.md: after forget(key) "the next call of the key leads a new flight".
+    # docs/api.md: after forget(key) "the next call of the key leads a new flight".
     assert_value(c.expect("done", "n"), "new", joined=False)
     assert [pid for pid, _, _ in h.runs_of("k")] == [b.pid, c.pid]
 
@@ -79,7 +79,7 @@ def test_a_forgotten_flight_that_retried_stays_detached_in_the_next_term(directo
         # Those connections closed: the flight was interrupted in this term. A leader
         # that comes back to the next term reasserts it.
         close(a)
-        wait_until(lambda: arbiter(b)._coordinator is not None, "b coordinates")
+        wait_until(lambda: arbiter(b)._state.coordinator is not None, "b coordinates")
         with RawConn(sock) as leader, RawConn(sock) as caller:
             assert leader.hello() == HELLO_OK and caller.hello() == HELLO_OK
             # Without its earlier token: the retry's token alone names it forgotten.
@@ -103,7 +103,7 @@ def test_forget_from_a_group_that_never_called_reaches_the_coordinator(directory
     b = _group(directory, retention=Retention(success=60.0))
     try:
         assert a.run_sync("k", lambda: "v1").value == "v1"
-        b.forget("k")  # a later call anywhere leads a new flight (API.md)
+        b.forget("k")  # a later call anywhere leads a new flight (docs/api.md)
         again = b.run_sync("k", lambda: "v2")
         assert again.value == "v2" and again.joined is False
     finally:
@@ -205,27 +205,27 @@ def test_a_call_after_a_confirmed_forget_never_joins_the_forgotten_flight_after_
         leader = Background(lambda: b.run_sync("k", old))
         assert running.wait(10)
         c.forget("k")  # returns once the coordinator confirmed it
-        assert "k" not in coordinator_of(a)._flights
+        assert "k" not in coordinator_of(a)._term.flights
 
         close(a)  # the coordinator changes (a SIGKILL does the same; the forget is lost)
         wait_until(lambda: _any_coordinator(b, c) is not None, "b or c coordinates")
         new = _any_coordinator(b, c)
         wait_until(
-            lambda: "k" in new._flights or bool(new._detached.get("k")),
+            lambda: "k" in new._term.flights or bool(new._term.detached.get("k")),
             "b reasserted its flight to the new term",
         )
 
         after = Background(lambda: c.run_sync("k", lambda: "new"))
         wait_until(
             lambda: (
-                bool(new._waiting.get("k"))
-                or ("k" in new._flights and len(new._flights["k"].joiners) == 1)
+                bool(new._term.waiting.get("k"))
+                or ("k" in new._term.flights and len(new._term.flights["k"].joiners) == 1)
             ),
             "c's call reached the new coordinator",
         )
         release.set()
         assert leader.wait().value == "old"
-        # API.md: forget(key): "the next call of the key leads a new flight". c's call came
+        # docs/api.md: forget(key): "the next call of the key leads a new flight". c's call came
         # after the confirmed forget: it must not get the forgotten flight's value.
         result = after.wait()
         assert (result.value, result.joined) == ("new", False)
@@ -236,7 +236,7 @@ def test_a_call_after_a_confirmed_forget_never_joins_the_forgotten_flight_after_
 
 def _any_coordinator(*groups: FlightGroup) -> Any:
     for each in groups:
-        found = arbiter(each)._coordinator
+        found = arbiter(each)._state.coordinator
         if found is not None and not found.closed:
             return found
     return None
@@ -291,7 +291,7 @@ def test_a_forgotten_flights_retry_does_not_detach_the_keys_next_flight(
             d.send_frame({"op": "attempt", "id": 1})
             assert d.expect("lead")[0]["token"] > token > first
         close(a)
-        wait_until(lambda: arbiter(b)._coordinator is not None, "b coordinates")
+        wait_until(lambda: arbiter(b)._state.coordinator is not None, "b coordinates")
         with raw_conns(sock, 2) as (n2, q):
             n2.send_frame({"op": "reassert", "id": 1, "key": "k", "token": token})
             n2.served()

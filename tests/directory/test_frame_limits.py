@@ -22,7 +22,7 @@ from flightgroup import (
 )
 
 from ..ingroup import arbiter, close, coordinating, group
-from ..support import wait_until
+from ..support import scope_of, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -51,7 +51,7 @@ def test_a_joiner_whose_frame_is_too_small_for_the_value_fails_alone(directory: 
     try:
         holding.start()  # the small group leads "h" all along: its lease must stay
         assert small.run_sync("warm", lambda: 0).value == 0
-        connections = arbiter(small)._channel
+        connections = arbiter(small)._state.channel
         assert connections is not None
         leading.start()
         assert running.wait(20)
@@ -63,12 +63,12 @@ def test_a_joiner_whose_frame_is_too_small_for_the_value_fails_alone(directory: 
         assert results["big"].value == BIG  # type: ignore[attr-defined]
         # Nothing else of the small group was touched: the same connection, its lead
         # of "h" lands with its value, and its next calls are served.
-        assert arbiter(small)._channel is connections
+        assert arbiter(small)._state.channel is connections
         assert small.run_sync("after", lambda: "served").value == "served"
         release_held.set()
         holding.join(20)
         assert results["held"].value == "held value"  # type: ignore[attr-defined]
-        assert arbiter(small)._channel is connections
+        assert arbiter(small)._state.channel is connections
     finally:
         release_held.set()
         joined.set()
@@ -84,12 +84,12 @@ def test_a_kept_value_over_the_frame_fails_that_call_and_the_next_ones_work(
     try:
         assert coordinator.run_sync("k", lambda: BIG).value == BIG  # kept for 60 s
         assert small.run_sync("warm", lambda: 0).value == 0
-        connections = arbiter(small)._channel
+        connections = arbiter(small)._state.channel
         for _ in range(3):  # each time only that call fails, and the key stays kept
             with pytest.raises(ValueTooLargeError):
                 small.run_sync("k", lambda: "small ran")
         assert small.run_sync("other", lambda: "served").value == "served"
-        assert arbiter(small)._channel is connections
+        assert arbiter(small)._state.channel is connections
         assert coordinator.run_sync("k", lambda: "again").value == BIG
     finally:
         close(small, coordinator)
@@ -144,7 +144,7 @@ def test_a_smaller_frame_makes_the_default_value_bound_fit(directory: str) -> No
 @pytest.mark.timeout(60)
 def test_a_failure_message_crosses_processes_whole(directory: str) -> None:
     """A failure's message crosses processes whole (FlightFailedError.message)."""
-    # API.md: FlightFailedError's .message is the error's str(), whole (past 8,192 too).
+    # docs/api.md: FlightFailedError's .message is the error's str(), whole (past 8,192 too).
     leader, joiner = (FlightGroup(directory=directory, codec=JSON) for _ in range(2))
     running, joined = threading.Event(), threading.Event()
     errors: list[BaseException] = []
@@ -211,7 +211,7 @@ def test_a_landing_over_the_coordinators_frame_is_not_sent_for_ever(
         # the key lock and join the reasserted flight, as it must.)
         (result,) = results
         assert isinstance(result, Result) and result.value == big and not result.joined
-        leads = leader._scope._leads  # type: ignore[union-attr]
+        leads = scope_of(leader)._state.leads
         wait_until(lambda: not leads, "the leader's landing acknowledged")
         after = joiner.run_sync("k", lambda: "next")
         assert (after.value, after.joined) == ("next", False)
@@ -318,11 +318,11 @@ def test_forget_of_a_key_too_long_for_a_frame_is_refused_and_changes_nothing(
             coordinator.run_sync("k", lambda: "joiner ran", on_join=joined.set)))
         joining.start()
         assert joined.wait(20)
-        channel = small._scope._channel  # type: ignore[union-attr]
+        channel = scope_of(small)._state.channel
         for forget in (small.forget, small.coalesce(key=lambda k: k, name="op")(str).forget):
             with pytest.raises(ValueError, match="max_frame_bytes"):
                 forget("k" * (2 << 20))
-        assert small._scope._channel is channel  # type: ignore[union-attr]
+        assert scope_of(small)._state.channel is channel
         release.set()
         leading.join(20)
         joining.join(20)

@@ -38,7 +38,7 @@ from ..ingroup import (
 )
 from ..ingroup import close as _close
 from ..ingroup import group as _group
-from ..support import wait_until
+from ..support import scope_of, table_of, wait_until
 
 
 def test_fresh_caller_elsewhere_never_gets_the_kept_outcome_of_the_older_flight(
@@ -60,7 +60,7 @@ def test_fresh_caller_elsewhere_never_gets_the_kept_outcome_of_the_older_flight(
 
         def waiting_fresh() -> bool:
             coordinator = live_coordinator(a, b)
-            flight = None if coordinator is None else coordinator._flights.get("k")
+            flight = None if coordinator is None else coordinator._term.flights.get("k")
             return flight is not None and len(flight.fresh) == 1
 
         wait_until(waiting_fresh, "the fresh call waits for the flight's end")
@@ -98,13 +98,15 @@ def test_fresh_callers_of_one_process_share_the_next_flight(directory: str) -> N
         b1 = Background(lambda: b.run_sync("k", second, fresh=True))
         # b1's fresh request reached the coordinator and waits for the running flight.
         wait_until(
-            lambda: (f := coordinator_of(a)._flights.get("k")) is not None and len(f.fresh) == 1,
+            lambda: (
+                (f := coordinator_of(a)._term.flights.get("k")) is not None and len(f.fresh) == 1
+            ),
             "b1's fresh request waits in the coordinator",
         )
         b3 = Background(lambda: b.run_sync("k", second, fresh=True))
         # b3 is in b's table, waiting (it came while "first" still ran: fresh).
         wait_until(
-            lambda: (f := b._table.flights.get("k")) is not None and len(f.fresh or ()) == 1,
+            lambda: (f := table_of(b).flights.get("k")) is not None and len(f.fresh or ()) == 1,
             "b3 waits in b's table",
         )
         assert runs == ["first"]
@@ -112,7 +114,7 @@ def test_fresh_callers_of_one_process_share_the_next_flight(directory: str) -> N
         assert leader.wait().value == "old"
         results = [b1.wait(), b3.wait()]
         assert [r.value for r in results] == ["new", "new"]
-        # API.md: "All fresh callers that arrive during one running flight share the
+        # docs/api.md: "All fresh callers that arrive during one running flight share the
         # next flight" (ADR 0005): b1 and b3 both came while "first" ran.
         assert runs == ["first", "second"]
         assert sorted(r.joined for r in results) == [False, True]
@@ -244,7 +246,7 @@ def test_a_fresh_run_resent_after_a_failover_admits_only_flights_after_it(
     calls = [Background(lambda: g.run_sync("w", lambda: "w"))]
     first = mute.accept()
     frames_until(first, "run", "w")
-    loop = g._scope._background.loop  # type: ignore[union-attr]
+    loop = scope_of(g)._background.loop
     entered, go_on = threading.Event(), threading.Event()
     if written == "to its dead socket":
         # The group's loop is held (as in a frozen process): it cannot see the close.

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from flightgroup.directory import fs
+from flightgroup.directory.epochs import EpochError, next_epoch, read_epoch
 from flightgroup.errors import NetworkDirectoryError
 
 linux_only = pytest.mark.skipif(
@@ -346,33 +347,33 @@ def epochs(directory: Path) -> tuple[str, str]:
 
 
 def test_a_fresh_directory_starts_at_1_and_adds_1(group_dir: Path) -> None:
-    assert fs.read_epoch(str(group_dir)) is None
-    assert fs.next_epoch(str(group_dir)) == 1
+    assert read_epoch(str(group_dir)) is None
+    assert next_epoch(str(group_dir)) == 1
     assert epochs(group_dir) == ("1\n", "1\n")
-    assert fs.next_epoch(str(group_dir)) == 2
-    assert fs.next_epoch(str(group_dir)) == 3
+    assert next_epoch(str(group_dir)) == 2
+    assert next_epoch(str(group_dir)) == 3
     assert epochs(group_dir) == ("3\n", "3\n")
-    assert fs.read_epoch(str(group_dir)) == 3
+    assert read_epoch(str(group_dir)) == 3
     assert leftovers(group_dir) == [] and leftovers(group_dir / fs.STATE) == []
 
 
 def test_a_term_removes_the_temp_files_a_crashed_epoch_write_left(group_dir: Path) -> None:
-    # API.md keeps the top level to the named files: the temp files of both epoch copies
+    # docs/api.md keeps the top level to the named files: the temp files of both epoch copies
     # are made in state/, and a crash between their write and rename leaves them there
     # until the next term (its writer holds flight.lock, so nobody else writes them).
-    assert fs.next_epoch(str(group_dir)) == 1
+    assert next_epoch(str(group_dir)) == 1
     state = group_dir / fs.STATE
     (state / f"{fs.EPOCH_NAME}.0123.tmp").write_text("7\n")
     (state / "epoch.4567.tmp").write_text("")
     (state / "kept-by-hand").write_text("mine")
-    assert fs.next_epoch(str(group_dir)) == 2  # a temp file is never read as a copy
+    assert next_epoch(str(group_dir)) == 2  # a temp file is never read as a copy
     assert leftovers(state) == [] and leftovers(group_dir) == []
     assert (state / "kept-by-hand").read_text() == "mine"
 
 
 def test_empty_key_lock_files_do_not_make_a_directory_old(group_dir: Path) -> None:
     Path(fs.key_lock_path(str(group_dir), "k")).touch()
-    assert fs.next_epoch(str(group_dir)) == 1
+    assert next_epoch(str(group_dir)) == 1
 
 
 @pytest.mark.parametrize("damage", [None, "", "  \n", "abc", "-3", "1.5", "0x10", "+4", "5 5"])
@@ -380,11 +381,11 @@ def test_a_damaged_flight_epoch_recovers_from_state_epoch(
     group_dir: Path, damage: str | None, caplog: pytest.LogCaptureFixture
 ) -> None:
     for _ in range(4):
-        fs.next_epoch(str(group_dir))
+        next_epoch(str(group_dir))
     write_epochs(group_dir, damage, "4\n")
-    assert fs.read_epoch(str(group_dir)) is None
+    assert read_epoch(str(group_dir)) is None
     with caplog.at_level(logging.WARNING, logger="flightgroup"):
-        assert fs.next_epoch(str(group_dir)) == 5
+        assert next_epoch(str(group_dir)) == 5
     assert epochs(group_dir) == ("5\n", "5\n")
     assert any(r.levelno == logging.WARNING for r in caplog.records)
 
@@ -394,24 +395,24 @@ def test_a_damaged_state_epoch_is_rewritten_from_flight_epoch(
 ) -> None:
     write_epochs(group_dir, " 41 \n", "garbage")
     with caplog.at_level(logging.WARNING, logger="flightgroup"):
-        assert fs.next_epoch(str(group_dir)) == 42
+        assert next_epoch(str(group_dir)) == 42
     assert epochs(group_dir) == ("42\n", "42\n")
     assert "garbage" in caplog.text
 
 
 def test_the_state_folder_is_recreated_if_removed(group_dir: Path) -> None:
-    fs.next_epoch(str(group_dir))
+    next_epoch(str(group_dir))
     (group_dir / fs.STATE / "epoch").unlink()
     (group_dir / fs.STATE).rmdir()
-    assert fs.next_epoch(str(group_dir)) == 2
+    assert next_epoch(str(group_dir)) == 2
     assert epochs(group_dir) == ("2\n", "2\n")
 
 
 def test_the_higher_copy_wins(group_dir: Path) -> None:
     write_epochs(group_dir, "3", "9")
-    assert fs.next_epoch(str(group_dir)) == 10
+    assert next_epoch(str(group_dir)) == 10
     write_epochs(group_dir, "20", "9")  # a crash between the two writes leaves this
-    assert fs.next_epoch(str(group_dir)) == 21
+    assert next_epoch(str(group_dir)) == 21
     assert epochs(group_dir) == ("21\n", "21\n")
 
 
@@ -425,7 +426,7 @@ def test_both_copies_corrupt_recover_from_key_lock_tokens(
     Path(fs.key_lock_path(str(group_dir), "d")).touch()  # a lock taken, no token yet
     write_token(group_dir, "e", 2**63)  # not a token: over 63 bits
     with caplog.at_level(logging.WARNING, logger="flightgroup"):
-        assert fs.next_epoch(str(group_dir)) == 8
+        assert next_epoch(str(group_dir)) == 8
     assert epochs(group_dir) == ("8\n", "8\n")
     assert "recovered epoch 7" in caplog.text
 
@@ -433,14 +434,14 @@ def test_both_copies_corrupt_recover_from_key_lock_tokens(
 def test_both_copies_missing_with_tokens_recover_from_them(group_dir: Path) -> None:
     write_epochs(group_dir, None, None)
     write_token(group_dir, "a", (12 << 32) | 1)
-    assert fs.next_epoch(str(group_dir)) == 13
+    assert next_epoch(str(group_dir)) == 13
 
 
 def test_both_copies_corrupt_without_tokens_is_an_error(group_dir: Path) -> None:
     write_epochs(group_dir, "zzz", "")
     write_token(group_dir, "a", "corrupt")
-    with pytest.raises(fs.EpochError) as caught:
-        fs.next_epoch(str(group_dir))
+    with pytest.raises(EpochError) as caught:
+        next_epoch(str(group_dir))
     message = str(caught.value)
     assert fs.EPOCH_NAME in message and os.path.join(fs.STATE, "epoch") in message
     assert "'zzz'" in message and "is empty" in message
@@ -452,41 +453,41 @@ def test_both_copies_corrupt_without_tokens_is_an_error(group_dir: Path) -> None
 
 def test_one_corrupt_copy_and_one_missing_without_tokens_is_an_error(group_dir: Path) -> None:
     write_epochs(group_dir, None, "x" * 10_000)
-    with pytest.raises(fs.EpochError, match="is missing") as caught:
-        fs.next_epoch(str(group_dir))
+    with pytest.raises(EpochError, match="is missing") as caught:
+        next_epoch(str(group_dir))
     assert len(str(caught.value)) < 2000  # a huge file is quoted in part only
 
 
 def test_the_fix_the_error_suggests_works(group_dir: Path) -> None:
     write_epochs(group_dir, "bad", "bad")
-    with pytest.raises(fs.EpochError):
-        fs.next_epoch(str(group_dir))
+    with pytest.raises(EpochError):
+        next_epoch(str(group_dir))
     (group_dir / fs.EPOCH_NAME).write_text("42\n")
-    assert fs.next_epoch(str(group_dir)) == 43
+    assert next_epoch(str(group_dir)) == 43
 
 
 def test_the_last_epoch_cannot_be_followed(group_dir: Path) -> None:
     write_epochs(group_dir, str(2**31 - 2), str(2**31 - 2))
-    assert fs.next_epoch(str(group_dir)) == 2**31 - 1  # the highest epoch is still usable
-    with pytest.raises(fs.EpochError, match="63 bits"):
-        fs.next_epoch(str(group_dir))
-    assert fs.read_epoch(str(group_dir)) == 2**31 - 1
+    assert next_epoch(str(group_dir)) == 2**31 - 1  # the highest epoch is still usable
+    with pytest.raises(EpochError, match="63 bits"):
+        next_epoch(str(group_dir))
+    assert read_epoch(str(group_dir)) == 2**31 - 1
     write_epochs(group_dir, "9" * 30, "1")
-    with pytest.raises(fs.EpochError):
-        fs.next_epoch(str(group_dir))
+    with pytest.raises(EpochError):
+        next_epoch(str(group_dir))
 
 
 def test_the_epoch_never_goes_down_across_damage(group_dir: Path) -> None:
-    seen = [fs.next_epoch(str(group_dir)) for _ in range(3)]
+    seen = [next_epoch(str(group_dir)) for _ in range(3)]
     damages = [("", None), (None, "x"), ("junk", None)]
     for first, second in damages:
-        current = fs.read_epoch(str(group_dir))
+        current = read_epoch(str(group_dir))
         assert current is not None
         if first is not None:
             (group_dir / fs.EPOCH_NAME).write_text(first)
         if second is not None:
             (group_dir / fs.STATE / "epoch").write_text(second)
-        seen.append(fs.next_epoch(str(group_dir)))
+        seen.append(next_epoch(str(group_dir)))
     assert seen == sorted(seen) and len(set(seen)) == len(seen)
     assert seen[-1] == 6
 

@@ -62,7 +62,7 @@ from hypothesis import strategies as st
 from flightgroup.directory import wire
 
 # --------------------------------------------------------------------------------------
-# Constants (from API.md and docs/directory-protocol.md)
+# Constants (from docs/api.md and docs/directory-protocol.md)
 
 HELLO = b'{"protocol":"flightgroup","version":1}\n'
 WELCOME = b'{"ok":true}\n'
@@ -70,7 +70,9 @@ REFUSAL = b'{"protocol":"flightgroup","version":1}\n'  # the answer to a hello o
 
 # One live coordinator serves the module's fuzz tests; the last checks that they left the
 # held flight alone, so they all run on one worker, in order.
-pytestmark = pytest.mark.xdist_group("directory_fuzz")
+# Hundreds of examples each, every one a round trip to the coordinator: tens of seconds
+# on a loaded 2-core machine, so the bound against a hang is wider than the default 60 s.
+pytestmark = [pytest.mark.xdist_group("directory_fuzz"), pytest.mark.timeout(240)]
 
 MAX_FRAME = 64 * 1024 * 1024 + 64 * 1024  # max_frame_bytes' default
 LINE_LIMIT = 1024

@@ -127,12 +127,12 @@ def test_a_lead_whose_lock_wait_thread_cannot_start_is_given_back(
         b.run_sync("warm-b", lambda: 0)
         c.run_sync("warm-c", lambda: 0)
         barb = arbiter(b)
-        coordinator = arbiter(a)._coordinator
+        coordinator = arbiter(a)._state.coordinator
 
         # The previous flight of k landed and its leader holds the key lock until its ack:
         # the coordinator lets the next call lead at once (the leader waits for the lock).
         holder = hold_key_lock(directory, "k")
-        coordinator._releasing["k"] = 1
+        coordinator._term.releasing["k"] = 1
 
         # No thread can be started for the key-lock wait (EAGAIN from clone).
         real_thread = threading.Thread
@@ -158,7 +158,7 @@ def test_a_lead_whose_lock_wait_thread_cannot_start_is_given_back(
                 if key == "k" and threading.current_thread().name == "b-caller":
                     in_open.set()
                     wait_until(lambda: any(
-                        call.pending is not None for call in list(barb._calls.values())
+                        call.pending is not None for call in list(barb._state.calls.values())
                     ), "the lead was told while b opens the key file")
                 return real_path(d, key)
 
@@ -172,7 +172,7 @@ def test_a_lead_whose_lock_wait_thread_cannot_start_is_given_back(
         b_call = Background(lambda: b.run_sync("k", lambda: "b"), name="b-caller")
         assert b_call.done.wait(10), "b's call never ended (its driver was never told)"
         fcntl.flock(holder, fcntl.LOCK_UN)  # the lock is free again
-        coordinator._releasing.pop("k", None)
+        coordinator._term.releasing.pop("k", None)
 
         # A later call of the key elsewhere must not wait for a flight nobody runs.
         result = c.run_sync("k", lambda: "c", timeout=5)

@@ -20,7 +20,7 @@ from ..ingroup import Background, remote_leader
 from ..ingroup import close as _close
 from ..ingroup import coordinating as _coordinating
 from ..ingroup import group as _group
-from ..support import wait_until
+from ..support import scope_of, table_of, wait_until
 
 
 def test_sync_leading_caller_with_timeout_calls_on_join_when_joined_and_landed_race(
@@ -35,9 +35,9 @@ def test_sync_leading_caller_with_timeout_calls_on_join_when_joined_and_landed_r
     real_submit = DirectoryArbiter.submit
 
     def submit(self: DirectoryArbiter, key: str, **options: Any) -> Any:
-        if self is b._scope:  # the caller waits as the leader before the answer comes
+        if self is scope_of(b):  # the caller waits as the leader before the answer comes
             wait_until(
-                lambda: b._table.flights["k"].leader_waiter is not None, "the caller waits"
+                lambda: table_of(b).flights["k"].leader_waiter is not None, "the caller waits"
             )
         return real_submit(self, key, **options)
 
@@ -59,7 +59,7 @@ def test_sync_leading_caller_with_timeout_calls_on_join_when_joined_and_landed_r
         call = Background(
             lambda: b.run_sync("k", lambda: "never", on_join=lambda: joins.append(1), timeout=15)
         )
-        wait_until(lambda: "k" not in b._table.flights, "b's flight settled from the landing")
+        wait_until(lambda: "k" not in table_of(b).flights, "b's flight settled from the landing")
         settled.set()
         result = call.wait()
         assert result.value == "value" and result.joined is True
@@ -84,7 +84,7 @@ def test_async_leading_caller_calls_on_join_when_the_landing_is_already_in(
 
     def submit(self: DirectoryArbiter, key: str, **options: Any) -> Any:
         call = real_submit(self, key, **options)
-        if self is b._scope:
+        if self is scope_of(b):
             # The caller's thread is slow to go on (its key file's create, say): the
             # joined answer and then the landing are in its inbox before its first await.
             wait_until(lambda: len(call.inbox.pending()) >= 1, "joined")

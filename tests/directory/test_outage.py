@@ -34,7 +34,7 @@ from ..dirproc import (
     wait_for,
 )
 from ..ingroup import Background
-from ..support import wait_until
+from ..support import scope_of, wait_until
 
 
 @pytest.mark.timeout(60)
@@ -52,30 +52,32 @@ def test_a_call_made_while_the_leases_are_lost_is_refused_at_once(
 
     from flightgroup import LeaseLostError, UnavailableError, current_lease
     from flightgroup.directory.client import DirectoryArbiter
+    from flightgroup.directory.election import Election
+    from flightgroup.directory.leases import Leases
     from flightgroup.scope.events import Lead
 
     allow = threading.Event()  # this process campaigns only once allowed
-    campaign, lose = DirectoryArbiter._campaign, DirectoryArbiter._lose
+    campaign, lose = Election.campaign, Leases.lose
     made: list[Any] = []
 
-    def held(self: DirectoryArbiter) -> None:
+    def held(self: Election) -> None:
         allow.wait()
         campaign(self)
 
-    def lose_then_call(self: DirectoryArbiter, lead: Any, reason: str, **how: Any) -> None:
+    def lose_then_call(self: Leases, lead: Any, reason: str, **how: Any) -> None:
         lose(self, lead, reason, **how)
         if not made:
             try:
-                made.append(self.submit("after", fresh=False))
+                made.append(arbiter.submit("after", fresh=False))
             except UnavailableError as exc:
                 made.append(exc)
 
-    monkeypatch.setattr(DirectoryArbiter, "_campaign", held)
-    monkeypatch.setattr(DirectoryArbiter, "_lose", lose_then_call)
+    monkeypatch.setattr(Election, "campaign", held)
+    monkeypatch.setattr(Leases, "lose", lose_then_call)
     coordinator = subprocess.Popen([sys.executable, "-c", COORDINATOR_PROGRAM, directory],
                                    stdout=subprocess.PIPE)
     group = FlightGroup(directory=directory, codec=JSON, reconnect_timeout=0.5)
-    arbiter = group._scope
+    arbiter = scope_of(group)
     assert isinstance(arbiter, DirectoryArbiter)
     running = threading.Event()
     errors: list[BaseException] = []
@@ -107,7 +109,7 @@ def test_a_call_made_while_the_leases_are_lost_is_refused_at_once(
         wait_until(lambda: bool(made), "the call made as the lease was lost")
         (refused,) = made
         assert isinstance(refused, UnavailableError), refused
-        assert "has answered for" in str(refused) and not arbiter._calls
+        assert "has answered for" in str(refused) and not arbiter._state.calls
         os.close(fd)
         fd = -1
         allow.set()  # this process coordinates: calls are served
@@ -152,7 +154,7 @@ def test_a_stall_of_this_process_is_not_an_outage(h: Harness, stall: str) -> Non
         ready, _, _ = select.select([frozen], [], [], 10)
         assert ready
         waiting, _ = frozen.accept()
-        arbiter = g._scope
+        arbiter = scope_of(g)
         wait_for(lambda: arbiter._background.loop is not None, "the group's loop")  # type: ignore[union-attr]
         loop = arbiter._background.loop  # type: ignore[union-attr]
         entered, go_on = threading.Event(), threading.Event()
@@ -189,7 +191,8 @@ def test_a_frozen_coordinator_fails_calls_after_about_reconnect_timeout(
     with UnavailableError once reconnect_timeout is spent. Each handshake waits only for what is
     left of it, so the attempts' waits add up to about reconnect_timeout."""
     from flightgroup import UnavailableError
-    from flightgroup.directory import client, connection
+    from flightgroup.directory import connection
+    from flightgroup.directory.connection import Connection
 
     os.makedirs(h.dir, mode=0o700)
     h.take_election()
@@ -197,13 +200,13 @@ def test_a_frozen_coordinator_fails_calls_after_about_reconnect_timeout(
     frozen.bind(h.path("flight.sock"))
     frozen.listen(16)  # connections queue; nobody accepts or answers them
     waits: list[float] = []
-    connect = client.DirectoryArbiter._connect
+    connect = Connection.connect
 
-    async def spied(self: client.DirectoryArbiter, wait: float = wire.HANDSHAKE_TIMEOUT) -> Any:
+    async def spied(self: Connection, wait: float = wire.HANDSHAKE_TIMEOUT) -> Any:
         waits.append(wait)
         return await connect(self, wait)
 
-    monkeypatch.setattr(client.DirectoryArbiter, "_connect", spied)
+    monkeypatch.setattr(Connection, "connect", spied)
     g = FlightGroup(directory=h.dir, codec=JSON, reconnect_timeout=1.0)
     try:
         with pytest.raises(UnavailableError, match=r"reconnect_timeout=1\)") as info:

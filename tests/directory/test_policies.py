@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import flightgroup.directory.epochs as epochs
 import flightgroup.directory.fs as fs_module
 from flightgroup import (
     JSON,
@@ -32,7 +33,7 @@ from flightgroup import (
 )
 
 from ..ingroup import arbiter
-from ..support import run, wait_until
+from ..support import run, scope_of, wait_until
 
 
 def _groups(directory: str, n: int = 2, **kwargs: object) -> list[FlightGroup]:
@@ -131,11 +132,11 @@ def _fresh_waiting(group: FlightGroup, key: str) -> int:
     """How many fresh runs the coordinator holds for ``key``'s flight (test-only peek at
     the coordinator, which runs in this process)."""
     for candidate in (group,):
-        arbiter = candidate._scope
+        arbiter = scope_of(candidate)
         assert arbiter is not None
-        coordinator = arbiter._coordinator
+        coordinator = arbiter._state.coordinator
         if coordinator is not None:
-            flight = coordinator._flights.get(key)
+            flight = coordinator._term.flights.get(key)
             return 0 if flight is None else len(flight.fresh)
     return -1
 
@@ -276,7 +277,7 @@ def test_a_closed_group_rejects_calls_and_the_directory_goes_on(directory: str) 
         a.run_sync("k", lambda: 1)
     try:
         assert b.run_sync("k", lambda: 2).value == 2  # b took over the election
-        epoch = fs_module.read_epoch(directory)
+        epoch = epochs.read_epoch(directory)
         assert epoch is not None and epoch >= 2
     finally:
         b.close()
@@ -302,17 +303,17 @@ def test_status_lists_the_flights_in_progress(directory: str) -> None:
         )
         joiner.start()
         assert joined.wait(10)
-        assert b._scope is not None
-        flights = [f for f in b._scope.status() if f["key"] == "k"]
+        assert scope_of(b) is not None
+        flights = [f for f in scope_of(b).status() if f["key"] == "k"]
         assert len(flights) == 1
         flight = flights[0]
         assert set(flight) == {"key", "token", "leader_pid", "joiners", "age_s"}
         assert flight["leader_pid"] == os.getpid() and flight["joiners"] == 1
-        assert flight["token"] >> 32 == fs_module.read_epoch(directory)
+        assert flight["token"] >> 32 == epochs.read_epoch(directory)
         release.set()
         leader.join(10)
         joiner.join(10)
-        arbiter = b._scope
+        arbiter = scope_of(b)
         # (a's landing and b's request travel on two connections: no order between them)
         wait_until(lambda: not [f for f in arbiter.status() if f["key"] == "k"], "no flight")
     finally:
@@ -357,7 +358,7 @@ def test_a_kept_failure_landed_while_the_coordinator_was_stopped_keeps_its_cause
             release.set()
             # Landed (sent), not yet read by the coordinator: the leader waits for it.
             wait_until(
-                lambda: any(lead.landing for lead in arbiter(g)._leads.values()),
+                lambda: any(lead.landing for lead in arbiter(g)._state.leads.values()),
                 "the landing was sent",
             )
             time.sleep(1.2)  # the keep time passes before the coordinator reads it

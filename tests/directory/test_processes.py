@@ -562,7 +562,7 @@ def test_closing_the_leaders_group_interrupts_joiners_and_keeps_the_key_lock(
         # An async leader waits for its work (a task the group owns): closing ends
         # the wait. (A sync leader runs the work in its own thread: see below.)
         assert_error(leader.expect("done", "l"), "GroupClosedError")
-    # API.md: the flights this process leads are interrupted for their joiners
+    # docs/api.md: the flights this process leads are interrupted for their joiners
     # elsewhere at close, while the work runs on.
     assert_error(j.expect("done", "j1", timeout=10), "FlightInterruptedError")
 

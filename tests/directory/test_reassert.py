@@ -261,7 +261,7 @@ def test_a_frozen_joiner_gets_the_value_when_a_newer_lead_reasserts_first(h: Har
 
     # The leader is alive and landed: its frozen joiner still gets the value
     # (docs/directory-scope.md: "a coordinator that dies meanwhile is replaced and the
-    # value still reaches it"; API.md: a joiner is interrupted only when the leader died
+    # value still reaches it"; docs/api.md: a joiner is interrupted only when the leader died
     # or lost its lease).
     done = c.expect("done", "j")
     assert_value(done, big, joined=True)
@@ -296,11 +296,11 @@ def test_a_rejected_reassert_of_a_pending_lead_is_not_dropped(directory, monkeyp
 
         monkeypatch.setattr(fs, "key_lock_path", slow_path)
         # ... and the coordinator answers b's run only once b's caller is in that open
-        run_of_k_after(in_open, arbiter(a)._coordinator, monkeypatch)
+        run_of_k_after(in_open, arbiter(a)._state.coordinator, monkeypatch)
 
         # b's next reconnect waits until the test lets it go
         connect_go = threading.Event()
-        real_connect = barb._connect
+        real_connect = barb._connection.connect
 
         async def gated_connect(*args):
             await asyncio.to_thread(connect_go.wait, 30)
@@ -308,13 +308,13 @@ def test_a_rejected_reassert_of_a_pending_lead_is_not_dropped(directory, monkeyp
 
         # b hears every answer; the test sees the rejection
         answers: list[object] = []
-        real_answer = barb._answer
+        real_answer = barb._answers.answer
 
         def answer(ans):
             answers.append(ans)
             real_answer(ans)
 
-        barb._answer = answer
+        barb._answers.answer = answer  # type: ignore[method-assign]
 
         b_lease = {}
 
@@ -327,10 +327,10 @@ def test_a_rejected_reassert_of_a_pending_lead_is_not_dropped(directory, monkeyp
         b_call = Background(lambda: b.run_sync("k", b_work), name="b-caller")
         assert in_open.wait(10)
         # the lead reached b's loop while its caller opens the file: parked as pending
-        wait_until(lambda: any(call.pending is not None for call in barb._calls.values()),
+        wait_until(lambda: any(call.pending is not None for call in barb._state.calls.values()),
                    "b was told to lead while it opens the key file")
 
-        barb._connect = gated_connect
+        barb._connection.connect = gated_connect  # type: ignore[method-assign]
         with_a_closed = Background(a.close)
         with_a_closed.wait(20)  # the coordinator is gone (b, c reconnect to a new one)
 
@@ -379,7 +379,7 @@ def test_a_reassert_of_a_flight_a_newer_one_of_its_key_overtook_is_refused(
     new calls never join a flight whose token is older than one that already ran."""
     a = coordinating(directory)
     sock = os.path.join(directory, "flight.sock")
-    epoch = arbiter(a)._coordinator.epoch  # type: ignore[union-attr]
+    epoch = arbiter(a)._state.coordinator.epoch  # type: ignore[union-attr]
     older, ran = (epoch - 1) << 32 | 7, epoch << 32 | 1
     try:
         with raw_conns(sock, 2) as (stale, other):

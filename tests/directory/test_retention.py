@@ -1,5 +1,5 @@
 """Retention in the directory scope: the leader's bounds (max_items, max_bytes) travel in
-its landing and the coordinator applies them to the group's kept outcomes (API.md: "LRU
+its landing and the coordinator applies them to the group's kept outcomes (docs/api.md: "LRU
 by items, then by encoded bytes; a hit counts as a use"); kept outcomes outlive the
 coordinator that kept it, in their files (ADR 0039).
 """
@@ -58,7 +58,7 @@ def test_max_bytes_evicts_the_least_recently_used_until_the_rest_fits(directory:
         assert b.run_sync("k2", lambda: "").joined is True
         assert b.run_sync("k3", lambda: "").joined is True
         assert b.run_sync("k1", lambda: "new").joined is False
-        assert arbiter(a)._coordinator._outcomes.kept.bytes <= 30  # type: ignore[union-attr]
+        assert arbiter(a)._state.coordinator._term.outcomes.kept.bytes <= 30  # type: ignore[union-attr]
     finally:
         close(a, b)
 
@@ -156,7 +156,7 @@ def test_a_kept_failure_has_its_cause_in_the_group_that_led_it(directory: str) -
             g.run_sync("k", lambda: runs.append(1))
         assert runs == []  # served from the kept outcome
         assert kept.value.error_type == "KeyError"
-        # API.md (Policies): "a kept failure raises FlightFailedError (with `__cause__` in
+        # docs/api.md (Policies): "a kept failure raises FlightFailedError (with `__cause__` in
         # the leader's process), as a joiner's would" -- as the process scope does.
         assert kept.value.__cause__ is boom
     finally:
@@ -170,7 +170,7 @@ def test_retention_max_items_bounds_the_directorys_kept_outcomes(directory: str)
         assert a.run_sync("k1", lambda: "one").joined is False
         assert a.run_sync("k2", lambda: "two").joined is False
         assert b.run_sync("k2", lambda: "again").value == "two"  # kept: the bound works
-        # API.md: a kept outcome is served "until its time runs out or it is evicted (LRU
+        # docs/api.md: a kept outcome is served "until its time runs out or it is evicted (LRU
         # by items, then by encoded bytes)"; max_items=1 keeps only k2's.
         again = b.run_sync("k1", lambda: "new")
         assert (again.value, again.joined) == ("new", False)

@@ -369,7 +369,7 @@ def test_joiner_of_a_retried_flight_survives_a_failover(directory: str) -> None:
             coordinator = live_coordinator(a, b)
             if coordinator is None:
                 return False
-            flight = coordinator._flights.get("k")
+            flight = coordinator._term.flights.get("k")
             return flight is not None and len(flight.joiners) == 1
 
         wait_until(rejoined, "b rejoined (or ended)")
@@ -406,7 +406,7 @@ def test_joiner_of_a_flight_without_retry_survives_a_failover(directory: str) ->
             coordinator = live_coordinator(a, b)
             if coordinator is None:
                 return False
-            flight = coordinator._flights.get("k")
+            flight = coordinator._term.flights.get("k")
             return flight is not None and len(flight.joiners) == 1
 
         wait_until(rejoined, "b rejoined")

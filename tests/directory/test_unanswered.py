@@ -22,7 +22,7 @@ def test_a_forget_no_coordinator_confirms_raises_unavailable(h: Harness) -> None
     try:
         assert g.run_sync("warm", lambda: 1).value == 1  # connected to a
         a.stop()
-        # API.md: forget(key): "the next call of the key leads a new flight". Unconfirmed,
+        # docs/api.md: forget(key): "the next call of the key leads a new flight". Unconfirmed,
         # other processes may still join the old one: the caller must hear it.
         with pytest.raises(UnavailableError, match="forget"):
             arbiter(g).forget("k", timeout=0.5)

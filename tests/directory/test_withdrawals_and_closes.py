@@ -28,6 +28,7 @@ from flightgroup import (
     current_lease,
 )
 from flightgroup.directory import fs
+from flightgroup.directory.answers import Answers
 from flightgroup.directory.client import DirectoryArbiter
 from flightgroup.directory.keylocks import OPENING
 
@@ -77,7 +78,7 @@ def _settled(group: FlightGroup) -> None:
     gone. Each key file is closed just after, on the group's thread (a check of the
     files waits for that)."""
     arbiter = _arbiter(group)
-    wait_until(lambda: not arbiter._calls and not arbiter._leads, "every landing acked")
+    wait_until(lambda: not arbiter._state.calls and not arbiter._state.leads, "every landing acked")
 
 
 def _fd_table() -> set[tuple[str, str]]:
@@ -97,15 +98,15 @@ def _answer_lead_while_opening(monkeypatch: pytest.MonkeyPatch, arbiter: Directo
     """Hold the coordinator's `lead` answer to a new call of ``arbiter`` (on its loop)
     until the caller is creating the key's file (Call.fd is OPENING): the lead is then
     told while the file opens, and the caller takes it in its own thread."""
-    real = DirectoryArbiter._on_lead
+    real = Answers.on_lead
 
-    def on_lead(self: DirectoryArbiter, id: int, token: int) -> None:
-        call = self._calls.get(id)
-        if self is arbiter and call is not None and call.lead is None:
+    def on_lead(self: Answers, id: int, token: int) -> None:
+        call = self.state.calls.get(id)
+        if self is arbiter._answers and call is not None and call.lead is None:
             wait_until(lambda: call.fd == OPENING, "the caller opens the key's file")
         real(self, id, token)
 
-    monkeypatch.setattr(DirectoryArbiter, "_on_lead", on_lead)
+    monkeypatch.setattr(Answers, "on_lead", on_lead)
 
 
 def _cont(child: Child) -> None:
@@ -129,7 +130,7 @@ def test_close_while_the_caller_takes_a_lead_told_as_it_opened_the_key_file(
     real_open, real_flock = os.open, fcntl.flock
 
     def told_to_lead() -> bool:
-        return any(call.pending is not None for call in list(arbiter._calls.values()))
+        return any(call.pending is not None for call in list(arbiter._state.calls.values()))
 
     def open_(path: Any, flags: int, mode: int = 0o777, *, dir_fd: Any = None) -> int:
         if _in_thread("adv-caller") and "execution-locks" in str(path):
@@ -160,7 +161,7 @@ def test_close_while_the_caller_takes_a_lead_told_as_it_opened_the_key_file(
     finally:
         go.set()
         monkeypatch.undo()
-        for lead in list(arbiter._leads.values()):
+        for lead in list(arbiter._state.leads.values()):
             lead.release()  # the leaked descriptor
         _close(b, c)
 
@@ -211,7 +212,7 @@ def test_a_lead_withdrawn_as_it_gets_its_key_lock_writes_no_other_file(
 
     def pwrite(fd: int, data: bytes, offset: int) -> int:
         if _in_thread("flightgroup-keylock") and not at_pwrite.is_set():
-            (lead,) = arbiter._leads.values()
+            (lead,) = arbiter._state.leads.values()
             written.append((fd, lead.token))
             # Its lock is held here (the `with` took it): a withdrawal must wait for it.
             lead.lock = _Contended(lead.lock, withdrawing)  # type: ignore[assignment]
@@ -245,7 +246,7 @@ def test_a_lead_withdrawn_as_it_gets_its_key_lock_writes_no_other_file(
         go.set()
         wait_until(lambda: not _fd_is_key_file(fd), "the withdrawal closed the lead's descriptor")
         wait_until(lambda: _lock_waiters(directory) == 0, "the key-lock thread ended")
-        assert not arbiter._leads
+        assert not arbiter._state.leads
         with open(fs.key_lock_path(directory, "k"), "rb") as f:
             assert f.read() == b"%-20d\n" % token  # the token went to the key's own file
         assert runs == ["a", "a2"]
@@ -288,10 +289,10 @@ def test_close_while_a_retry_asks_its_token(h: Harness) -> None:
         coord.stop()  # the coordinator hears the retry's `attempt` only later
         fail.set()
         wait_until(
-            lambda: any(lead.retrying for lead in list(arbiter._leads.values())),
+            lambda: any(lead.retrying for lead in list(arbiter._state.leads.values())),
             "the retry asked a new token",
         )
-        (lead,) = arbiter._leads.values()
+        (lead,) = arbiter._state.leads.values()
         closing = Background(b.close)
         wait_until(lambda: lead.cut, "close() told the coordinator the flight is cut")
         coord.cont()
@@ -317,8 +318,8 @@ def test_close_while_the_caller_opens_its_key_file_before_any_answer(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     coord, x, b, arbiter = _coordinated_beside_x(h)
-    assert arbiter._channel is not None
-    fd = arbiter._channel.sock.fileno()
+    assert arbiter._state.channel is not None
+    fd = arbiter._state.channel.sock.fileno()
     connection = (str(fd), os.readlink(f"/proc/self/fd/{fd}"))  # b's, to the coordinator
     at_open, go = threading.Event(), threading.Event()
     real_open = os.open
@@ -344,7 +345,7 @@ def test_close_while_the_caller_opens_its_key_file_before_any_answer(
         # The file the caller opened is closed by the caller itself (close() found the
         # call OPENING), and nothing else of b is left.
         wait_until(lambda: _key_files_open(h.dir) == 0, "the caller closed the key file")
-        assert not arbiter._calls and not arbiter._leads
+        assert not arbiter._state.calls and not arbiter._state.leads
         assert connection not in _fd_table()  # b's connection is gone too
         coord.cont()  # it reads b's run, leads it, finds b gone: the flight is interrupted
         x.call("n", "k", h.work(**{"return": "x"}))
@@ -380,7 +381,7 @@ def test_a_call_withdrawn_before_its_run_is_answered(h: Harness, then: str) -> N
                 # The loop ends: the driver task is cancelled, the call withdrawn.
 
             asyncio.run(main())
-            wait_until(lambda: not arbiter._calls, "the call was withdrawn")
+            wait_until(lambda: not arbiter._state.calls, "the call was withdrawn")
             wait_until(lambda: _key_files_open(h.dir) == 0, "its key file closed")
         if then == "coordinator-continues":
             # It reads each run, leads it, then reads its cancel: nobody leads k after.
@@ -389,14 +390,14 @@ def test_a_call_withdrawn_before_its_run_is_answered(h: Harness, then: str) -> N
             # The requests die with it; b must not send them again to the next one.
             coord.kill()
             h.coordinator_pid(not_pid=coord.pid)
-            wait_until(lambda: arbiter._channel is not None, "b reconnected")
+            wait_until(lambda: arbiter._state.channel is not None, "b reconnected")
         # Answered after every frame b sent before it: no flight of k is left.
         assert arbiter.status(timeout=10) == []
         x.call("n", "k", h.work(**{"return": "x"}))
         assert_value(x.expect("done", "n"), "x", joined=False)
         assert runs == []
         assert [entry[0] for entry in h.runs_of("k")] == [x.pid]
-        assert not arbiter._calls and not arbiter._leads
+        assert not arbiter._state.calls and not arbiter._state.leads
         assert _key_files_open(h.dir) == 0
         x.roundtrip("after")  # answered after the ack of x's landing: x freed k
         assert _key_lock_free(h.dir, "k")
@@ -420,7 +421,7 @@ def test_a_lead_told_as_the_file_opened_survives_the_coordinators_death(
     runs: list[int] = []
 
     def told() -> list[int]:
-        return [c.pending for c in list(arbiter._calls.values()) if c.pending is not None]
+        return [c.pending for c in list(arbiter._state.calls.values()) if c.pending is not None]
 
     def open_(path: Any, flags: int, mode: int = 0o777, *, dir_fd: Any = None) -> int:
         if _in_thread("adv-caller") and "execution-locks" in str(path):
@@ -444,7 +445,8 @@ def test_a_lead_told_as_the_file_opened_survives_the_coordinators_death(
         # b reconnects and reasserts the lead it was told of (it is not a lead yet)
         wait_until(
             lambda: (
-                arbiter._channel is not None and all(c.sent for c in list(arbiter._calls.values()))
+                arbiter._state.channel is not None
+                and all(c.sent for c in list(arbiter._state.calls.values()))
             ),
             "b reasserted its lead",
         )
@@ -487,7 +489,9 @@ def _withdraw_after(group: FlightGroup, key: str, reached: Callable[[], bool]) -
         assert not task.done()
 
     asyncio.run(main())
-    wait_until(lambda: not arbiter._calls and not arbiter._leads, "the call was withdrawn")
+    wait_until(
+        lambda: not arbiter._state.calls and not arbiter._state.leads, "the call was withdrawn"
+    )
 
 
 @pytest.mark.timeout(60)
@@ -516,10 +520,14 @@ def test_many_calls_withdrawn_at_each_point_leak_nothing(h: Harness) -> None:
             _withdraw_after(
                 b,
                 "k",
-                lambda: any(c.fd is not None and c.fd >= 0 for c in list(arbiter._calls.values())),
+                lambda: any(
+                    c.fd is not None and c.fd >= 0 for c in list(arbiter._state.calls.values())
+                ),
             )
             # b joined x's flight of j.
-            _withdraw_after(b, "j", lambda: any(c.joined for c in list(arbiter._calls.values())))
+            _withdraw_after(
+                b, "j", lambda: any(c.joined for c in list(arbiter._state.calls.values()))
+            )
         assert [entry[0] for entry in h.runs_of("k")] == [a.pid, a.pid]
         assert _lock_waiters(h.dir) == 1  # the first withdrawn lead still waits on a copy
         a.release("l")  # a's work ends and frees the key lock

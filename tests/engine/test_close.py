@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-import flightgroup.group as group_module
+import flightgroup.waiting as waiting_module
 from flightgroup import FlightGroup, GroupClosedError, Lease, current_lease
 from flightgroup.engine.flight import CLOSED, wake
 from flightgroup.engine.table import FlightTable
@@ -44,7 +44,7 @@ def test_timed_out_joiner_detached_by_close_never_gets_the_late_outcome(
     async def never_led() -> str:
         raise AssertionError("the joiner must not lead")
 
-    real_expire = group_module._expire
+    real_expire = waiting_module._expire
 
     def expire_then_close_and_land(fut: asyncio.Future[Any]) -> None:
         real_expire(fut)  # t1
@@ -52,7 +52,7 @@ def test_timed_out_joiner_detached_by_close_never_gets_the_late_outcome(
         release.set()
         wait_until(lambda: g.stats().in_flight == 0, "the work landed")  # t3
 
-    monkeypatch.setattr(group_module, "_expire", expire_then_close_and_land)
+    monkeypatch.setattr(waiting_module, "_expire", expire_then_close_and_land)
 
     async def main() -> None:
         with ThreadPoolExecutor(1) as pool:

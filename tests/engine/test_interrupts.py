@@ -436,25 +436,26 @@ def test_a_call_refused_before_the_scope_is_asked_counts_as_no_flight(
 
 
 def test_forgets_unavailable_error_carries_the_key() -> None:
-    """API.md: every error that concerns a key has `.key`; forget()'s too, a decorated
+    """docs/api.md: every error that concerns a key has `.key`; forget()'s too, a decorated
     function's with the key its function gave."""
     from flightgroup import JSON, UnavailableError
 
-    from ..redisproc import free_port
+    from ..redisproc import refused_port
 
-    g = FlightGroup(redis=f"redis://127.0.0.1:{free_port()}/0", namespace="n", codec=JSON)
+    with refused_port() as port:
+        g = FlightGroup(redis=f"redis://127.0.0.1:{port}/0", namespace="n", codec=JSON)
 
-    @g.coalesce(key=lambda n: f"user:{n}")
-    def user(n: int) -> int:
-        return n
+        @g.coalesce(key=lambda n: f"user:{n}")
+        def user(n: int) -> int:
+            return n
 
-    with pytest.raises(UnavailableError) as caught:
-        g.forget("k1")
-    assert caught.value.key == "k1"
-    with pytest.raises(UnavailableError) as caught:
-        user.forget(7)
-    assert caught.value.key == "user:7"
-    g.close()
+        with pytest.raises(UnavailableError) as caught:
+            g.forget("k1")
+        assert caught.value.key == "k1"
+        with pytest.raises(UnavailableError) as caught:
+            user.forget(7)
+        assert caught.value.key == "user:7"
+        g.close()
 
 
 @pytest.mark.parametrize("when", ["waiting", "read, not taken", "taken"])

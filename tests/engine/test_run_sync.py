@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-import flightgroup.group as group_module
+import flightgroup.waiting as waiting_module
 from flightgroup import (
     FlightFailedError,
     FlightGroup,
@@ -475,7 +475,7 @@ def test_joiner_threads_share_one_result_object(monkeypatch: pytest.MonkeyPatch)
     g = FlightGroup()
     started, release = threading.Event(), threading.Event()
     first_making, second_made = threading.Event(), threading.Event()
-    real_result = group_module.Result
+    real_result = waiting_module.Result
     made: list[int] = []
 
     def paused_result(value: Any, joined: bool, token: int) -> Any:
@@ -489,7 +489,7 @@ def test_joiner_threads_share_one_result_object(monkeypatch: pytest.MonkeyPatch)
                 second_made.set()
         return result
 
-    monkeypatch.setattr(group_module, "Result", paused_result)
+    monkeypatch.setattr(waiting_module, "Result", paused_result)
 
     def work() -> str:
         started.set()

@@ -603,7 +603,7 @@ def test_mixed_schedules(schedule: list[Step], n_keys: int, eager: bool) -> None
 @pytest.mark.parametrize("eager", [True, False] if HAS_EAGER else [False])
 def test_a_fresh_joiner_of_an_ended_flight_still_gets_on_join(eager: bool) -> None:
     """A fresh caller whose claim finds the next flight already ended (Role.TAKE) joins
-    it, and its on_join is called: API.md calls on_join once for each joiner."""
+    it, and its on_join is called: docs/api.md calls on_join once for each joiner."""
     async def main() -> None:
         g = flightgroup.FlightGroup()
         release = asyncio.Event()

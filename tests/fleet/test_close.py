@@ -265,7 +265,7 @@ def test_a_second_close_returns_only_once_the_first_handed_the_landing_over(
 ) -> None:
     """A second close() returns only once the first handed the landing over.
 
-    API.md: "close() returns once the landings already made have been handed over": a second
+    docs/api.md: "close() returns once the landings already made have been handed over": a second
     close() (another thread, or ``with`` after an explicit close) waits while the first still
     hands a landing over."""
     a = fleet_group(redis_server.url, namespace, lease=5.0)
@@ -316,7 +316,7 @@ def test_a_second_close_returns_only_once_the_first_handed_the_landing_over(
         first.join(20)
         assert outcome(handed) is True
         leader.join(20)
-        # API.md: a leader still waiting in a group that closes raises GroupClosedError
+        # docs/api.md: a leader still waiting in a group that closes raises GroupClosedError
         # (its landing was handed over all the same).
         assert isinstance(outcome(led), GroupClosedError), led
     finally:

@@ -18,7 +18,7 @@ import pytest
 
 from ..infleet import fleet_group, never
 from ..ingroup import Background, close
-from ..support import wait_until
+from ..support import table_of, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -47,10 +47,10 @@ def test_a_forget_elsewhere_detaches_the_leaders_and_the_joiners_local_flights(
         joined = threading.Event()
         following = Background(lambda: joiner.run_sync("k", never, on_join=joined.set))
         assert joined.wait(10)
-        assert "k" in joiner._table.flights and "k" in leader._table.flights
+        assert "k" in table_of(joiner).flights and "k" in table_of(leader).flights
         forgetter.forget("k")
-        wait_until(lambda: "k" not in joiner._table.flights, "the joiner's group read the notice")
-        wait_until(lambda: "k" not in leader._table.flights, "a renewal told the leader")
+        wait_until(lambda: "k" not in table_of(joiner).flights, "the joiner read the notice")
+        wait_until(lambda: "k" not in table_of(leader).flights, "a renewal told the leader")
         # The next call in either process leads a new flight (the fleet has no key lock:
         # at once, beside the parked one) instead of joining the old local flight.
         again = joiner.run_sync("k", lambda: "new-in-joiner")

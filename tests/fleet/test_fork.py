@@ -141,7 +141,7 @@ def test_a_parents_fleet_group_used_in_a_forked_child_raises_instead_of_hanging(
     assert "error" not in forked, forked
     assert forked["closed_at_once"] is True, forked  # the group counts as closed there
     for outcome in (forked["parent_group"], forked["parent_group_held"]):
-        # API.md's text; why, and the parent's pid, in a note
+        # docs/api.md's text; why, and the parent's pid, in a note
         assert outcome[:2] == ["GroupClosedError", "This flight group is closed."], outcome
         assert len(outcome[2]) == 1 and "This fleet group was started in process" in outcome[2][0]
         assert "make a group of its own here" in outcome[2][0], outcome

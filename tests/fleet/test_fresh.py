@@ -21,7 +21,7 @@ from flightgroup import (
 
 from ..infleet import RETRY_NOW, fleet_group, fleet_of, hold_script, in_thread_box
 from ..redisproc import RedisServer
-from ..support import in_thread, outcome, wait_until
+from ..support import in_thread, outcome, table_of, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -84,7 +84,7 @@ def test_fresh_callers_of_two_processes_that_came_during_one_flight_share_the_ne
         wait_until(lambda: bool(runs), "t to run in A")
         f, f_out = in_thread(a.run_sync, key, work_f, fresh=True, timeout=20)
         threads.append(f)
-        wait_until(lambda: bool(a._table.flights[key].fresh), "F to wait for t's end")
+        wait_until(lambda: bool(table_of(a).flights[key].fresh), "F to wait for t's end")
         g, g_out = in_thread(b.run_sync, key, work_g, fresh=True, timeout=20)
         threads.append(g)
         assert g_waits.wait(10)

@@ -180,9 +180,9 @@ def test_a_lease_and_a_keep_near_the_float_maximum_are_taken(
 ) -> None:
     """A lease and a keep near the float maximum are taken, capped at the longest TTL.
 
-    API.md: construction checks its arguments. A finite lease near sys.float_info.max, and a keep
-    that large at the landing, are capped at the longest TTL the fleet sets, never overflow to
-    infinity in milliseconds."""
+    docs/api.md: construction checks its arguments. A finite lease near
+    sys.float_info.max, and a keep that large at the landing, are capped at the longest TTL
+    the fleet sets, never overflow to infinity in milliseconds."""
     huge = sys.float_info.max
     g = fleet_group(redis_server.url, namespace, lease=huge,
                     retention=Retention(success=huge))

@@ -41,8 +41,15 @@ from flightgroup.redis.arbiter import RedisArbiter
 from flightgroup.redis.names import Names
 
 from ..infleet import fleet_of
-from ..redisproc import CutProxy, RedisCluster, RedisServer, free_port, keys_without_ttl
-from ..support import in_thread, once_reachable, wait_until
+from ..redisproc import (
+    CutProxy,
+    RedisCluster,
+    RedisServer,
+    free_port,
+    keys_without_ttl,
+    refused_port,
+)
+from ..support import in_thread, once_reachable, scope_of, wait_until
 
 LEASE_MS = 10_000
 FENCE_TTL_MS = 86_400_000
@@ -688,6 +695,9 @@ def assert_state(lua: Lua, model: Model, entry_ids: dict[tuple[str, int], Any]) 
     lua.assert_ttls("the step")
 
 
+# 200 sequences of up to 25 steps, each step a round trip and a full state check: tens of
+# seconds on a loaded machine, so the bound against a hang is wider than the default 60 s.
+@pytest.mark.timeout(240)
 @settings(
     max_examples=200, deadline=None, derandomize=False,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
@@ -718,6 +728,13 @@ def joined_value(out: dict[str, Any]) -> Any:
 
 def never(*_: Any) -> Any:
     raise AssertionError("a joiner's work must not run")
+
+
+@pytest.fixture
+def refused_url() -> Iterator[str]:
+    """A Redis URL where nothing answers: every connection is refused."""
+    with refused_port() as port:
+        yield f"redis://127.0.0.1:{port}/0"
 
 
 @pytest.fixture
@@ -795,8 +812,8 @@ def test_a_retried_landing_is_the_leaders_and_lands_once(
 
 
 @pytest.mark.timeout(30)
-def test_unreachable_redis_raises_unavailable_error() -> None:
-    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+def test_unreachable_redis_raises_unavailable_error(refused_url: str) -> None:
+    url = refused_url
     ran = []
     with FlightGroup(redis=url, namespace="n", codec=JSON) as group:
         with pytest.raises(UnavailableError) as caught:
@@ -810,7 +827,7 @@ def test_unreachable_redis_raises_unavailable_error() -> None:
         with pytest.raises(UnavailableError) as caught_async:
             asyncio.run(group.run("user:7", work))
         assert isinstance(caught_async.value.__cause__, redis.RedisError)
-        # Each call's error carries its key (API.md: every error that concerns a key).
+        # Each call's error carries its key (docs/api.md: every error that concerns a key).
         assert (caught.value.key, caught_async.value.key) == ("k", "user:7")
         with pytest.raises(UnavailableError) as caught_forget:
             group.forget("k")
@@ -1035,18 +1052,18 @@ def test_cluster_status_and_lease_renewal(cluster: RedisCluster, namespace: str)
                      lease=0.6) as a, \
             FlightGroup(redis=cluster.url, namespace=namespace, codec=JSON, cluster=True,
                         lease=0.6) as b:
-        assert a._scope is not None
+        assert scope_of(a) is not None
         lead_thread, lead = in_thread(a.run_sync, "slow", work)
         assert started.wait(10)
         join_thread, join = in_thread(b.run_sync, "slow", never, on_join=joined.set)
         assert joined.wait(10)
-        flights = a._scope.status()
+        flights = scope_of(a).status()
         assert [f["key"] for f in flights] == ["slow"] and flights[0]["leader_pid"] == os.getpid()
         lead_thread.join(10)
         join_thread.join(10)
         assert joined_value(lead).value == joined_value(join).value == "slow"
         assert joined_value(join).joined and lost == [False]
-        assert a._scope.status() == []
+        assert scope_of(a).status() == []
 
 
 # -- the startup warning, status(), round trips ----------------------------------------------
@@ -1107,15 +1124,15 @@ def test_status_lists_running_flights_with_scan(redis_server: RedisServer, names
     with FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON,
                      retention=Retention(success=30.0)) as a, \
             FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON) as b:
-        assert a._scope is not None
+        assert scope_of(a) is not None
         a.run_sync("kept", lambda: "kept")  # a kept outcome is no flight in progress
-        assert a._scope.status() == []
+        assert scope_of(a).status() == []
         threads = [in_thread(a.run_sync, key, work_of(key)) for key in started]
         assert all(event.wait(10) for event in started.values())
         join_thread, join = in_thread(b.run_sync, "s2", never, on_join=joined.set)
         assert joined.wait(10)
         client.config_resetstat()
-        flights = a._scope.status()
+        flights = scope_of(a).status()
         stats = client.info("commandstats")
         assert "cmdstat_scan" in stats and "cmdstat_keys" not in stats
         assert sorted(f["key"] for f in flights) == ["s1", "s2", "s3"]
@@ -1127,10 +1144,10 @@ def test_status_lists_running_flights_with_scan(redis_server: RedisServer, names
             assert flight["host"] == socket.gethostname()
             assert flight["joiners"] == (1 if flight["key"] == "s2" else 0)
             assert isinstance(flight["age_s"], float) and 0 <= flight["age_s"] < 10
-        assert len(a._scope.status(limit=2)) <= 2  # bounded
-        assert b._scope is not None  # any group of the namespace sees them
+        assert len(scope_of(a).status(limit=2)) <= 2  # bounded
+        assert scope_of(b) is not None  # any group of the namespace sees them
         ages = {"age_s"}
-        assert [{k: v for k, v in f.items() if k not in ages} for f in b._scope.status()] == [
+        assert [{k: v for k, v in f.items() if k not in ages} for f in scope_of(b).status()] == [
             {k: v for k, v in f.items() if k not in ages} for f in flights
         ]
         release.set()
@@ -1138,7 +1155,7 @@ def test_status_lists_running_flights_with_scan(redis_server: RedisServer, names
             thread.join(10)
         join_thread.join(10)
         assert joined_value(join).value == "s2"
-        assert a._scope.status() == []
+        assert scope_of(a).status() == []
 
 
 class Counter:
@@ -1165,12 +1182,12 @@ class Counter:
         monkeypatch.setattr(aioredis.Redis, "xread", xread)
 
     def of(self, group: FlightGroup) -> list[str]:
-        arbiter = group._scope
+        arbiter = scope_of(group)
         assert isinstance(arbiter, RedisArbiter)
         return [name for who, name, _ in self.log if who is arbiter or who is arbiter._blocking]
 
     def replies(self, group: FlightGroup, name: str) -> list[Any]:
-        return [reply for who, n, reply in self.log if who is group._scope and n == name]
+        return [reply for who, n, reply in self.log if who is scope_of(group) and n == name]
 
 
 @pytest.mark.timeout(30)
@@ -1248,8 +1265,8 @@ def test_a_flight_longer_than_its_lease_is_renewed_for_its_joiner(
 
 
 @pytest.mark.timeout(30)
-def test_unreachable_cluster_raises_unavailable_error() -> None:
-    url = f"redis://127.0.0.1:{free_port()}/0"
+def test_unreachable_cluster_raises_unavailable_error(refused_url: str) -> None:
+    url = refused_url
     with FlightGroup(redis=url, namespace="n", codec=JSON, cluster=True) as group:
         # redis-py's Cluster client raises RedisClusterException (no RedisError):
         # the call must still end, as unavailable, not wait forever
@@ -1258,6 +1275,6 @@ def test_unreachable_cluster_raises_unavailable_error() -> None:
         assert isinstance(caught.value.__cause__, (redis.RedisError, RedisClusterException))
         with pytest.raises(UnavailableError):
             group.forget("k")
-        assert group._scope is not None
+        assert scope_of(group) is not None
         with pytest.raises(UnavailableError):
-            group._scope.status()
+            scope_of(group).status()

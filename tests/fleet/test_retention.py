@@ -1,7 +1,7 @@
 """Retention in the fleet scope: kept failures, and the namespace's LRU index of kept
 outcomes.
 
-API.md (Policies): retention is group-wide in every scope, and a kept outcome is served
+docs/api.md (Policies): retention is group-wide in every scope, and a kept outcome is served
 "until its time runs out or it is evicted (LRU by items, then by encoded bytes; a hit
 counts as a use)". COMPLETE keeps an index (``fg:{ns}:kept``: by use, by expiry, sizes)
 in the same step that keeps an outcome and evicts the least recently used past
@@ -270,7 +270,7 @@ def test_a_kept_failure_has_its_cause_in_the_leaders_process(
 ) -> None:
     """A kept failure has its __cause__ in the leader's process.
 
-    API.md, Policies: a kept failure raises FlightFailedError "(with ``__cause__`` in
+    docs/api.md, Policies: a kept failure raises FlightFailedError "(with ``__cause__`` in
     the leader's process), as a joiner's would". The process scope keeps it; the fleet
     scope's leader process gets the failure back from Redis as any other process."""
     g = fleet_group(

@@ -127,3 +127,18 @@ def test_histogram_memory_is_bounded_whatever_the_values() -> None:
     for v in (0, 1, 10**6, 10**15, 10**30):
         h.record(v)
     assert len(h._counts) == size
+
+
+@given(
+    st.lists(st.integers(min_value=0, max_value=10**12), max_size=300),
+    st.lists(st.integers(min_value=-1, max_value=10**13), max_size=20),
+)
+def test_histogram_cumulative_counts_are_at_most_of_each_bound(
+    values: list[int], bounds: list[int]
+) -> None:
+    """Histogram.cumulative (one pass, for exporters) counts what at_most counts."""
+    h = Histogram()
+    for v in values:
+        h.record(v)
+    bounds.sort()
+    assert h.cumulative(bounds) == [h.at_most(bound) for bound in bounds]

@@ -40,7 +40,7 @@ import flightgroup
 from flightgroup import JSON, FlightFailedError, FlightGroup, LeaseLostError, Stats
 from flightgroup._log import key_digest
 from flightgroup.directory import fs, wire
-from flightgroup.directory.client import DirectoryArbiter
+from flightgroup.directory.election import Election
 from flightgroup.otel import instrument
 from flightgroup.prometheus import register
 
@@ -64,13 +64,13 @@ def held_campaign(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
     """Directory groups made in this process during the test campaign only once the
     event is set (set at the end of the test at the latest)."""
     allow = threading.Event()
-    campaign = DirectoryArbiter._campaign
+    campaign = Election.campaign
 
-    def held(self: DirectoryArbiter) -> None:
+    def held(self: Election) -> None:
         allow.wait()
         campaign(self)
 
-    monkeypatch.setattr(DirectoryArbiter, "_campaign", held)
+    monkeypatch.setattr(Election, "campaign", held)
     try:
         yield allow
     finally:

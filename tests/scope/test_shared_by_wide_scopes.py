@@ -17,7 +17,7 @@ from flightgroup.scope.causes import KeptCauses
 from ..infleet import never
 from ..infresh import held
 from ..ingroup import Background, close, group
-from ..support import wait_until
+from ..support import bridge_of, scope_of, wait_until
 
 
 def test_kept_causes_are_found_by_key_and_token_and_bounded() -> None:
@@ -125,7 +125,7 @@ def test_failures_landed_at_once_by_two_leaders_both_keep_their_cause(
 def test_a_kept_failure_led_in_another_group_of_the_process_has_its_cause(
     directory: str,
 ) -> None:
-    # API.md: a kept failure raises FlightFailedError "with __cause__ in the leader's
+    # docs/api.md: a kept failure raises FlightFailedError "with __cause__ in the leader's
     # process": two groups of one process on one directory are one group (ADR 0023).
     a, b = (group(directory, retention=Retention(success=None, error=60.0)) for _ in "ab")
     try:
@@ -163,7 +163,7 @@ def test_a_sync_leading_callers_on_join_raising_a_base_exception_withdraws_only_
     original = Bridge._joined
 
     def joined_remote(of: Bridge, *args: Any) -> Any:
-        if of is b._bridge:  # JOINED is held until the second caller joined b's flight
+        if of is bridge_of(b):  # JOINED is held until the second caller joined b's flight
             assert second_joined.wait(10)
         return original(of, *args)
 
@@ -274,25 +274,29 @@ def test_a_wide_group_dropped_without_close_lets_go_of_its_threads_and_connectio
 
     [g] = scope_groups(request, scope, 1, lease=5.0)
     assert g.run_sync("k", lambda: 1).value == 1
-    arbiter = g._scope
+    arbiter = scope_of(g)
     thread = arbiter._background.thread  # type: ignore[union-attr]
     assert thread is not None and thread.is_alive()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         del g
-        gc.collect()
+        # The scope's thread holds the group until it has handled the call's last answer
+        # (the landing's acknowledgement): the group is collected at a collection after that.
+        wait_until(
+            lambda: gc.collect() >= 0 and bool(caught), "the dropped group is collected"
+        )
     assert [w.category for w in caught] == [ResourceWarning], caught
     assert "unclosed FlightGroup(" in str(caught[0].message)
     thread.join(20)
     assert not thread.is_alive()
     if scope == "directory":
-        assert arbiter._channel is None  # type: ignore[union-attr]
+        assert arbiter._state.channel is None  # type: ignore[union-attr]
     # A closed group's collection says nothing; nor does an unused one's (construction
     # does no I/O: nothing to let go of), nor a group the fork hook closed in a child.
     closed, unused, forked = scope_groups(request, scope, 3, lease=5.0)
     closed.close()
     assert forked.run_sync("k", lambda: 1).value == 1
-    forked._scope.on_fork("this is a forked child")  # type: ignore[union-attr]
+    scope_of(forked).on_fork("this is a forked child")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         del closed, unused, forked

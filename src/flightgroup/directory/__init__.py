@@ -1,16 +1,19 @@
 """The directory scope: every process of a host that names one local directory
 shares flights through a coordinator elected among them.
 
-- ``fs``: the directory's files, the network file system check, the epoch, the
-  forgotten marks.
+- ``fs``: the directory's files, the network file system check, the forgotten marks;
+  ``epochs``: the epoch that numbers the coordinator's terms.
 - ``wire``: the protocol (docs/directory-protocol.md): framing, messages, builders.
 - ``coordinator``: the elected server's decisions: lead or join for the directory;
-  on ``server`` (the socket and its connections), ``records`` (what it knows of each
-  key) and ``lockwatch`` (waiting for a key's lock).
-- ``client``: the arbiter a group uses (the Scope), on ``election`` (the campaign and
-  the term), ``connection`` (the channel, reconnects, resends), ``keylocks`` (a lead's
-  key lock), ``leases`` (a lead's lease until its landing is acknowledged) and
-  ``calls`` (what it keeps of each call and lead).
+  on ``term`` (the flights one term knows, its tokens), ``reassert`` (a lead back after
+  a failover), ``server`` (the socket and its connections), ``records`` (what it knows
+  of each key) and ``lockwatch`` (waiting for a key's lock).
+- ``client``: the arbiter a group uses (the Scope), on ``state`` (what its parts
+  share), ``election`` (the campaign and the term), ``connection`` (connecting,
+  reconnects, resends, on ``channel``), ``answers`` (the coordinator's answers),
+  ``keylocks`` (a lead's key lock), ``leases`` (a lead's lease until its landing is
+  acknowledged), ``outage`` (no coordinator of its version), ``closing`` and ``calls``
+  (what it keeps of each call and lead).
 - ``forked``: what a forked child lets go of.
 """
 

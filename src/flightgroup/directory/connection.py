@@ -1,6 +1,6 @@
 """The connection of a directory group to its coordinator: connecting and the handshake,
-the :class:`Channel` that carries the frames, reconnecting after the coordinator went
-(:class:`Connection`), and what goes out again on a new connection (:func:`resend`).
+reconnecting after the coordinator went (:class:`Connection`), and what goes out again on
+a new connection (:func:`resend`); the frames travel on a :class:`~.channel.Channel`.
 
 A group reconnects with a short backoff while a new coordinator starts (a failover: it
 connects within ~5 ms of the new one serving), less and less often while it is refused
@@ -22,23 +22,23 @@ import asyncio
 import contextlib
 import dataclasses
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._log import DigestOf, log
 from ..errors import ProtocolVersionError, UnavailableError
 from ..scope.outcome import Failure, Interrupted, SharedOutcome
-from . import forked, fs, wire
+from . import epochs, forked, fs, wire
 from .calls import Call, DirectoryLead
+from .channel import Channel, Frames
 
 if TYPE_CHECKING:
-    from .client import DirectoryArbiter
+    from .state import GroupState
+
 
 __all__ = [
-    "Channel",
     "Connection",
     "handshake",
     "key_too_long",
@@ -57,187 +57,6 @@ _ATTEMPT_MAX = wire.HANDSHAKE_TIMEOUT + 0.5 + 1.0
 _SETTLED = 0.5
 # s: the handshake wait of an attempt made when reconnect_timeout is (nearly) spent.
 _LAST_WAIT = 0.5
-# bytes: the most a lost connection's drain reads (a coordinator that died wrote no
-# more than its socket's buffer; one still writing is not read for ever).
-_DRAIN_MAX = 2 * wire.DEFAULT_MAX_FRAME
-
-
-class Channel:
-    """The connection to the coordinator, after the handshake.
-
-    Reading runs on the background loop (``add_reader``: a frame is dispatched in
-    the loop's own callback). Writing is done by whichever thread has something to
-    say, under ``lock``: a caller's request goes out from the caller's own thread,
-    with no hop through the background loop. What the socket does not take at once
-    is buffered and flushed by the loop (``add_writer``), in order.
-    """
-
-    def __init__(
-        self,
-        sock: socket.socket,
-        loop: asyncio.AbstractEventLoop,
-        max_frame: int,
-        on_frames: Callable[[list[tuple[dict[str, Any], bytes | None]]], None],
-        on_lost: Callable[[Channel, str], None],
-    ) -> None:
-        self.sock = sock
-        self.lock = threading.Lock()
-        self._loop = loop
-        self._out = bytearray()  # what the socket has not taken yet
-        # Bytes handed to send(), and bytes the socket took: a request whose end the
-        # socket took reached the coordinator's side before it went (see Call.outlived).
-        self._offered = 0
-        self._taken = 0
-        self._flushing = False  # a writer callback is (being) registered
-        # An answer over this group's limit (a coordinator of a larger one sent it) fails
-        # only its request: dropping the connection would lose every lease on it.
-        self._splitter = wire.FrameSplitter(max_frame, skip_over=True)
-        self._buffer = memoryview(bytearray(wire.READ_SIZE))  # see wire.READ_SIZE
-        self._on_frames = on_frames
-        self._on_lost = on_lost
-        self.closed = False
-        self.heard = False  # a whole frame came: the coordinator serves us
-        loop.add_reader(sock.fileno(), self._readable)
-
-    def send(self, frame: bytes) -> int:
-        """Write ``frame`` (any thread; never blocks). Returns where it ends in this
-        connection's stream (see ``took``), or -1 if it was not written here at all."""
-        with self.lock:
-            if self.closed:
-                return -1
-            self._offered += len(frame)
-            end = self._offered
-            if not self._out:
-                try:
-                    sent = self.sock.send(frame)
-                except BlockingIOError:
-                    sent = 0
-                except OSError as exc:
-                    self._post_lost(f"cannot write: {exc}")
-                    return -1
-                self._taken += sent
-                if sent == len(frame):
-                    return end
-                frame = frame[sent:]
-            self._out += frame
-            if self._flushing:
-                return end
-            self._flushing = True
-        with contextlib.suppress(RuntimeError):  # the loop closed
-            self._loop.call_soon_threadsafe(self._start_flush)
-        return end
-
-    def took(self, end: int) -> bool:
-        """The socket took everything up to ``end`` (a ``send`` result)."""
-        return 0 <= end <= self._taken
-
-    def _start_flush(self) -> None:
-        with self.lock:
-            if self.closed:
-                return
-        self._loop.add_writer(self.sock.fileno(), self._writable)
-
-    def _writable(self) -> None:
-        with self.lock:
-            if self.closed:
-                return
-            try:
-                sent = self.sock.send(self._out)
-            except BlockingIOError:
-                return
-            except OSError as exc:
-                self._post_lost(f"cannot write: {exc}")
-                return
-            self._taken += sent
-            del self._out[:sent]
-            if self._out:
-                return
-            self._flushing = False
-        self._loop.remove_writer(self.sock.fileno())
-
-    def _readable(self) -> None:
-        try:
-            size = self.sock.recv_into(self._buffer)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            self._lost(f"cannot read: {exc}")
-            return
-        if not size:
-            self._lost("the coordinator closed the connection")
-            return
-        try:
-            frames = self._splitter.feed(bytes(self._buffer[:size]))
-        except wire.WireError as exc:
-            self._lost(str(exc))
-            return
-        if frames:
-            self.heard = True
-            self._on_frames(frames)
-
-    def _post_lost(self, reason: str) -> None:
-        with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self._lost, reason, True)
-
-    def _lost(self, reason: str, drain: bool = False) -> None:
-        """The connection is gone. ``drain`` (a write failed): what the socket holds
-        is read first."""
-        if self.closed:
-            return
-        if drain:
-            self._drain()
-        if self.close():
-            self._on_lost(self, reason)
-
-    def _drain(self) -> None:
-        """(On the loop) dispatch every whole frame the socket holds before a failed
-        write gives it up: a coordinator that wrote a landing to this process and then
-        died (this process was frozen meanwhile) has no other copy of it, and the next
-        coordinator knows no such flight (docs/directory-scope.md promises its joiners
-        the value). A frame cut off by the coordinator's end is dropped."""
-        frames: list[tuple[dict[str, Any], bytes | None]] = []
-        left = _DRAIN_MAX
-        while left > 0:
-            try:
-                size = self.sock.recv_into(self._buffer)
-            except OSError:  # nothing more now (BlockingIOError), or nothing to read
-                break
-            if not size:
-                break
-            left -= size
-            try:
-                frames += self._splitter.feed(bytes(self._buffer[:size]))
-            except wire.WireError:
-                break
-        if frames:
-            self.heard = True
-            self._on_frames(frames)
-
-    def close(self) -> bool:
-        """Stop reading and writing and close the socket (on the loop). True the
-        first time."""
-        with self.lock:
-            if self.closed:
-                return False
-            self.closed = True
-        fd = self.sock.fileno()
-        self._loop.remove_reader(fd)
-        self._loop.remove_writer(fd)
-        self.sock.close()
-        return True
-
-    def flush_and_close(self) -> None:
-        """Write what is buffered (bounded wait), then close: a landing made just
-        before closing still goes out."""
-        with self.lock:
-            pending = bytes(self._out)
-            self._out.clear()
-        if pending:
-            with contextlib.suppress(OSError):
-                self.sock.setblocking(True)
-                self.sock.settimeout(1.0)
-                self.sock.sendall(pending)
-        self.close()
 
 
 async def handshake(directory: str, wait: float = wire.HANDSHAKE_TIMEOUT) -> socket.socket:
@@ -286,16 +105,28 @@ async def _read_line(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> by
 
 
 class Connection:
-    """``owner``'s connection to the coordinator of the moment, kept up until the group
+    """A group's connection to the coordinator of the moment, kept up until the group
     finishes closing. A group that closes goes on reconnecting until its landings are
     acknowledged (or time is up): a landing made while no coordinator served must
-    still reach one. It sets the group's ``_channel`` (under its ``_send_lock``) while
-    one is up, and what a new coordinator must hear goes out on it first."""
+    still reach one. It sets the group's ``state.channel`` (under its ``send_lock``)
+    while one is up, and what a new coordinator must hear goes out on it first.
 
-    __slots__ = ("backoff", "down", "last", "over", "owner", "refusals")
+    What it tells the group: ``on_frames`` (the frames a channel read), ``refused`` (a
+    coordinator of another version holds the election), ``give_up`` (no coordinator of
+    our version for longer than ``reconnect_timeout``: the seconds it was down)."""
 
-    def __init__(self, owner: DirectoryArbiter) -> None:
-        self.owner = owner
+    def __init__(
+        self,
+        state: GroupState,
+        *,
+        on_frames: Callable[[Frames], None],
+        refused: Callable[[ProtocolVersionError], None],
+        give_up: Callable[[float], None],
+    ) -> None:
+        self.state = state
+        self.on_frames = on_frames
+        self.refused = refused
+        self.give_up = give_up
         self.backoff = 0.0005
         # Seconds of this process's own running time with no coordinator of our
         # version: an attempt that took longer than any can (this process was frozen,
@@ -307,16 +138,22 @@ class Connection:
         self.over = False  # an attempt began after ``down`` passed reconnect_timeout
         self.refusals = 0  # handshakes in a row that failed (refused, unanswered)
 
+    async def connect(self, wait: float = wire.HANDSHAKE_TIMEOUT) -> socket.socket:
+        """Connect and shake hands, waiting up to ``wait`` s for the coordinator's line."""
+        return await handshake(self.state.directory, wait)
+
     async def run(self) -> None:
-        owner = self.owner
-        kick = owner._kick
+        """Keep a connection to the coordinator of the moment, until closed."""
+        state = self.state
+        kick = state.kick
         assert kick is not None
-        while not owner._finishing:
+        self.last = time.monotonic()  # the group's running time begins now
+        while not state.finishing:
             # A handshake waits no longer than what is left of reconnect_timeout (a
             # last attempt, at least _LAST_WAIT): a frozen coordinator must not stretch
             # the wait to the next multiple of the handshake's own limit.
             wait = min(
-                wire.HANDSHAKE_TIMEOUT, max(owner._reconnect_timeout - self.down, _LAST_WAIT)
+                wire.HANDSHAKE_TIMEOUT, max(state.reconnect_timeout - self.down, _LAST_WAIT)
             )
             served = await self._attempt(wait)
             if served is None:  # closed while it connected
@@ -329,9 +166,9 @@ class Connection:
             if now - self.last <= _ATTEMPT_MAX:
                 self.down += now - self.last
             self.last = now
-            if self.down > owner._reconnect_timeout:
+            if self.down > state.reconnect_timeout:
                 if self.over:
-                    owner._give_up(self.down)
+                    self.give_up(self.down)
                 else:
                     # One more attempt, at once, before giving up: the one that just
                     # failed may have begun before a stall too short to leave out (it
@@ -349,14 +186,14 @@ class Connection:
         """One connection attempt and, once welcomed, the connection's whole life.
         True: it served (or lived long enough to count as serving); False: it failed
         or was refused; None: the group closed while it connected."""
-        owner = self.owner
+        state = self.state
         try:
-            sock = await owner._connect(wait)
+            sock = await self.connect(wait)
         except ProtocolVersionError as exc:
-            owner._refused(exc)
+            self.refused(exc)
             return False
         except OSError:  # nothing listens: whoever refused us is gone
-            owner._refusal = None
+            state.refusal = None
             if self.refusals:  # a failover under way: hurry again
                 self.backoff, self.refusals = 0.0005, 0
             return False
@@ -365,7 +202,7 @@ class Connection:
             # answer: ask again less and less often, not every 5 ms for ever.
             self._refused_again()
             return False
-        if owner._finishing:
+        if state.finishing:
             sock.close()
             return None
         lost = asyncio.get_running_loop().create_future()
@@ -382,36 +219,36 @@ class Connection:
     def connected(self, sock: socket.socket, lost: asyncio.Future[None]) -> Channel:
         """A coordinator welcomed ``sock``: it becomes the group's channel (``lost``
         is set when it goes), and the leads and calls go out on it again."""
-        owner = self.owner
+        state = self.state
 
         def on_lost(channel: Channel, reason: str) -> None:
-            log.info("lost the coordinator of %s: %s", owner.directory, reason)
+            log.info("lost the coordinator of %s: %s", state.directory, reason)
             self.disconnected(channel)
             if not lost.done():
                 lost.set_result(None)
 
         channel = Channel(
-            sock, asyncio.get_running_loop(), owner._max_frame, owner._on_frames, on_lost
+            sock, asyncio.get_running_loop(), state.max_frame, self.on_frames, on_lost
         )
-        owner._refusal = None
-        owner._given_up = False
-        with owner._send_lock:
-            owner._channel = channel
-            owner._election_error = None  # a coordinator serves: the directory works
-            owner._connected_now.set()
-            resend(channel, owner._leads.values(), owner._calls.values(), owner.directory,
-                   owner._max_frame)
+        state.refusal = None
+        state.given_up = False
+        with state.send_lock:
+            state.channel = channel
+            state.election_error = None  # a coordinator serves: the directory works
+            state.connected_now.set()
+            resend(channel, state.leads.values(), state.calls.values(), state.directory,
+                   state.max_frame)
         return channel
 
     def disconnected(self, channel: Channel) -> None:
         """``channel`` is gone: its requests go out again on the next one, and the
         requests a thread waits for fail."""
-        owner = self.owner
-        with owner._send_lock:
-            if owner._channel is channel:
-                owner._channel = None
-                owner._connected_now.clear()
-            for call in list(owner._calls.values()):  # (a work's thread may pop one)
+        state = self.state
+        with state.send_lock:
+            if state.channel is channel:
+                state.channel = None
+                state.connected_now.clear()
+            for call in list(state.calls.values()):  # (a work's thread may pop one)
                 # Only a request the gone coordinator's socket took was made before the
                 # next term began. One written to a socket already dead (this process
                 # was frozen through the failover, say) may be newer than that term's
@@ -426,7 +263,7 @@ class Connection:
                     call.outlived = True
                 call.sent = False
                 call.sent_end = -1
-            for lead in list(owner._leads.values()):
+            for lead in list(state.leads.values()):
                 # A landing this socket took may have reached joiners before the
                 # coordinator went (see Leases._not_landed).
                 if lead.landing is not None and not lead.acked and channel.took(
@@ -434,8 +271,8 @@ class Connection:
                 ):
                     lead.maybe_landed = True
                 lead.landing_end = -1
-        for id, waiter in list(owner._waiters.items()):
-            del owner._waiters[id]
+        for id, waiter in list(state.waiters.items()):
+            del state.waiters[id]
             if not waiter.done():
                 waiter.set_exception(UnavailableError("the coordinator went away"))
 
@@ -473,7 +310,7 @@ def resend(
         if call.outlived:
             call.outlived = False
             if epoch is None:
-                epoch = fs.read_epoch(directory) or 0
+                epoch = epochs.read_epoch(directory) or 0
             if call.after is None and epoch > 0:
                 # Not "no flight that exists now": the one this call waited for may
                 # have ended, and the next begun, in the new term.

@@ -6,7 +6,7 @@ Design note.
 process campaigns with a thread blocked in ``flock(LOCK_EX)``; the kernel hands the lock
 to one of them when the coordinator closes or dies, so a new coordinator serves as soon
 as the lock is free, with no polling and no lease to renew (ADR 0010). The winner writes
-the next epoch durably before it serves (:func:`fs.next_epoch`, two copies, ADR 0009), so
+the next epoch durably before it serves (:func:`epochs.next_epoch`, two copies, ADR 0009), so
 every token of its term (``epoch << 32 | sequence``) is above every earlier one; then it
 runs a :class:`~.coordinator.Coordinator` on its group's background loop.
 
@@ -34,14 +34,15 @@ import asyncio
 import fcntl
 import os
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .._log import log
-from . import fs
+from . import epochs, fs
 from .coordinator import Coordinator
 
 if TYPE_CHECKING:
-    from .client import DirectoryArbiter
+    from .state import GroupState
 
 __all__ = ["Election", "campaign_for", "park"]
 
@@ -51,29 +52,37 @@ _ELECTION_RETRY = 1.0
 
 
 class Election:
-    """One group's part in the election of its directory: what it does once its
-    campaign won (write the epoch, serve), and when it could not serve.
+    """One group's part in the election of its directory: its campaign (see
+    :class:`_Campaign`), what it does once the campaign won (write the epoch, serve),
+    and when it could not serve.
 
-    It acts on its group (``owner``): the group's ``_campaign_lock`` orders the epoch
-    write with close(); a won term's coordinator becomes the group's ``_coordinator``,
-    and a failure its ``_election_error``, which its calls raise while no coordinator
-    is connected."""
+    A won term's coordinator becomes the group's ``state.coordinator``, and a failure
+    its ``state.election_error``, which its calls raise while no coordinator is
+    connected; ``fail_all`` fails the calls that wait for a coordinator then."""
 
-    __slots__ = ("owner",)
+    __slots__ = ("campaigner", "fail_all", "state")
 
-    def __init__(self, owner: DirectoryArbiter) -> None:
-        self.owner = owner
+    def __init__(self, state: GroupState, fail_all: Callable[[BaseException], None]) -> None:
+        self.state = state
+        self.fail_all = fail_all
+        self.campaigner: _Campaign | None = None  # its election thread's state
+
+    def campaign(self) -> None:
+        """The election thread of this group (see _Campaign)."""
+        campaign = self.campaigner
+        assert campaign is not None
+        campaign.run()
 
     def won(self, fd: int) -> None:
         """(The election thread) the group holds ``fd``'s lock on ``flight.lock``:
         write the next epoch and serve (on the background loop)."""
-        owner = self.owner
+        state = self.state
         try:
             # close() takes this lock too: it never lets the process end mid-write.
-            with owner._campaign_lock:
-                if owner._closing:
+            with state.campaign_lock:
+                if state.closing:
                     raise _Resign()
-                epoch = fs.next_epoch(owner.directory)
+                epoch = epochs.next_epoch(state.directory)
         except _Resign:
             os.close(fd)
             return
@@ -81,7 +90,7 @@ class Election:
             os.close(fd)  # the next process may fare better: let it try
             self.failed(exc)
             return
-        if not owner._background.post(self._serve, epoch, fd):
+        if not state.background.post(self._serve, epoch, fd):
             os.close(fd)
 
     def failed(self, exc: BaseException) -> None:
@@ -89,38 +98,38 @@ class Election:
         that wait for a coordinator fail with ``exc``, and it campaigns again after a
         pause, so that a directory repaired (the epoch written by hand, the disk freed)
         is served again without restarting every process that uses it."""
-        owner = self.owner
-        again = owner._election_error is not None and repr(owner._election_error) == repr(exc)
+        state = self.state
+        again = state.election_error is not None and repr(state.election_error) == repr(exc)
         (log.debug if again else log.error)(
             "cannot coordinate %s: %s (trying again every %g s)",
-            owner.directory, exc, _ELECTION_RETRY,
+            state.directory, exc, _ELECTION_RETRY,
         )
-        with owner._send_lock:  # see submit(): its second check is under this lock too
-            owner._election_error = exc
-        owner._background.post(owner._fail_all, exc)
+        with state.send_lock:  # see submit(): its second check is under this lock too
+            state.election_error = exc
+        state.background.post(self.fail_all, exc)
         self.retry()
 
     def retry(self) -> None:
         """(Any thread) campaign again after _ELECTION_RETRY, unless closing."""
-        owner = self.owner
+        state = self.state
 
         def campaign() -> None:
-            if not owner._closing:
-                campaign_for(owner)
+            if not state.closing:
+                campaign_for(self)
 
-        loop = owner._background.loop
-        if loop is not None and not owner._closing:
-            owner._background.post(loop.call_later, _ELECTION_RETRY, campaign)
+        loop = state.background.loop
+        if loop is not None and not state.closing:
+            state.background.post(loop.call_later, _ELECTION_RETRY, campaign)
 
     def _serve(self, epoch: int, fd: int) -> None:
         """(On the background loop) serve the term ``epoch`` under ``fd``'s lock."""
-        owner = self.owner
-        if owner._closing:
+        state = self.state
+        if state.closing:
             os.close(fd)
             return
         coordinator = Coordinator(
-            owner.directory, epoch, fd, max_frame=owner._max_frame,
-            rejoin_window=owner._rejoin_window,
+            state.directory, epoch, fd, max_frame=state.max_frame,
+            rejoin_window=state.rejoin_window,
         )
 
         async def start() -> None:
@@ -130,12 +139,12 @@ class Election:
                 await coordinator.close()  # its lock too: the next process may serve
                 self.failed(exc)
                 return
-            owner._coordinator = coordinator
-            if owner._closing:
+            state.coordinator = coordinator
+            if state.closing:
                 await coordinator.close()
                 return
-            assert owner._kick is not None
-            owner._kick.set()
+            assert state.kick is not None
+            state.kick.set()
 
         asyncio.get_running_loop().create_task(start())
 
@@ -157,12 +166,12 @@ class _Campaign:
 
     __slots__ = ("done", "owner")
 
-    def __init__(self, owner: DirectoryArbiter) -> None:
+    def __init__(self, owner: Election) -> None:
         self.owner = owner
         self.done = False  # it no longer waits (it won, or could not wait): never parked
 
     def run(self) -> None:
-        directory = self.owner.directory
+        directory = self.owner.state.directory
         path = os.path.join(directory, fs.LOCK_NAME)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -177,7 +186,7 @@ class _Campaign:
                 owner = None if self in _parked.get(directory, ()) else self.owner
             log.warning("cannot take part in the election of %s: %s", directory, exc)
             if owner is not None:  # (a parked campaign's group closed: nobody needs it)
-                owner._election.retry()
+                owner.retry()
             return
         with _parked_lock:
             self.done = True
@@ -191,7 +200,7 @@ class _Campaign:
         if orphan:  # its group closed and no other adopted it: the next process wins
             os.close(fd)
             return
-        owner._election.won(fd)
+        owner.won(fd)
 
 
 # directory -> the campaigns of closed groups, still blocked (see _Campaign)
@@ -199,26 +208,30 @@ _parked: dict[str, list[_Campaign]] = {}
 _parked_lock = threading.Lock()
 
 
-def campaign_for(arbiter: DirectoryArbiter) -> None:
-    """Give ``arbiter`` a parked campaign of its directory, or start a new one."""
+def campaign_for(election: Election) -> None:
+    """Give ``election`` a parked campaign of its directory, or start a new one."""
+    directory = election.state.directory
     with _parked_lock:
-        parked = _parked.get(arbiter.directory)
+        parked = _parked.get(directory)
         if parked:
-            campaign = arbiter._campaigner = parked.pop()
+            campaign = election.campaigner = parked.pop()
             if not parked:
-                del _parked[arbiter.directory]
-            campaign.owner = arbiter
+                del _parked[directory]
+            campaign.owner = election
             return
-    arbiter._campaigner = _Campaign(arbiter)
-    threading.Thread(target=arbiter._campaign, name="flightgroup-election", daemon=True).start()
+    election.campaigner = _Campaign(election)
+    threading.Thread(target=election.campaign, name="flightgroup-election", daemon=True).start()
 
 
-def park(campaign: _Campaign, closing: DirectoryArbiter) -> None:
+def park(closing: Election) -> None:
     """``closing``'s group closes: its campaign, if still blocked, waits for a new owner."""
+    campaign = closing.campaigner
+    if campaign is None:
+        return
     with _parked_lock:
         if campaign.done or campaign.owner is not closing:
             return
-        _parked.setdefault(closing.directory, []).append(campaign)
+        _parked.setdefault(closing.state.directory, []).append(campaign)
 
 
 def _after_fork() -> None:

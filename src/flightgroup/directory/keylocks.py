@@ -32,7 +32,7 @@ from . import fs, wire
 from .calls import Call, DirectoryLead
 
 if TYPE_CHECKING:
-    from .client import DirectoryArbiter
+    from .state import GroupState
 
 __all__ = [
     "OPENING",
@@ -212,24 +212,26 @@ def abandon(lead: DirectoryLead) -> bool:
 
 
 class KeyLocks:
-    """How ``owner``'s calls take the lead: the key lock taken (or waited for by a
+    """How a group's calls take the lead: the key lock taken (or waited for by a
     :class:`LockWaiter`), the lead published in the group's tables in one step with a
-    reconnect's resends, and its driver told (``Lead``), or the lead given back."""
+    reconnect's resends, and its driver told (``Lead``), or the lead given back.
+    ``lose`` loses a lead's lease (Leases.lose)."""
 
-    __slots__ = ("owner",)
+    __slots__ = ("lose", "state")
 
-    def __init__(self, owner: DirectoryArbiter) -> None:
-        self.owner = owner
+    def __init__(self, state: GroupState, lose: Callable[[DirectoryLead, str], None]) -> None:
+        self.state = state
+        self.lose = lose
 
     def take(self, call: Call, fd: int | None, token: int) -> None:
         """Take ``call``'s key lock (opening its file unless ``fd`` is open) and tell
         its driver it leads. Runs on the background loop or in the caller's thread."""
-        owner = self.owner
+        state = self.state
         try:
-            fd, copy = lock_or_copy(owner.directory, call, fd)
+            fd, copy = lock_or_copy(state.directory, call, fd)
         except OSError as exc:
-            owner._calls.pop(call.id, None)
-            owner._send(wire.cancel_frame(call.id))
+            state.calls.pop(call.id, None)
+            state.send(wire.cancel_frame(call.id))
             drop_fd(call)
             call.inbox.put(Refused(exc))
             return
@@ -240,27 +242,27 @@ class KeyLocks:
         # runs of calls with no lead): between the two, it would do neither. A call
         # failed meanwhile (the group closes, the scope gave up) has nobody to run its
         # work: published, its key lock would be held for ever.
-        with owner._send_lock:
-            published = not owner._closing and owner._calls.get(call.id) is call
+        with state.send_lock:
+            published = not state.closing and state.calls.get(call.id) is call
             if published:
                 call.lead = lead
-                owner._leads[call.id] = lead
+                state.leads[call.id] = lead
             refused = call.refused
         if published and refused is not None:
             # Refused while it was pending (a newer flight of the key runs): its work
             # must not run as if it held the lease, under a token older than that flight's.
-            owner._lose(lead, refused)
+            self.lose(lead, refused)
         if not published:
             call.pending = None
             if copy >= 0:
                 os.close(copy)
             lead.release()
-            owner._send(wire.cancel_frame(call.id))
+            state.send(wire.cancel_frame(call.id))
             return
         if copy >= 0:  # held for now: a thread waits for it
             LockWaiter(
-                owner.directory, lead, copy, self._locked,
-                lambda lead, exc: owner._background.post(self._failed, lead, exc),
+                state.directory, lead, copy, self._locked,
+                lambda lead, exc: state.background.post(self._failed, lead, exc),
             ).start()
             return
         self._locked(lead)
@@ -273,16 +275,16 @@ class KeyLocks:
         if newer is None:  # closed or withdrawn while it waited for the lock
             return
         if newer:
-            self.owner._lose(
+            self.lose(
                 lead, f"a newer flight of the key (token {newer}) held its key lock first"
             )
         lead.call.inbox.put(Lead(lead.token))
 
     def _failed(self, lead: DirectoryLead, exc: Exception) -> None:
         """(On the loop) ``lead``'s key lock could not be had: the lead is given back."""
-        owner, call = self.owner, lead.call
-        owner._leads.pop(call.id, None)
-        if owner._calls.pop(call.id, None) is not None:
-            owner._send(wire.cancel_frame(call.id))
+        state, call = self.state, lead.call
+        state.leads.pop(call.id, None)
+        if state.calls.pop(call.id, None) is not None:
+            state.send(wire.cancel_frame(call.id))
             drop_fd(call)
             call.inbox.put(Refused(exc))

@@ -26,19 +26,21 @@ from .connection import key_too_long, landing_frame, request_size, too_large_lan
 from .keylocks import drop_fd
 
 if TYPE_CHECKING:
-    from .client import DirectoryArbiter
+    from .state import GroupState
 
 __all__ = ["Leases"]
 
 
 class Leases:
-    """The leases of ``owner``'s leads (see the module). Every method but ``land`` runs
-    on the group's loop."""
+    """The leases of a group's leads (see the module). Every method but ``land`` runs
+    on the group's loop. ``check_closed`` (on the loop) lets a closing group finish
+    once a work ended (Closing.check_closed)."""
 
-    __slots__ = ("owner",)
+    __slots__ = ("check_closed", "state")
 
-    def __init__(self, owner: DirectoryArbiter) -> None:
-        self.owner = owner
+    def __init__(self, state: GroupState, check_closed: Callable[[], None]) -> None:
+        self.state = state
+        self.check_closed = check_closed
 
     def new_token(self, lead: DirectoryLead, token: int) -> None:
         """The coordinator answered a retry's ``attempt``: the lead's next attempt runs
@@ -55,19 +57,19 @@ class Leases:
         another configuration coordinates): a landing that big would be refused again
         on every reconnect, and its key held for ever. It lands as interrupted instead;
         the joiners hear why (the leader has its value already)."""
-        owner = self.owner
-        for lead in list(owner._leads.values()):
+        state = self.state
+        for lead in list(state.leads.values()):
             landing = lead.landing
             if landing is not None and not lead.acked and len(landing) - 4 > limit:
                 lead.landing = too_large_landing(lead, len(landing) - 4, limit, "the coordinator's")
-        for call in list(owner._calls.values()):  # requests that can never be read: the key
+        for call in list(state.calls.values()):  # requests that can never be read: the key
             if request_size(call.key) > limit:
                 if call.lead is None:
-                    owner._calls.pop(call.id, None)
+                    state.calls.pop(call.id, None)
                     drop_fd(call)
                     call.inbox.put(Refused(key_too_long(call.key, limit)))
                 elif not call.lead.acked:  # its reassert would be refused for ever
-                    owner._lose(call.lead, str(key_too_long(call.key, limit)))
+                    self.lose(call.lead, str(key_too_long(call.key, limit)))
 
     def lose(self, lead: DirectoryLead, reason: str, *, unreachable: bool = False) -> None:
         """The lease is lost: the work hears it, the flight leaves its key here, a
@@ -93,12 +95,12 @@ class Leases:
         """Free the key lock once the work ended and the flight needs nothing more.
         Called by each side after it set its flag (work_done in the work's thread,
         acked or lost here), so one of them sees both."""
-        owner = self.owner
+        state = self.state
         with lead.lock:
-            if not (lead.work_done and (lead.acked or lead.lost or owner._closing)):
+            if not (lead.work_done and (lead.acked or lead.lost or state.closing)):
                 return
-        owner._leads.pop(lead.call.id, None)
-        owner._calls.pop(lead.call.id, None)
+        state.leads.pop(lead.call.id, None)
+        state.calls.pop(lead.call.id, None)
         lead.release()
         if not lead.acked:  # the group closed before a coordinator took the landing
             self.unconfirmed(lead)
@@ -121,7 +123,7 @@ class Leases:
         """The group closed while ``lead``'s landing waited for its ack: it went out, so
         it may land, but no coordinator said so."""
         self.tell(lead, Handed(fenced=True, unconfirmed=UnavailableError(
-            f"no coordinator of {self.owner.directory!r} acknowledged the landing before "
+            f"no coordinator of {self.state.directory!r} acknowledged the landing before "
             "the group closed, so its joiners may have its outcome"
         )))
 
@@ -140,20 +142,20 @@ class Leases:
             return Handed(fenced=True)
         return Handed(fenced=True, unconfirmed=UnavailableError(
             f"the lease was lost ({reason}) after a coordinator of "
-            f"{self.owner.directory!r} that went away took the landing unacknowledged, "
+            f"{self.state.directory!r} that went away took the landing unacknowledged, "
             "so its joiners may have its outcome"
         ))
 
     def retry(self, call: Call) -> None:
         """(On the loop) ask a new token for the lead's next attempt."""
-        owner = self.owner
+        state = self.state
         lead = call.lead
         assert lead is not None
-        if lead.lost or owner._closing:
-            call.inbox.put(LeaseLost("the group closed" if owner._closing else "lost"))
+        if lead.lost or state.closing:
+            call.inbox.put(LeaseLost("the group closed" if state.closing else "lost"))
             return
         lead.retrying = True
-        owner._send(wire.attempt_frame(call.id))
+        state.send(wire.attempt_frame(call.id))
         # Disconnected: the reassert on the next connection keeps the lead; the
         # retry asks again then (see connection.resend), or the lease is lost.
 
@@ -181,7 +183,7 @@ class Leases:
             self._send_landing(call, lead, outcome, work_done=True, done=done)
 
     def _after_stragglers(self, call: Call, running: list[threading.Event]) -> None:
-        owner = self.owner
+        state = self.state
         for ended in running:
             ended.wait()
         lead = call.lead
@@ -189,8 +191,8 @@ class Leases:
         with lead.lock:
             lead.work_done = True
         self.end(lead)
-        if owner._closing:
-            owner._background.post(owner._check_closed)
+        if state.closing:
+            state.background.post(self.check_closed)
 
     def _send_landing(
         self,
@@ -201,11 +203,11 @@ class Leases:
         work_done: bool,
         done: Callable[[Handed], None] | None,
     ) -> None:
-        owner = self.owner
+        state = self.state
         frame = None
         if outcome is not None and not lead.lost:
-            frame = landing_frame(call, lead, outcome, owner._max_frame)  # outside the locks
-        with owner._send_lock:  # in order with a reconnect's resends
+            frame = landing_frame(call, lead, outcome, state.max_frame)  # outside the locks
+        with state.send_lock:  # in order with a reconnect's resends
             with lead.lock:
                 lead.work_done = work_done
                 if frame is not None and not lead.lost:
@@ -216,13 +218,13 @@ class Leases:
                     lead.done = done
                 else:
                     frame = None
-            channel = owner._channel
+            channel = state.channel
             if frame is not None and channel is not None:
                 lead.landing_end = channel.send(frame)
-        log.debug("%s %s: land, token %d (%s)", owner.directory, DigestOf(call.key),
+        log.debug("%s %s: land, token %d (%s)", state.directory, DigestOf(call.key),
                   lead.token, "sent" if frame is not None else "lost, nothing to land")
         if frame is None and done is not None:  # the lease was lost: nothing lands
             done(Handed(fenced=True))
         self.end(lead)
-        if owner._closing:
-            owner._background.post(owner._check_closed)
+        if state.closing:
+            state.background.post(self.check_closed)

@@ -9,7 +9,7 @@ driver waits for it, so the deadline can pass it by (ADR 0008, ADR 0038).
 
 Containment: every ending of an attempt (a value, an Exception, a cancellation, any
 other BaseException, a deadline) becomes one outcome; retries follow the flight's policy
-(the leader's); the landing encodes the value (with a codec), hands it to the scope's
+(the leader's); the landing encodes the value (with the flight's codec), hands it to the scope's
 bridge where there is one, and settles the flight in the table, waking every waiter.
 """
 
@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from contextvars import copy_context
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from ..codec import Codec, encode_bytes
+from ..codec import encode_bytes
 from ..errors import FlightTimeoutError, ValueTooLargeError
 from ..lease import _CURRENT
 from ..retention import estimate_size
@@ -67,18 +67,16 @@ class Attempts:
     outcome. ``bridge`` is the group's wide scope's, if it has one: a wide flight asks
     its scope first (``Bridge.start``), takes a token per retry and lands through it."""
 
-    __slots__ = ("bridge", "codec", "max_value_bytes", "table", "workers")
+    __slots__ = ("bridge", "max_value_bytes", "table", "workers")
 
     def __init__(
         self,
         table: FlightTable[Any],
         *,
-        codec: Codec | None,
         max_value_bytes: int | None,
         max_deadline_threads: int,
     ) -> None:
         self.table = table
-        self.codec = codec
         self.max_value_bytes = max_value_bytes
         self.bridge: Bridge | None = None
         self.workers = Workers(max_deadline_threads)  # where sync attempts under a deadline run
@@ -404,11 +402,11 @@ class Attempts:
     def land(
         self, flight: Flight, outcome: Outcome, value: Any, error: BaseException | None
     ) -> BaseException | None:
-        """The landing: encode (with a codec), hand the outcome to the table, wake
-        every waiter. Never raises; returns the BaseException that stopped the
+        """The landing: encode (with the flight's codec), hand the outcome to the table,
+        wake every waiter. Never raises; returns the BaseException that stopped the
         flight (the work's, or the codec's), which an async driver re-raises."""
         data = None
-        codec = self.codec
+        codec = flight.policy.codec
         if codec is not None and outcome is Outcome.VALUE:
             try:
                 data = encode_bytes(codec, value)

@@ -23,7 +23,7 @@ class KeptCauses:
     """The errors of failures a group landed, by (key, token), while a group of this
     process may get them back from the scope: kept (Retention), or joined from another
     group of the same scope. Such a caller raises FlightFailedError with the very error
-    as ``__cause__`` (API.md: "in the same process ``__cause__`` is E"; ADR 0023).
+    as ``__cause__`` (docs/api.md: "in the same process ``__cause__`` is E"; ADR 0023).
 
     Bounded: at most ``limit`` errors (the oldest go first), each for its own time."""
 

@@ -158,7 +158,7 @@ class Landing:
         """A failure landed that a group of this process may get back from the scope: a
         failure to be kept, or any while another group of this process has the scope
         (its joiners). Its error is kept for as long (and for the landing's way through
-        the scope), for the ``__cause__`` of their FlightFailedError (API.md: "in the
+        the scope), for the ``__cause__`` of their FlightFailedError (docs/api.md: "in the
         same process ``__cause__`` is E"; ADR 0023)."""
         if error is None or not isinstance(shared, Failure):
             return
@@ -224,7 +224,7 @@ def to_shared(
 ) -> SharedOutcome:
     """The outcome a leader lands, as the scope carries it (with its Retention time).
     ``limit`` is the group's ``max_value_bytes``: a failure's message crosses whole
-    (API.md: ``.message`` is its ``str()``) unless its UTF-8 could pass that bound."""
+    (docs/api.md: ``.message`` is its ``str()``) unless its UTF-8 could pass that bound."""
     retention = policy.retention
     if outcome is Outcome.VALUE:
         keep = retention.success if retention is not None else None

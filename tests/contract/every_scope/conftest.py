@@ -42,7 +42,7 @@ LEASE = 1.0  # s: a fleet group's lease here (renewed every third of it)
 
 @dataclass(frozen=True)
 class Expect:
-    """How one scope keeps the contract where scopes differ (API.md)."""
+    """How one scope keeps the contract where scopes differ (docs/api.md)."""
 
     # A joiner gets the very object the work returned (process scope, no codec), not
     # its own decoded copy.

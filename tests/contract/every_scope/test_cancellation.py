@@ -1,4 +1,4 @@
-"""API.md, Calls: a caller's cancel or ``timeout`` withdraws only that caller."""
+"""docs/api.md, Calls: a caller's cancel or ``timeout`` withdraws only that caller."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""API.md, Groups and Outcomes ("Closing a group"): waiting calls raise GroupClosedError,
+"""docs/api.md, Groups and Outcomes ("Closing a group"): waiting calls raise GroupClosedError,
 the flights the group leads are interrupted for their joiners elsewhere, their work runs
 on to its end, and close() does not wait for it."""
 

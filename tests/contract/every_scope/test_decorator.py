@@ -1,4 +1,4 @@
-"""API.md, Calls: the decorator. Calls with one key share a flight and return the value
+"""docs/api.md, Calls: the decorator. Calls with one key share a flight and return the value
 itself; keys live in a namespace of the function's own, so two decorated functions (or a
 function and a plain key) never share a flight; ``forget`` on the wrapper."""
 

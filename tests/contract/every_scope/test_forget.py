@@ -1,4 +1,4 @@
-"""API.md, Calls: ``forget(key)``: the next call of the key leads a new flight, and a
+"""docs/api.md, Calls: ``forget(key)``: the next call of the key leads a new flight, and a
 kept outcome of the key is dropped; a flight in progress is detached, not stopped."""
 
 from __future__ import annotations

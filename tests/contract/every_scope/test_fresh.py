@@ -1,4 +1,4 @@
-"""API.md, Calls: ``fresh=True`` accepts only a flight that starts after the call; the
+"""docs/api.md, Calls: ``fresh=True`` accepts only a flight that starts after the call; the
 fresh callers that arrive during one running flight share the next one."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""API.md, Outcomes and Policies: Limits are each process's own and count per process
+"""docs/api.md, Outcomes and Policies: Limits are each process's own and count per process
 (``max_waiters``: joiners waiting here; ``max_flights``: flights led or waited for here)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""API.md, Calls: ``on_join`` is called once for each joiner, in the caller's own thread
+"""docs/api.md, Calls: ``on_join`` is called once for each joiner, in the caller's own thread
 or task, before it waits; never for the leader, never for a kept outcome; if it raises,
 that call withdraws and raises that error."""
 

@@ -1,4 +1,4 @@
-"""API.md, Outcomes: every row, over every scope (the joiner in the leader's own group,
+"""docs/api.md, Outcomes: every row, over every scope (the joiner in the leader's own group,
 and, in a wide scope, in another "process")."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""API.md, Policies: Retention. A kept outcome is served, as joined, to calls after the
+"""docs/api.md, Policies: Retention. A kept outcome is served, as joined, to calls after the
 flight until its time runs out or it is evicted (LRU by items, then bytes; a hit is a
 use); group-wide in every scope."""
 

@@ -1,4 +1,4 @@
-"""API.md, Observability: ``stats()`` is this process's view. In a wide scope a call of a
+"""docs/api.md, Observability: ``stats()`` is this process's view. In a wide scope a call of a
 flight led elsewhere is a join here, and the flight's work did not run here."""
 
 from __future__ import annotations

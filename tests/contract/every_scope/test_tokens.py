@@ -1,4 +1,4 @@
-"""API.md, Calls, Inside the work and Policies: ``Result.token`` is the fencing token of
+"""docs/api.md, Calls, Inside the work and Policies: ``Result.token`` is the fencing token of
 the attempt that produced the outcome; tokens grow within a group (every process of a
 wide one); each attempt has its own; a retry belongs to the flight, whose joiners, here
 and elsewhere, stay attached through it."""

@@ -24,7 +24,6 @@ from flightgroup.testing import FakeCoordinator
 
 from ...dirproc import Harness
 from ...ingroup import Background
-from ...redisproc import free_port
 from .conftest import WIDE, Leader
 
 
@@ -41,7 +40,10 @@ class Down:
         self._made: list[FlightGroup] = []
         self._frozen: socket.socket | None = None
         self._harness: Harness | None = None
-        self._port = free_port()
+        # (fleet) bound and never listening: refused, and no other test's server takes it
+        self._refusing = socket.socket()
+        self._refusing.bind(("127.0.0.1", 0))
+        self._port = self._refusing.getsockname()[1]
         if id == "fake":
             self.fake = FakeCoordinator()
             self.fake.unreachable()
@@ -73,6 +75,7 @@ class Down:
             made.close()
         if self._frozen is not None:
             self._frozen.close()
+        self._refusing.close()
         if self._harness is not None:
             self._harness.cleanup()
 

@@ -49,7 +49,7 @@ VERSION = 1
 """The protocol version this module speaks."""
 
 HELLO: bytes = b'{"protocol":"flightgroup","version":1}\n'
-"""The client's first line, byte for byte as API.md fixes it."""
+"""The client's first line, byte for byte as docs/api.md fixes it."""
 
 WELCOME: bytes = b'{"ok":true}\n'
 """The coordinator's answer to a hello of its own version."""
