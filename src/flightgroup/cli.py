@@ -24,13 +24,10 @@ from .command import (
     EXIT_SIGPIPE,
     EXIT_TIMEOUT,
     EXIT_USAGE,
-    UsageError,
-    default_directory,
-    hold_standard_fds,
-    parse_timeout,
     run_command,
-    scope_from_args,
 )
+from .command_options import UsageError, default_directory, parse_timeout, scope_from_args
+from .command_output import hold_standard_fds
 from .errors import FlightError
 
 __all__ = ["main"]

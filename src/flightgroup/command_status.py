@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from .command import Scope, UsageError, open_group
+from .command_options import Scope, UsageError, open_group
 from .errors import UnavailableError
 from .group import FlightGroup, internals
 from .scope.interface import key_as_shown

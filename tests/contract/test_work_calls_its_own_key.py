@@ -287,7 +287,7 @@ def test_the_scopes_register_forgets_the_scopes_of_collected_groups(tmp_path: An
     job) keeps no entry per directory once its groups are gone."""
     import gc
 
-    from flightgroup.scope import table as wide_table
+    from flightgroup.scope import kin
 
     for i in range(300):
         g = FlightGroup(directory=os.path.join(str(tmp_path), f"d{i}"), codec=JSON)
@@ -296,7 +296,7 @@ def test_the_scopes_register_forgets_the_scopes_of_collected_groups(tmp_path: An
             gc.collect()
     # swept whenever the register doubled: bounded, not one entry per directory (a
     # scope's identity is any hashable: a fake scope's, say, holds no path)
-    assert len([scope for scope in wide_table._KIN if str(tmp_path) in repr(scope)]) < 130
+    assert len([scope for scope in kin._KIN if str(tmp_path) in repr(scope)]) < 130
 
 
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
@@ -306,9 +306,9 @@ def test_a_fork_while_another_thread_holds_the_scopes_register_lock(tmp_path: An
     copy of the lock is free."""
     import multiprocessing
 
-    from flightgroup.scope import table as wide_table
+    from flightgroup.scope import kin
 
-    with wide_table._KIN_LOCK:  # as another thread would hold it at the fork
+    with kin._KIN_LOCK:  # as another thread would hold it at the fork
         child = multiprocessing.get_context("fork").Process(
             target=_make_a_group, args=(os.path.join(str(tmp_path), "child"),)
         )
@@ -391,12 +391,12 @@ from flightgroup import JSON, FlightGroup
 g = FlightGroup(directory=tempfile.mkdtemp(dir="/tmp") + "/d", codec=JSON)
 g.run_sync("k", lambda: 1)  # started: the child's at-fork handlers tell its scope
 g.close()
-from flightgroup.scope import table
+from flightgroup.scope import kin
 
 def child(path):
     FlightGroup(directory=path, codec=JSON).close()
 
-with table._KIN_LOCK:  # as another thread would hold it at the fork
+with kin._KIN_LOCK:  # as another thread would hold it at the fork
     p = multiprocessing.get_context("fork").Process(
         target=child, args=(tempfile.mkdtemp(dir="/tmp") + "/c",)
     )

@@ -83,11 +83,11 @@ def test_failures_landed_at_once_by_two_leaders_both_keep_their_cause(
     import contextlib
     import threading
 
-    import flightgroup.scope.bridge as bridge_module
+    import flightgroup.scope.landing as landing_module
 
     meet = threading.Barrier(2)
 
-    class Meeting(bridge_module.KeptCauses):
+    class Meeting(landing_module.KeptCauses):
         def __init__(self) -> None:
             # the making is guarded: the other thread waits for this one, and this
             # wait gives up
@@ -95,7 +95,7 @@ def test_failures_landed_at_once_by_two_leaders_both_keep_their_cause(
                 meet.wait(1.0)
             super().__init__()
 
-    monkeypatch.setattr(bridge_module, "KeptCauses", Meeting)
+    monkeypatch.setattr(landing_module, "KeptCauses", Meeting)
     a, b = (group(directory, retention=Retention(success=None, error=60.0)) for _ in "ab")
     try:
         errors = {key: KeyError(key) for key in ("k1", "k2")}

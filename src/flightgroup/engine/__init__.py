@@ -2,6 +2,8 @@
 
 - ``flight``: a flight's states, its attempts, waiters and how they are woken.
 - ``table``: the flight table (key -> Flight), thread-safe; decides under its lock.
+  Its parts (``tablestate``): ``fresh`` (fresh callers' claims), ``takeover``,
+  ``kept`` (kept outcomes).
 - ``follow``: the one wait loop's decisions, shared by async and sync callers.
 - ``attempts``: where the leader's work runs, its deadline, retries and containment,
   and its landing.

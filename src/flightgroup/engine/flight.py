@@ -60,6 +60,7 @@ __all__ = [
     "JOINED",
     "SETTLED",
     "Attempt",
+    "Counts",
     "Flight",
     "Outcome",
     "Result",
@@ -133,6 +134,17 @@ class Outcome(Enum):
     INTERRUPTED = "interrupted"  # a BaseException stopped it: ``error`` for the leader
     LOST = "lost"  # (wide scopes) the leader lost its lease: ``error`` is its LeaseLostError
     ABANDONED = "abandoned"  # an IDLE flight nobody claimed; no caller waits on it
+
+
+class Counts(Enum):
+    """How a settled flight counts in the stats. Its table decides, as it learns why
+    (``close``, a fork, a wide scope that could not serve the call), and ``settle``
+    reads it: one count for every table, no scope's case in it."""
+
+    OUTCOME = "outcome"  # by its outcome: a flight, failed, interrupted or lost
+    CLOSED = "closed"  # its group closed while it ran: interrupted and its lease lost
+    NOTHING = "nothing"  # no flight and no join (a wide scope could not serve it)
+    FORKED = "forked"  # copied into a forked child: counted out of in_flight at the fork
 
 
 class Signal(Enum):
@@ -262,9 +274,9 @@ class Flight:
     # While stats time waits: how many joiners were timed, and their arrival times' sum.
     timed = 0
     joined_ns = 0
-    # copied into a forked child, where it left its table: counted out of ``in_flight``
-    # there, so its settle (a work the child runs on) is not counted again
-    forked = False
+    # how it counts once settled (its table sets it; FORKED: copied into a forked child,
+    # where it left its table, so its settle there is not counted again)
+    counts = Counts.OUTCOME
 
     def __init__(self, tkey: Hashable, key: str, token: int, state: State) -> None:
         self.tkey = tkey

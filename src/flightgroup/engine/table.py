@@ -4,9 +4,15 @@ Every method runs under the table's lock, touches no user code, and returns what
 caller must do after releasing it (decide under the lock, act after). It keeps the
 invariants I1-I6 of ``engine/flight.py``; code that keeps one says so.
 
+This module owns what a call meets (lead, join, wait for the end, a kept outcome), a
+caller's wait, an attempt's run and its settling, forget, close and the fork. The table
+is made of parts, one concern each, that add no field (``tablestate.py``): fresh callers
+and their claims (``fresh.py``), takeovers (``takeover.py``), kept outcomes
+(``kept.py``).
+
 This is the process scope's table. A wide scope's (``scope.table.WideTable``) extends it
-through the hooks named ``_on_...`` / ``_refuse`` below, each called only off the process
-scope's hot path or as one call per settle.
+through the hooks named ``_on_...`` / ``_refuse`` here and in its parts, each called only
+off the process scope's hot path or as one call per settle.
 """
 
 from __future__ import annotations
@@ -17,12 +23,10 @@ import threading
 import time
 import weakref
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final
 
-from .._log import log
 from ..errors import GroupClosedError, TooManyFlightsError, TooManyWaitersError
 from ..policy import NO_POLICY, FlightPolicy
-from ..retention import RetentionStore
 from ..stats import Recorder
 from .flight import (
     DONE,
@@ -30,30 +34,29 @@ from .flight import (
     RETRY_PENDING,
     RUNNING,
     Attempt,
+    Counts,
     Flight,
     Outcome,
-    Result,
     Role,
     Signal,
     Waiter,
     _add_waiter,
     _blocks_its_loop,
     _calls_itself,
-    _kept_flight,
     signal_of,
 )
+from .fresh import FreshCallers
+from .kept import UNMEASURED, KeptOutcomes
+from .tablestate import F
+from .takeover import TakeOvers
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ..policy import Retention
-
 __all__ = ["UNMEASURED", "FlightTable"]
 
-F = TypeVar("F", bound=Flight)
-
-# The size of an outcome that could not be measured for Retention: it is not kept.
-UNMEASURED: Final = -1
+# How most flights count (a name read on every settle, not an attribute of the enum).
+_BY_OUTCOME: Final = Counts.OUTCOME
 
 # Every table of this process, for a forked child (``_after_fork``).
 _TABLES: weakref.WeakSet[FlightTable[Any]] = weakref.WeakSet()
@@ -71,37 +74,18 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
-class FlightTable(Generic[F]):
+class FlightTable(FreshCallers[F], TakeOvers[F], KeptOutcomes[F]):
     """The flight table of one group in this process: key -> Flight, thread-safe."""
 
-    __slots__ = (
-        "__weakref__",
-        "_clock",
-        "_evict_log_at",
-        "_next_token",
-        "closed",
-        "detached",
-        "flights",
-        "kept",
-        "lock",
-        "stats",
-    )
-
-    # The class of the flights it makes (a wide table's carry what its scope adds).
-    flight_type: ClassVar[type[Flight]] = Flight
-    # Flights counted as a flight starts: a wide table counts one when its scope lets
-    # the work run here (``ran_here``), never before (counters only grow).
-    lead_counts: ClassVar[int] = 1
+    __slots__ = ()
 
     def __init__(self) -> None:
         _TABLES.add(self)
         self.lock = threading.Lock()
-        self.flights: dict[Hashable, F] = {}
-        # flights that left the table by forget() but still run
-        self.detached: set[F] = set()
-        # kept outcomes (Retention): settled flights, made on the first one kept
-        self.kept: RetentionStore | None = None
-        self._clock: Callable[[], float] = time.monotonic
+        self.flights = {}
+        self.detached = set()
+        self.kept = None
+        self._clock = time.monotonic
         self.stats = Recorder()
         self.closed = False
         self._next_token = 0
@@ -116,28 +100,15 @@ class FlightTable(Generic[F]):
         self.detached = set()
         for flight in copied:
             if flight.state is not IDLE and flight.state is not DONE:  # in ``in_flight``
-                flight.forked = True
+                flight.counts = Counts.FORKED
                 self.stats.in_flight -= 1
         return copied
-
-    def use_clock(self, clock: Callable[[], float]) -> None:
-        """Drive retention with ``clock`` (tests use a fake one)."""
-        with self.lock:
-            self._clock = clock
-            if self.kept is not None:
-                self.kept._clock = clock
 
     # -- arriving -----------------------------------------------------------
 
     def arrive(
-        self,
-        tkey: Hashable,
-        key: str,
-        *,
-        fresh: bool,
-        make_waiter: Callable[[], Waiter],
-        chain: Flight | None,
-        blocking_loop: asyncio.AbstractEventLoop | None,
+        self, tkey: Hashable, key: str, *, fresh: bool, make_waiter: Callable[[], Waiter],
+        chain: Flight | None, blocking_loop: asyncio.AbstractEventLoop | None,
         policy: FlightPolicy = NO_POLICY,
     ) -> tuple[Role, F, Waiter | None]:
         """Decide lead, join, wait-for-end or kept for a new call of ``tkey``.
@@ -155,12 +126,8 @@ class FlightTable(Generic[F]):
             if chain is not None or blocking_loop is not None:
                 self._refuse(tkey, key, chain, blocking_loop)
             if flight is None:
-                if self.kept is not None and not fresh:
-                    entry = self.kept.get(tkey)
-                    if entry is not None:
-                        stats.calls += 1
-                        stats.joins += 1
-                        return Role.KEPT, _kept_flight(entry.payload), None  # type: ignore[return-value]
+                if self.kept is not None and not fresh and (served := self._serve_kept(tkey)):
+                    return Role.KEPT, served, None  # type: ignore[return-value]
                 if policy is not NO_POLICY:
                     self._check_flights(key, policy)
                 stats.calls += 1
@@ -188,11 +155,7 @@ class FlightTable(Generic[F]):
             stats.calls += 1
             waiter = make_waiter()
             if fresh:  # an IDLE flight was led above: this one is running
-                self._on_waits_for_end(flight)
-                if flight.fresh is None:
-                    flight.fresh = [waiter]
-                else:
-                    flight.fresh.append(waiter)
+                self._wait_for_end(flight, waiter)
                 return Role.WAIT_END, flight, waiter
             _add_waiter(flight, waiter)
             flight.joiners += 1
@@ -201,24 +164,6 @@ class FlightTable(Generic[F]):
                 flight.timed += 1
                 flight.joined_ns += time.perf_counter_ns()
             return Role.JOIN, flight, waiter
-
-    def take_kept(self, tkey: Hashable) -> Flight | Result[Any] | None:
-        """The kept outcome of ``tkey`` if there is one and no flight of the key runs:
-        the Result to return, or the settled flight to deliver from. The hot path of
-        Retention, before ``arrive``."""
-        with self.lock:
-            if self.closed:
-                raise GroupClosedError()
-            kept = self.kept
-            if kept is None or tkey in self.flights:
-                return None
-            entry = kept.get(tkey)
-            if entry is None:
-                return None
-            stats = self.stats
-            stats.calls += 1
-            stats.joins += 1
-            return entry.payload  # type: ignore[no-any-return]
 
     def _check_flights(self, key: str, policy: FlightPolicy) -> None:
         limits = policy.limits
@@ -242,67 +187,6 @@ class FlightTable(Generic[F]):
             if waiting >= limits.max_waiters:
                 raise TooManyWaitersError(flight.key, limits.max_waiters)
 
-    def claim(
-        self,
-        flight: F,
-        make_waiter: Callable[[], Waiter],
-        policy: FlightPolicy,
-        claimed: bool = True,
-        counted: bool = False,
-    ) -> tuple[Role, Waiter | None]:
-        """A fresh caller takes its claim on ``flight`` (the flight after the one
-        it waited for): lead it if nobody does, else join it, or take its
-        outcome if it already ended (it started after the caller's call).
-        ``claimed=False``: a caller promoted by ``ran_here`` joins the flight it
-        waited on (it holds no claim: that flight was never IDLE). ``counted``: a
-        joiner whose on_join waited for the scope's answer, already counted as one."""
-        with self.lock:
-            if claimed:
-                flight.claims -= 1
-            if self.closed:
-                raise GroupClosedError()
-            if flight.state is IDLE:
-                self._lead(flight, policy)
-                return Role.LEAD, None
-            if flight.state is DONE:
-                # I4: a flight with a pending claim is never abandoned.
-                assert flight.outcome is not Outcome.ABANDONED
-                if not counted:
-                    self.stats.joins += 1
-                return Role.TAKE, None
-            waiter = make_waiter()
-            _add_waiter(flight, waiter)
-            if counted:
-                return Role.JOIN, waiter
-            flight.joiners += 1
-            self.stats.joins += 1
-            if self.stats.timing:
-                flight.timed += 1
-                flight.joined_ns += time.perf_counter_ns()
-            return Role.JOIN, waiter
-
-    def _lead(self, flight: F, policy: FlightPolicy) -> None:
-        flight._move(IDLE, RUNNING)
-        self._next_token += 1
-        flight.token = self._next_token
-        flight.attempt = Attempt(flight, flight.token)
-        flight.policy = policy
-        stats = self.stats
-        stats.flights += self.lead_counts
-        stats.in_flight += 1
-        flight.started = time.perf_counter_ns()
-
-    def release_claim(self, flight: F) -> None:
-        """A caller told to claim ``flight`` withdrew instead (I4)."""
-        with self.lock:
-            flight.claims -= 1
-            if flight.state is IDLE and flight.claims == 0:
-                flight._move(IDLE, DONE)
-                flight.outcome = Outcome.ABANDONED
-                if self.flights.get(flight.tkey) is flight:  # I1
-                    del self.flights[flight.tkey]
-                self.detached.discard(flight)
-
     def give_up(self, flight: F, waiter: Waiter) -> None:
         """A caller stops waiting on ``flight`` (cancelled, interrupted): its waiter is
         withdrawn, or the claim on the next flight a takeover handed it is handed back
@@ -312,62 +196,6 @@ class FlightTable(Generic[F]):
         following = flight.next
         if waiter in flight.taken_over and following is not None:
             self.release_claim(following)  # type: ignore[arg-type]  # (a flight of this table)
-
-    def retakes(self, flight: F) -> bool:
-        """``flight`` (settled) ended interrupted and a caller that finds it so, rather
-        than being woken by its end, takes it over (``take_over``): a fresh or taking-over
-        caller whose claim found it ended, or a leading caller that joined it elsewhere."""
-        outcome = flight.outcome
-        return (
-            (outcome is Outcome.INTERRUPTED or outcome is Outcome.LOST)
-            and flight.policy.takeover > flight.takeovers
-            and not flight.closed
-            and self._takes_over(flight)
-        )
-
-    def leader_takes_over(self, flight: F) -> bool:
-        """``flight`` (settled) ended interrupted and its leading caller, a joiner of a
-        flight led elsewhere that was not waiting when it ended, takes it over."""
-        return self._leader_joins(flight) and self.retakes(flight)
-
-    def take_over(
-        self, flight: F, make_waiter: Callable[[], Waiter], policy: FlightPolicy
-    ) -> tuple[Role, F, Waiter | None]:
-        """A caller takes interrupted ``flight`` over (``retakes``) along its chain: the
-        flight after it (made by the callers that took it over first, or by this call),
-        else the key's flight of a later call, else a new one, which counts one takeover
-        more. It leads that flight, joins it, or takes its outcome if it ended (and takes
-        that one over in turn, while the chain has takeovers left)."""
-        with self.lock:
-            if self.closed:
-                raise GroupClosedError()
-            tkey = flight.tkey
-            found = flight.next
-            if found is not None and found.outcome is Outcome.ABANDONED:
-                found = None  # (its claims were all handed back: it never ran)
-            if found is None:
-                found = self.flights.get(tkey)
-            if found is None:
-                made: F = self.flight_type(tkey, flight.key, 0, IDLE)  # type: ignore[assignment]
-                self.flights[tkey] = made
-                made.takeovers = flight.takeovers + 1
-                self._made_to_take_over(flight, made)
-                flight.next = found = made
-            following: F = found  # type: ignore[assignment]
-            if following.state is IDLE:
-                self._lead(following, policy)
-                return Role.LEAD, following, None
-            if following.state is DONE:
-                self.stats.joins += 1
-                return Role.TAKE, following, None
-            waiter = make_waiter()
-            _add_waiter(following, waiter)
-            following.joiners += 1
-            self.stats.joins += 1
-            return Role.JOIN, following, waiter
-
-    def _made_to_take_over(self, flight: F, following: F) -> None:
-        """(Under the lock) ``following`` was made to take interrupted ``flight`` over."""
 
     def wait_as_leader(self, flight: F, waiter: Waiter) -> bool:
         """Register the leader's own waiter; False if the flight already ended.
@@ -393,14 +221,6 @@ class FlightTable(Generic[F]):
             if flight.waiters and flight.waiters.pop(waiter, False) is None:
                 return True
             return self._withdraw_fresh(flight, waiter)
-
-    def _withdraw_fresh(self, flight: F, waiter: Waiter) -> bool:
-        """(Under the lock) withdraw ``waiter`` from the fresh callers of ``flight``."""
-        fresh = flight.fresh
-        if fresh is not None and waiter in fresh:
-            fresh.remove(waiter)
-            return True
-        return False
 
     # -- running and settling -------------------------------------------------
 
@@ -473,7 +293,7 @@ class FlightTable(Generic[F]):
                     self.kept.discard(tkey)
             elif self.detached:
                 self.detached.discard(flight)  # a forgotten flight is never kept
-            self._count_settled(flight, outcome, ended, flight.closed)
+            self._count_settled(flight, outcome, ended)
             if (
                 waiters
                 and current
@@ -484,136 +304,34 @@ class FlightTable(Generic[F]):
             ):
                 waiters, fresh = self._take_over(flight, waiters, fresh)
             if fresh and not self.closed:
-                taking = self._next_for_fresh(flight, fresh, outcome)
-                following = flight.next
-                if flight.taken_over and following is not None:
-                    # the bound on takeovers runs along the chain of flights taken over
-                    following.takeovers = max(following.takeovers, flight.takeovers + 1)
-                return waiters, taking
+                return waiters, self._claim_next(flight, fresh, outcome)
             return waiters, fresh
 
-    def _take_over(
-        self, flight: F, waiters: dict[Waiter, None], fresh: list[Waiter] | None
-    ) -> tuple[dict[Waiter, None], list[Waiter] | None]:
-        """(Under the lock) ``flight`` ended interrupted and its policy takes it over:
-        its joiners do not raise FlightInterruptedError, they claim the flight after it
-        with its fresh callers (the first claim leads it, the others join it, or take its
-        outcome once it ended: one run for them all). Its leading caller is no joiner
-        unless the flight joined one led elsewhere (``_leader_joins``). Returns the
-        waiters still to wake with SETTLED and the callers to wake with a claim."""
-        leader = flight.leader_waiter
-        taking: list[Waiter] = []
-        staying: dict[Waiter, None] = {}
-        for waiter in waiters:
-            if waiter is leader and not self._leader_joins(flight):
-                staying[waiter] = None
-            else:
-                taking.append(waiter)
-        if not taking or not self._takes_over(flight):
-            return waiters, fresh
-        flight.taken_over = frozenset(taking)
-        return staying, [*(fresh or ()), *taking]
-
-    def _leader_joins(self, flight: F) -> bool:
-        """Its leading caller waits as a joiner (a wide flight that joined one led
-        elsewhere): it takes the flight over with the others."""
-        return False
-
-    def _takes_over(self, flight: F) -> bool:
-        """(Under the lock) whether an interrupted ``flight``'s callers may take it
-        over (a wide flight the scope could not serve may not)."""
-        return True
-
-    def _count_settled(
-        self, flight: F, outcome: Outcome, ended: int, closed: bool | None
-    ) -> None:
-        """(Under the lock) count a settled flight in the stats (``ended``: its end, in
-        perf_counter_ns). ``closed``: its group closed while it ran, so it counts as
-        interrupted; None: it counts as no flight at all (only out of ``in_flight``)."""
+    def _count_settled(self, flight: F, outcome: Outcome, ended: int) -> None:
+        """(Under the lock) count a settled flight in the stats as its table decided
+        (``flight.counts``); ``ended``: its end, in perf_counter_ns."""
         stats = self.stats
-        if flight.forked:
-            pass  # counted out of in_flight at the fork (FlightTable._forked)
-        elif closed is None:
-            stats.in_flight -= 1
-        else:
-            if closed:
-                # Its group closed while it ran: its callers got GroupClosedError and its
-                # lease was lost, whatever the work did after.
-                failed, interrupted, lost = False, True, True
-            else:
-                failed = outcome is Outcome.ERROR or outcome is Outcome.TIMEOUT
-                lost = outcome is Outcome.LOST
-                interrupted = lost or outcome is Outcome.INTERRUPTED
+        counts = flight.counts
+        if counts is _BY_OUTCOME:
+            failed = outcome is Outcome.ERROR or outcome is Outcome.TIMEOUT
+            lost = outcome is Outcome.LOST
+            interrupted = lost or outcome is Outcome.INTERRUPTED
             stats.settled(
                 failed, interrupted, lost, flight.joiners, (ended - flight.started) // 1000
             )
+        elif counts is Counts.CLOSED:
+            # Its group closed while it ran: its callers got GroupClosedError and its
+            # lease was lost, whatever the work did after.
+            stats.settled(False, True, True, flight.joiners, (ended - flight.started) // 1000)
+        elif counts is Counts.NOTHING:
+            stats.in_flight -= 1  # no flight: only out of in_flight
+        # (FORKED: counted out of in_flight at the fork, ``_forked``)
         timed = flight.timed
         if timed:
             # Each joiner's wait is its flight's mean joiner wait: the sum and the count
             # are exact, the spread within one flight is not kept.
             mean = (timed * ended - flight.joined_ns) // (timed * 1000)
             stats.wait_us.record(mean, timed)
-
-    def _next_for_fresh(
-        self, flight: F, fresh: list[Waiter], outcome: Outcome
-    ) -> list[Waiter] | None:
-        """(Under the lock) the fresh callers of settled ``flight`` claim the flight
-        after it (made IDLE if none runs): returns them, to wake with that claim."""
-        tkey = flight.tkey
-        following = self.flights.get(tkey)
-        if following is None:
-            # Its token comes when it is led (_lead): a flight that starts later must
-            # carry the larger token, even if it was made earlier.
-            made: F = self.flight_type(tkey, flight.key, 0, IDLE)  # type: ignore[assignment]
-            self.flights[tkey] = following = made
-        following.claims += len(fresh)
-        flight.next = following
-        return fresh
-
-    def _keep(self, flight: F, size: int) -> None:
-        """Keep a settled flight's outcome for later calls (Retention)."""
-        retention = flight.policy.retention
-        assert retention is not None
-        ok = flight.outcome is Outcome.VALUE
-        ttl = retention.success if ok else retention.error
-        # A timeout or an interruption teaches nothing worth keeping; either way the
-        # key's older kept outcome (a fresh call led past it) is no longer its latest.
-        if not ttl or (not ok and flight.outcome is not Outcome.ERROR) or size == UNMEASURED:
-            if self.kept is not None:
-                self.kept.discard(flight.tkey)
-            return
-        if self.kept is None:
-            self.kept = RetentionStore(retention.max_items, retention.max_bytes, self._clock)
-        flight.parent = None  # a kept flight holds its outcome, nothing else
-        flight.task = None
-        flight.loop = None
-        # A kept value (without a codec) is kept as the one Result every call it serves
-        # returns (ADR 0003); a failure, or encoded data, as the settled flight itself.
-        payload: Flight | Result[Any] = flight
-        if ok and flight.data is None:
-            payload = Result(flight.value, True, flight.token)
-        kept = self.kept
-        evicted = kept.evicted
-        # The flight's own bounds (an operation's Retention may differ from the group's).
-        kept.put(
-            flight.tkey, ok, payload, flight.token, ttl, size,
-            (retention.max_items, retention.max_bytes),
-        )
-        if kept.evicted != evicted:
-            self._evicted(kept, retention)
-
-    def _evicted(self, kept: RetentionStore, retention: Retention) -> None:
-        """Say (at most once a minute) that the bounds evict kept outcomes: a bound
-        that is too small turns retention into a miss."""
-        now = time.monotonic()
-        if now < self._evict_log_at:
-            return
-        self._evict_log_at = now + 60.0
-        log.info(
-            "retention evicted %d kept outcomes so far (max_items=%d, max_bytes=%s); "
-            "raise the bounds if later calls should find them", kept.evicted,
-            retention.max_items, retention.max_bytes,
-        )
 
     # -- the group ------------------------------------------------------------
 
@@ -645,6 +363,8 @@ class FlightTable(Generic[F]):
             result: list[tuple[F, list[Waiter]]] = []
             for flight in [*self.flights.values(), *self.detached]:
                 flight.closed = True
+                if flight.counts is Counts.OUTCOME:
+                    flight.counts = self._closed_counts(flight)
                 waiters = list(flight.waiters)
                 if waiters:
                     flight.waiters = {}
@@ -697,14 +417,16 @@ class FlightTable(Generic[F]):
         raise RuntimeError for a call that would wait for itself in a way this table's
         flights do not show (I6 across the groups of one scope)."""
 
-    def _on_waits_for_end(self, flight: F) -> None:
-        """(Under the lock) a fresh caller starts waiting for running ``flight``'s end."""
-
     def _on_attempt(self, flight: F) -> None:
         """(Under the lock) ``flight``'s next attempt began under a local token."""
 
     def _on_close(self, closed: list[tuple[F, list[Waiter]]]) -> None:
         """(Under the lock) the group closed: ``closed`` are its flights, detached."""
+
+    def _closed_counts(self, flight: F) -> Counts:
+        """(Under the lock, ``close``) how ``flight``, running as its group closes, counts
+        once settled: as interrupted, its lease lost (CLOSED)."""
+        return Counts.CLOSED
 
     def signal_of(self, flight: F, fresh_of: F | None, waiter: Waiter) -> Signal | Flight:
         """The signal ``waiter`` of ``flight`` was handed, read from the flight itself

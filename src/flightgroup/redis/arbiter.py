@@ -9,8 +9,8 @@ a kept outcome, or (fresh) wait for the running flight's end and ask again.
 This module owns a group's calls and leads (:mod:`.calls`), from the Scope methods to
 their end: a call begun and ended, a lead taken, withdrawn or given back, the landing's
 bookkeeping (the engine settles the flight here only once Redis took it, or fenced it:
-then the leader gets LeaseLostError), closing, and a forked child's let-go. The steps
-it runs on its loop live beside it: ACQUIRE and what its answer starts
+then the leader gets LeaseLostError). The steps it runs live beside it: closing and a
+forked child's let-go (:mod:`.closing`), ACQUIRE and what its answer starts
 (:mod:`.acquire`), a joiner's wait for the outcome (:mod:`.delivery`), a lead's lease
 and a retry's new token (:mod:`.renewal`), COMPLETE (:mod:`.landing`), undoing an
 unanswered ACQUIRE (:mod:`.undo`), ``status()`` (:mod:`.status`); and the keys
@@ -29,7 +29,6 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Coroutine, Hashable, Sequence
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from redis.connection import parse_url
@@ -40,11 +39,11 @@ from ..scope.events import Lead, LeaseLost, Refused, ScopeEvent
 from ..scope.interface import Handed
 from ..scope.loop import BackgroundLoop, closed_in_fork
 from ..scope.outcome import SharedOutcome
-from . import clients, scripts
+from . import clients, closing, scripts
 from .acquire import acquire
 from .breaker import Breaker
 from .calls import FleetCall, FleetLead
-from .clients import COMMAND_TIMEOUT, MAX_BLOCK, UNREACHABLE
+from .clients import MAX_BLOCK, UNREACHABLE
 from .landing import complete
 from .left import LeftThreads, left_threads
 from .names import FORGET_MEMORY_MS, Names, ms, safe_url, server_of
@@ -439,113 +438,22 @@ class RedisArbiter:
             if done is not None:
                 done(handed)
 
-    # -- closing ----------------------------------------------------------------
+    # -- closing (closing.py) ----------------------------------------------------
 
     def close(self) -> None:
         """Interrupt the flights led here whose work has not ended (their joiners
         elsewhere hear it at once), end the calls still waiting, wait for landings
         already made, then disconnect. Works still running run on to their end."""
-        bound = min(threading.TIMEOUT_MAX, 2 * COMMAND_TIMEOUT + self._lease)
-        with self._background.lock:
-            again = self._closing
-            self._closing = True
-        if again:
-            # A second close() returns when the first did: the landings are handed over.
-            if not self._background.on_its_thread():
-                self._close_returned.wait(min(threading.TIMEOUT_MAX, bound + 10))
-            return
-        try:
-            self._close_now(bound)
-        finally:
-            self._close_returned.set()
-
-    def _close_now(self, bound: float) -> None:
-        loop = self._background.loop
-        if loop is None:
-            return
-        future: Future[None] = asyncio.run_coroutine_threadsafe(self._close(), loop)
-        with contextlib.suppress(Exception):
-            # (bound is at most threading.TIMEOUT_MAX: past it, result() raises at once.)
-            future.result(bound)
-        self._background.stop()
+        closing.close(self)
 
     async def _close(self) -> None:
-        # Steps already sent (an ACQUIRE, a retry's ATTEMPT) may still win a lead; each
-        # gives it back itself once it hears (the call is withdrawn, the group closing).
-        # Wait for them and for what they spawn before the loop stops: a lead won and
-        # never given back would hold its joiners elsewhere for a lease.
-        pending = {call.task for call in self._calls if call.task is not None}
-        for call in list(self._calls):
-            if call.lead is None:
-                self._calls.discard(call)
-                if call.reading and call.task is not None:
-                    call.task.cancel()
-                call.withdrawn = True
-                call.inbox.put(Refused(GroupClosedError()))
-        for lead in list(self._leads):
-            if lead.landing is None and lead.lose(only_running=True):
-                self._background.spawn(self._abandon(lead, "its leader's group closed"))
-        pending |= self._background.tasks
-        while pending := {task for task in pending if not task.done()}:
-            await asyncio.wait(pending)
-            pending = set(self._background.tasks)
-        self._renewal.cancel()
-        self._breaker.stop()
-        await self._left.drop()
-        for client in (self._client, self._blocking):
-            with contextlib.suppress(Exception):
-                await client.aclose()
+        """The steps of close() on the group's loop (``closing.close_steps``)."""
+        await closing.close_steps(self)
 
     def _forked(self, why: str, inherited: BackgroundLoop) -> None:
         """(In a forked child of a started group, see BackgroundLoop) no thread of the
-        parent was copied: the group raises at once here, its copies of the parent's
-        loop and connections are kept from acting (see ``_let_go``), and its group drops
-        the flights copied from the parent's table (ADR 0018)."""
-        _inherited.append(dict(vars(self), _background=inherited))
-        loop = inherited.loop or inherited.booting
-        if loop is not None:
-            _let_go(loop)
-        self._closing = True  # close() has nothing to wait for
-        self._close_returned = threading.Event()  # (a copy's lock may be held)
-        self._close_returned.set()
-        self._closed_why = why
-        self._ready = None
-        self._renewal = Renewal(self)
-        self._breaker = Breaker(self)
-        self._client = self._blocking = None
-        self._scripts = {}
-        self._calls, self._leads = set(), set()
-        self._undoing, self._undo_nonces = {}, {}
-        if self.on_fork is not None:
-            self.on_fork(why)
+        parent was copied: the group lets go of the parent's (``closing.forked``)."""
+        closing.forked(self, why, inherited)
 
 
 _serials = itertools.count(1)  # numbers the groups of this process (keys of left threads)
-
-# What forked children keep of their parents' started groups, for good: collected there,
-# a copied redis-py connection would close itself through the copied loop, whose epoll
-# instance is the parent's own (an unregister from here unwatches the parent's socket).
-_inherited: list[dict[str, Any]] = []
-
-
-def _let_go(loop: asyncio.AbstractEventLoop) -> None:
-    """(In a forked child) point the child's copies of the descriptors ``loop`` watches
-    (the parent's Redis connections, its wake-up socket) and of its epoll instance at
-    /dev/null: the parent's connections then close when the parent closes them, not
-    when this child exits, and nothing done here can reach the parent's through them.
-    dup2, not close: the numbers stay taken, so no later file of the child gets one."""
-    selector = getattr(loop, "_selector", None)  # asyncio's selector loop (private)
-    if selector is None:
-        return
-    try:
-        fds = [key.fd for key in selector.get_map().values()]
-        fds.append(selector.fileno())
-    except (AttributeError, RuntimeError, OSError):
-        return
-    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-    try:
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                os.dup2(null, fd)
-    finally:
-        os.close(null)

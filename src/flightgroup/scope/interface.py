@@ -243,7 +243,7 @@ def _printable(text: str) -> str:
 
 
 def key_as_called(sent: str) -> str:
-    """The key as its caller gave it, from the key a scope was sent (the bridge's
-    ``scope_key``): a plain key that starts with a NUL was sent with one more. A
+    """The key as its caller gave it, from the key a scope was sent (``scope_key``,
+    ``scope/keys.py``): a plain key that starts with a NUL was sent with one more. A
     decorated function's key stays as sent: NUL, its namespace, NUL, the key."""
     return sent[1:] if sent.startswith("\x00\x00") else sent

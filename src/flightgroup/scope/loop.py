@@ -28,9 +28,9 @@ from ..errors import GroupClosedError
 
 # Imported, so its at-fork handler is registered, before this module's own: in a forked
 # child, _after_fork tells each started arbiter, whose on_fork gives its group a new
-# WideTable, which takes the register's lock; scope.table must have renewed that lock
+# WideTable, which takes the register's lock; scope.kin must have renewed that lock
 # (a thread of the parent may have held it at the fork) before then.
-from . import table as _kin_register_first  # noqa: F401
+from . import kin as _kin_register_first  # noqa: F401
 
 __all__ = ["BackgroundLoop", "closed_in_fork", "forked_reason", "post", "start_loop"]
 

@@ -1,24 +1,20 @@
-"""What a wide scope adds to the engine's flights and table, owned here and not by the
-engine: a :class:`WideFlight` carries what its scope told this process (led here, joined
-elsewhere, decided, its landing's state), and a :class:`WideTable` keeps the rules that
-only exist because other processes share the key:
+"""What a wide scope adds to the engine's table, owned here and not by the engine: a
+:class:`WideTable` (of :class:`~.flight.WideFlight`) keeps the rules that only exist
+because other processes share the key:
 
 - a flight joins one led elsewhere, or its work runs here only once the scope says so
   (``ran_here``, ``joined_remote``, ``ran_elsewhere``); a joiner's on_join waits for that
-  answer (``defer_on_join``);
+  answer (``defer_on_join``): the table's part in ``answers.py``;
 - a flight that left the table while its work runs (forgotten, settled past its
   deadline, its group closed) still holds its key in the scope: a call of that key made
   by its own work, or run_sync on its work's loop, would wait for itself (``_refuse``);
-- the groups of this process with one scope are one group (the kin registry);
+- the groups of this process with one scope are one group (their kin: ``kin.py``);
 - a forget() elsewhere can move a flight's fresh callers on to the key's next flight.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import threading
-import weakref
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -27,9 +23,9 @@ from ..engine.flight import (
     DONE,
     IDLE,
     JOINED,
-    RUNNING,
     SETTLED,
     SETTLING,
+    Counts,
     Flight,
     Outcome,
     Role,
@@ -39,8 +35,11 @@ from ..engine.flight import (
     _calls_itself,
 )
 from ..engine.table import FlightTable
-from ..errors import FlightInterruptedError, GroupClosedError, TooManyWaitersError
+from ..errors import FlightInterruptedError, TooManyWaitersError
 from ..policy import NO_POLICY, FlightPolicy
+from . import kin
+from .answers import ScopeAnswers
+from .flight import WideFlight
 
 if TYPE_CHECKING:
     from .causes import KeptCauses
@@ -48,96 +47,12 @@ if TYPE_CHECKING:
 __all__ = ["WideFlight", "WideTable"]
 
 
-class WideFlight(Flight):
-    """A flight of a wide scope's group. Its fields follow Flight's rule: written
-    under the table lock (the outcome fields once, before DONE), class-level defaults."""
-
-    # fresh callers that came before the scope let the work start here: woken with
-    # JOINED to join this flight instead of waiting for its end (ran_here)
-    promoted: frozenset[Waiter] = frozenset()
-    # the scope answered: the work runs here, or the flight joined one led elsewhere.
-    # Until then a joiner's on_join waits (``defer_on_join``): the answer may be a kept
-    # outcome, and a call served from one never calls on_join.
-    decided = False
-    led_here = False  # the scope let its work run here (ran_here)
-    # the scope could not serve it (unreachable, another version): it counts as no
-    # flight, no join and no interruption (docs/observability.md)
-    unserved = False
-    deferred: list[Waiter] | None = None  # joiners whose on_join waits for the answer
-    # ``wide`` is the scope's call while this process leads there; ``remote``: the
-    # outcome came from elsewhere (every caller here is a joiner and raises a copy of
-    # ``error``); ``joined_remote``: told it joined a flight led elsewhere (the leading
-    # caller's on_join is due).
-    wide: Any = None
-    remote = False
-    joined_remote = False
-    # ends of sync attempts left running past their deadline: the key is held in the
-    # scope until each is set
-    stragglers: list[threading.Event] | None = None
-    fresh_lead = False  # its leader came with fresh=True (the scope must know)
-    # led in this process alone, the scope being out of reach (on_unavailable="local"):
-    # it has no call in the scope, and its outcome is neither landed nor kept
-    local = False
-    # the token of the flight whose end its fresh callers waited for: a flight of the
-    # scope that began after that one began after their calls
-    after: int | None = None
-    # ``token`` may be the ``after`` of its next flight: this process led the flight
-    # under the scope's token, and every fresh caller waiting for its end came before
-    # its landing was handed to the scope (SETTLING), so before the scope could end it
-    # and begin another. Not so for a flight led elsewhere (its end reaches this process
-    # after the scope may have begun the next one), a local token (a retry's before the
-    # scope bound it), or an end the scope did not see (unreachable, lease lost): its
-    # next flight then names no flight, and no flight that exists when it asks will do
-    # (ADR 0005).
-    scoped = False
-    # it left the table (a forget) and, when it ended, its fresh callers went on
-    # waiting for the end of the key's flight then (``next``): that one may have joined
-    # a flight of the scope that began before their calls
-    moved = False
-    next: WideFlight | None = None  # (the flight after this one, of the same table)
-    # its leading caller stopped waiting (timeout, cancel, interrupt, on_join raised)
-    # while the flight goes on: it no longer counts against max_waiters
-    leader_left = False
-    # the leading caller's waiter that ``joined_remote`` detached: the caller may give
-    # up with it before it waits again (``withdraw``)
-    rejoining: Waiter | None = None
-
-
 def _stragglers_done(flight: WideFlight) -> bool:
     """Every sync attempt of ``flight`` left running past its deadline has returned."""
     return all(ended.is_set() for ended in flight.stragglers or ())
 
 
-# The tables of this process by scope: groups of one scope are one group, and a call
-# must see the flights of the others (WideTable._runs_in_kin, _scope_blocks).
-_KIN_LOCK = threading.Lock()
-_KIN: dict[Hashable, weakref.WeakSet[WideTable]] = {}
-_KIN_PRUNE_AT = 64  # scopes registered before the next sweep of those left empty
-
-
-def _kin_register(scope: Hashable, table: WideTable) -> None:
-    global _KIN_PRUNE_AT
-    with _KIN_LOCK:
-        if len(_KIN) >= _KIN_PRUNE_AT:
-            # Scopes whose groups were all collected (a group per temporary directory),
-            # swept when the register doubled: amortised, not a scan per group made.
-            for gone in [name for name, tables in _KIN.items() if not tables]:
-                del _KIN[gone]
-            _KIN_PRUNE_AT = max(64, 2 * len(_KIN))
-        _KIN.setdefault(scope, weakref.WeakSet()).add(table)
-
-
-def _renew_kin_lock() -> None:
-    """(In a forked child) another thread of the parent may have held the lock: its
-    copy here would stay held for ever."""
-    global _KIN_LOCK
-    _KIN_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_renew_kin_lock)
-
-
-class WideTable(FlightTable[WideFlight]):
+class WideTable(FlightTable[WideFlight], ScopeAnswers):
     """The flight table of a wide scope's group in this process.
 
     ``scope`` names the scope (Scope.identity): another table of this process with the
@@ -153,7 +68,7 @@ class WideTable(FlightTable[WideFlight]):
         super().__init__()
         self.scope = scope
         self.left_holds = left_holds
-        _kin_register(scope, self)
+        kin.register(scope, self)
         # settled flights whose sync work runs on past its deadline (and holds the key
         # lock, in the directory scope), until it returns
         self.lingering: set[WideFlight] = set()
@@ -201,7 +116,7 @@ class WideTable(FlightTable[WideFlight]):
     ) -> None:
         if chain is not None and (
             ((self.detached or self.lingering) and self._left_in(tkey, chain))
-            or self._runs_in_kin(tkey, chain)
+            or kin.runs_in_kin(self, tkey, chain)
         ):
             # I6 for a flight of this scope that the table's own check cannot see: one
             # that left this table while its work runs (a forget(), here or in another
@@ -210,7 +125,7 @@ class WideTable(FlightTable[WideFlight]):
             # would wait for the key lock that very flight holds (directory scope) or
             # run the key again inside its own work (fleet); a join would wait for itself.
             raise _calls_itself(key)
-        if blocking_loop is not None and self._scope_blocks(tkey, blocking_loop):
+        if blocking_loop is not None and kin.scope_blocks(self, tkey, blocking_loop):
             # run_sync on the thread of the loop that runs the work of another flight of
             # the key in this scope (another group's, or one that left its table while
             # its work runs: forgotten, lingering, its group closed): the scope would
@@ -259,18 +174,17 @@ class WideTable(FlightTable[WideFlight]):
     def _keep(self, flight: WideFlight, size: int) -> None:
         """Nothing: the scope keeps outcomes where every process reaches them."""
 
-    def _count_settled(
-        self, flight: WideFlight, outcome: Outcome, ended: int, closed: bool | None
-    ) -> None:
+    def _count_settled(self, flight: WideFlight, outcome: Outcome, ended: int) -> None:
+        """FlightTable's; a flight whose sync work runs on past its deadline lingers."""
         if flight.stragglers is not None and not _stragglers_done(flight):
             self.lingering.add(flight)  # until unlinger: its last work returned
-        if flight.unserved:
-            closed = None  # no flight, no join: nothing else to count
-        elif not flight.led_here:
-            # A flight joined elsewhere counts by its end there, even if this group
-            # closed meanwhile: its lease was never this process's to lose.
-            closed = False
-        super()._count_settled(flight, outcome, ended, closed)
+        super()._count_settled(flight, outcome, ended)
+
+    def _closed_counts(self, flight: WideFlight) -> Counts:
+        # A flight not led here counts by its end elsewhere, even if this group closed
+        # meanwhile: its lease was never this process's to lose. (Once closed, no work
+        # starts here: ``ran_here`` refuses.)
+        return Counts.CLOSED if flight.led_here else Counts.OUTCOME
 
     def _next_for_fresh(
         self, flight: WideFlight, fresh: list[Waiter], outcome: Outcome
@@ -379,115 +293,6 @@ class WideTable(FlightTable[WideFlight]):
                 self.forgetting[tkey] = self.forgetting.get(tkey, 0) + 1
             self._forget(tkey)
 
-    # -- the bridge's ----------------------------------------------------------
-
-    def ran_here(self, flight: WideFlight, *, local: bool = False) -> list[Waiter] | None:
-        """(Wide scopes) the scope let ``flight``'s work run here: count the flight.
-        ``local``: the scope could not be reached and the flight runs in this process
-        alone (``on_unavailable="local"``): its end is no flight of the scope's.
-
-        Its fresh callers came while it waited for the scope's answer, so before its
-        work starts: they join it (ADR 0005: the next flight to start is this one)
-        instead of waiting for its end and leading one more. Returns them, detached,
-        to wake with JOINED; each then joins through ``claim(claimed=False)``. So are
-        the joiners whose on_join waited for the answer (``defer_on_join``).
-
-        Raises GroupClosedError once the group closed: no work starts after close().
-        """
-        with self.lock:
-            if self.closed:
-                raise GroupClosedError()
-            self.stats.flights += 1
-            flight.scoped = not local
-            flight.led_here = True
-            if local:
-                flight.local = True
-                self.stats.local_flights += 1
-            deferred = self._decided(flight)
-            fresh = flight.fresh
-            if not fresh or flight.state is not RUNNING:
-                return deferred
-            flight.fresh = None
-            if deferred:
-                flight.promoted = flight.promoted.union(fresh)
-                return [*deferred, *fresh]
-            flight.promoted = frozenset(fresh)
-            return fresh
-
-    def defer_on_join(self, flight: WideFlight, waiter: Waiter) -> bool | None:
-        """(A joiner with an on_join) whether its on_join runs now: True, the flight
-        is decided; None, it waits for the scope's
-        answer (its waiter is woken with JOINED then, or SETTLED by a kept outcome);
-        False, the flight ended before the scope let it run or join anywhere (a kept
-        outcome, or the scope's failure to serve it): no on_join."""
-        with self.lock:
-            if flight.decided:
-                return True
-            if flight.state is DONE or waiter not in flight.waiters:
-                return False  # woken already (settled or closed) while undecided
-            if flight.deferred is None:
-                flight.deferred = [waiter]
-            else:
-                flight.deferred.append(waiter)
-            return None
-
-    def _decided(self, flight: WideFlight) -> list[Waiter] | None:
-        """Mark ``flight`` decided; detach the joiners whose on_join waited for it
-        (under the lock), to wake with JOINED."""
-        flight.decided = True
-        deferred = flight.deferred
-        if deferred is None:
-            return None
-        flight.deferred = None
-        waiters = flight.waiters
-        woken = [w for w in deferred if waiters.pop(w, False) is None]
-        if woken:
-            flight.promoted = flight.promoted.union(woken)
-        return woken or None
-
-    def handing(self, flight: WideFlight) -> None:
-        """(Wide scopes) the landing of ``flight`` goes to the scope now (SETTLING): a
-        fresh caller that comes from here on may come after the scope began the next
-        flight. (A retry given up as the group closed lands from RETRY_PENDING.)"""
-        with self.lock:
-            if flight.state is RUNNING:
-                flight._move(RUNNING, SETTLING)
-
-    def ran_elsewhere(self, flight: WideFlight, joined: bool, unserved: bool = False) -> None:
-        """(Wide scopes) ``flight`` ended without its work running here: its leading
-        caller counts as a join if it had a flight's outcome from elsewhere (``joined``),
-        unless it was counted when the flight joined; a call the scope could not serve
-        (``unserved``: unreachable, closed) is no join, and counts nothing at its end
-        unless the scope had answered it first."""
-        with self.lock:
-            flight.scoped = False  # it ended elsewhere, maybe before it ended here
-            if joined and not flight.joined_remote:
-                self.stats.joins += 1
-            elif unserved and not flight.decided:
-                flight.unserved = True
-
-    def joined_remote(self, flight: WideFlight) -> list[Waiter] | None:
-        """(Wide scopes) ``flight`` joined a flight led elsewhere: mark it, and detach
-        the leading caller's waiter if it waits, and the joiners whose on_join waited
-        for the answer, to wake them with JOINED."""
-        with self.lock:
-            if not flight.joined_remote:  # a rejoin after a failover is the same join
-                flight.joined_remote = True
-                self.stats.joins += 1
-            woken = self._decided(flight)
-            waiter = flight.leader_waiter
-            if waiter is not None and flight.waiters.pop(waiter, False) is None:
-                flight.leader_waiter = None
-                flight.rejoining = waiter
-                if woken is None:
-                    return [waiter]
-                woken.append(waiter)
-            return woken
-
-    def joined_elsewhere(self, flight: WideFlight) -> bool:
-        """``flight`` joined a flight led elsewhere (its leading caller is a joiner)."""
-        return flight.joined_remote
-
     def forget_answered(self, tkey: Hashable) -> None:
         """The scope answered (or failed) one ``forget(tkey, asking=True)``."""
         with self.lock:
@@ -509,59 +314,16 @@ class WideTable(FlightTable[WideFlight]):
 
     def has_kin(self) -> bool:
         """Another group of this process has this table's scope (wide scopes)."""
-        return bool(self._kin())
+        return bool(kin.kin_of(self))
 
     def cause_of(self, key: str, token: int) -> BaseException | None:
         """The error of the failure that flight ``token`` of ``key`` landed, if a group
         of this process with this scope led it and still remembers it."""
-        for table in (self, *self._kin()):
+        for table in (self, *kin.kin_of(self)):
             causes = table.causes
             if causes is not None and (error := causes.cause(key, token)) is not None:
                 return error
         return None
-
-    def _kin(self) -> list[WideTable]:
-        """The other tables of this scope in this process (wide scopes)."""
-        with _KIN_LOCK:
-            tables = list(_KIN.get(self.scope, ()))
-        return [table for table in tables if table is not self]
-
-    def _runs_in_kin(self, tkey: Hashable, current: Flight | None) -> bool:
-        """True if ``current``, or a flight whose work started it, is a flight of the
-        key ``tkey`` that another group of this process with the same scope runs: the
-        scope would make this call join it (or wait for its key lock), so its work
-        would wait for itself. A flight whose work is over (a task it started may
-        outlive it) does not count."""
-        tables: list[WideTable] | None = None
-        while current is not None:
-            if current.tkey == tkey:
-                if tables is None:
-                    tables = self._kin()
-                if any(table.holds(current) for table in tables):
-                    return True
-            current = current.parent
-        return False
-
-    def _scope_blocks(self, tkey: Hashable, loop: asyncio.AbstractEventLoop) -> bool:
-        """(Under the lock) True if a flight of ``tkey`` whose async work runs on
-        ``loop`` here (not known to be led elsewhere) is another table's of this scope
-        in this process, or (directory scope) left its table while its work runs (this
-        table's check of its own flight comes later). Read from the other tables
-        without their locks: each test is one atomic read."""
-        # A flight that left its table holds the key in the directory scope (its key
-        # lock); in the fleet only until the scope confirms its forget(): after that a
-        # new call leads beside it (its lease is lost).
-        left_holds = self.left_holds
-        for table in (self, *self._kin()):
-            if table is not self:
-                flight = table.flights.get(tkey)
-                if flight is not None and flight.loop is loop and not flight.joined_remote:
-                    return True
-            if left_holds or tkey in table.forgetting:
-                for left in (*table.detached, *table.lingering):
-                    if left.tkey == tkey and left.loop is loop and not left.joined_remote:
-                        return True
-        return False
 
     def holds(self, flight: Flight) -> bool:
         """``flight``'s work may still run: it is this table's flight of its key, or it
