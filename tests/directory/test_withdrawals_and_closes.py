@@ -534,7 +534,10 @@ def test_many_calls_withdrawn_at_each_point_leak_nothing(h: Harness) -> None:
         x.release("l")
         assert_value(x.expect("done", "l"), "j", joined=False)
         wait_until(lambda: _lock_waiters(h.dir) == 0, "the key-lock thread ended")
-        wait_until(lambda: not _fd_table() - fds, "no descriptor left but those before")
+        try:
+            wait_until(lambda: not _fd_table() - fds, "no descriptor left but those before")
+        except AssertionError as failed:
+            raise AssertionError(f"{failed}: {sorted(_fd_table() - fds)}") from None
         wait_until(lambda: not set(threading.enumerate()) - threads, "no thread left")
         assert _key_files_open(h.dir) == 0
         result = b.run_sync("k", lambda: "b")  # nothing of the withdrawn calls holds k
