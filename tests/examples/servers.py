@@ -158,6 +158,14 @@ class Reply:
     body: object
 
 
+def poke(url: str) -> None:
+    """GET ``url`` only to spend a request of whichever worker takes it. One that a worker
+    takes as it exits (its --max-requests reached) is reset, as gunicorn does; it is
+    nothing to the caller, which pokes again."""
+    with contextlib.suppress(ConnectionError, urllib.error.URLError):
+        get(url)
+
+
 def get(url: str, timeout: float = WAIT) -> Reply:
     """GET ``url`` and read its JSON body (an error status is a Reply too)."""
     try:

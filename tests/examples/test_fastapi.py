@@ -16,9 +16,9 @@ from .servers import (
     Hold,
     base_url,
     child_env,
-    get,
     get_many,
     one_build,
+    poke,
     wait_for,
     wait_ready,
 )
@@ -105,7 +105,7 @@ def test_gunicorn_uvicorn_workers_preloaded_and_replaced_each_make_their_group_i
 
     def all_replaced() -> bool:
         if not first_workers <= exited():
-            get(f"{url}/healthz")
+            poke(f"{url}/healthz")
             return False
         return len(booted() - first_workers) >= 3
 

@@ -14,8 +14,8 @@ from .servers import (
     Hold,
     base_url,
     child_env,
-    get,
     one_build,
+    poke,
     wait_for,
     wait_ready,
 )
@@ -51,7 +51,7 @@ def test_preloaded_workers_and_their_replacements_each_make_a_group_that_coalesc
     # every first worker reaches its 4 requests and is replaced by a new one
     def all_replaced() -> bool:
         if not first_workers <= set(closed()):
-            get(f"{url}/healthz")
+            poke(f"{url}/healthz")
             return False
         return len(set(opened()) - first_workers) >= 3
 
