@@ -42,10 +42,15 @@ from .decorator import _Coalesce, make_coalesce
 from .engine.attempts import Attempts
 from .engine.flight import (
     CLOSED,
+    JOIN,
+    KEPT,
+    LEAD,
+    LEADING,
     SETTLED,
+    VALUE,
     Flight,
     Result,
-    Role,
+    make_result,
     new_thread_waiter,
     wake,
 )
@@ -254,27 +259,31 @@ class FlightGroup(Operations):
             if kept is not None:
                 return self._deliver(kept, False) if isinstance(kept, Flight) else kept
         current = _CURRENT.get()
+        chain = None if current is None else current.flight
         role, flight, waiter = table.arrive(
             key,
             key,
             fresh=fresh,
             make_waiter=loop.create_future,
-            chain=None if current is None else current.flight,
+            chain=chain,
             blocking_loop=None,
             policy=self._policy,
         )
-        if role is Role.LEAD:
-            self._attempts.start_async(flight, work, loop)
-            if flight.outcome is not None:  # the work finished eagerly: no waiting
+        if role is LEAD:
+            self._attempts.start_async(flight, work, loop, chain)
+            outcome = flight.outcome
+            if outcome is not None:  # the work finished eagerly: no waiting
                 if on_join is not None and self._bridge is not None and flight.joined_remote:
                     on_join()  # (wide scopes) it joined elsewhere, and the outcome came
+                if outcome is VALUE and flight.data is None and not flight.closed:
+                    return make_result((flight.value, False, flight.token))  # as _deliver
                 return self._deliver(flight, True)
             if on_join is None and timeout is None:
                 return await self._lead_waiting(flight, work, loop, self._policy)
-            role = Role.LEADING
-        elif role is Role.KEPT:
+            role = LEADING
+        elif role is KEPT:
             return self._deliver(flight, False)
-        elif role is Role.JOIN and on_join is None and timeout is None:
+        elif role is JOIN and on_join is None and timeout is None:
             # The herd's path, without a second coroutine: a joiner is handed SETTLED
             # or CLOSED, never a claim (claims go to fresh callers).
             try:
@@ -375,15 +384,15 @@ class FlightGroup(Operations):
             key, key, fresh=fresh, make_waiter=new_thread_waiter, chain=parent,
             blocking_loop=loop, policy=self._policy,
         )
-        if role is Role.KEPT:
+        if role is KEPT:
             return self._deliver(flight, False)
         if timeout is None and self._scope is None:
-            if role is Role.LEAD:
+            if role is LEAD:
                 # the common case: no waiting at all (under a deadline the attempt runs
                 # on a kept thread, and this thread waits for it: ADR 0038)
                 self._attempts.drive_sync(flight, work, parent)
                 return self._deliver(flight, True)
-            if role is Role.JOIN and on_join is None:
+            if role is JOIN and on_join is None:
                 # The plain join: a joiner is handed SETTLED or CLOSED, never a claim,
                 # and _deliver tells the two apart by the flight.
                 try:

@@ -13,7 +13,13 @@ from asyncio import events
 from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING, TypeVar, cast
 
-from .engine.flight import Result, Role, new_thread_waiter
+from .engine.flight import (
+    KEPT,
+    LEAD,
+    LEADING,
+    Result,
+    new_thread_waiter,
+)
 from .lease import _CURRENT
 from .waiting import Waiting, warn_blocks_loop
 
@@ -46,21 +52,22 @@ class Operations(Waiting):
         if task is not None and task.cancelling():
             raise asyncio.CancelledError()
         current = _CURRENT.get()
+        chain = None if current is None else current.flight
         role, flight, waiter = self._table.arrive(
             tkey,
             key,
             fresh=False,
             make_waiter=loop.create_future,
-            chain=None if current is None else current.flight,
+            chain=chain,
             blocking_loop=None,
             policy=policy,
         )
-        if role is Role.LEAD:
-            self._attempts.start_async(flight, work, loop)
+        if role is LEAD:
+            self._attempts.start_async(flight, work, loop, chain)
             if flight.outcome is not None:
                 return self._deliver(flight, True)
             return await self._lead_waiting(flight, work, loop, policy)
-        if role is Role.KEPT:
+        if role is KEPT:
             return self._deliver(flight, False)
         return await self._follow(role, flight, waiter, work, None, None, loop, policy)
 
@@ -87,23 +94,24 @@ class Operations(Waiting):
         if task is not None and task.cancelling():
             raise asyncio.CancelledError()
         current = _CURRENT.get()
+        chain = None if current is None else current.flight
         role, flight, waiter = self._table.arrive(
             tkey,
             key,
             fresh=fresh,
             make_waiter=loop.create_future,
-            chain=None if current is None else current.flight,
+            chain=chain,
             blocking_loop=None,
             policy=policy,
         )
-        if role is Role.LEAD:
-            self._attempts.start_async(flight, work, loop)
+        if role is LEAD:
+            self._attempts.start_async(flight, work, loop, chain)
             if flight.outcome is not None:  # the work finished eagerly: no waiting
                 if on_join is not None and self._bridge is not None and flight.joined_remote:
                     on_join()  # (wide scopes) it joined elsewhere, and the outcome came
                 return self._deliver(flight, True)
-            role = Role.LEADING
-        elif role is Role.KEPT:
+            role = LEADING
+        elif role is KEPT:
             return self._deliver(flight, False)
         return await self._follow(role, flight, waiter, work, on_join, timeout, loop, policy)
 
@@ -122,9 +130,9 @@ class Operations(Waiting):
             tkey, key, fresh=False, make_waiter=new_thread_waiter, chain=parent,
             blocking_loop=loop, policy=policy,
         )
-        if role is Role.KEPT:
+        if role is KEPT:
             return self._deliver(flight, False)
-        if role is Role.LEAD and self._scope is None:
+        if role is LEAD and self._scope is None:
             self._attempts.drive_sync(flight, work, parent)
             return self._deliver(flight, True)
         return self._follow_sync(role, flight, waiter, work, None, None, policy)
@@ -159,7 +167,7 @@ class Operations(Waiting):
             tkey, key, fresh=fresh, make_waiter=new_thread_waiter, chain=parent,
             blocking_loop=loop, policy=policy,
         )
-        if role is Role.KEPT:
+        if role is KEPT:
             return self._deliver(flight, False)
         return self._follow_sync(role, flight, waiter, work, on_join, timeout, policy)
 

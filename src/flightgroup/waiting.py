@@ -19,13 +19,18 @@ import warnings
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .engine.attempts import current_flight
 from .engine.flight import (
     CLOSED,
+    ERROR,
     EXPIRED,
     JOINED,
+    LEADING,
+    LOST,
     SETTLED,
+    TIMEOUT,
+    VALUE,
     Flight,
-    Outcome,
     Result,
     Role,
     ThreadWaiter,
@@ -138,8 +143,8 @@ class Waiting:
             if step is DELIVER:
                 return self._deliver(follower.flight, follower.leader)
             if step is START:
-                self._attempts.start_async(follower.flight, work, loop)
-                follower.role = Role.LEADING
+                self._attempts.start_async(follower.flight, work, loop, current_flight())
+                follower.role = LEADING
                 continue
             fut: asyncio.Future[Any] = follower.waiter  # type: ignore[assignment]
             timer = None if at is None else loop.call_at(at, _expire, fut)
@@ -188,7 +193,7 @@ class Waiting:
                     if follower.ended_as_leader():
                         return self._deliver(follower.flight, True)
                     continue  # it takes over the interrupted flight it joined elsewhere
-                follower.role = Role.LEADING
+                follower.role = LEADING
                 continue
             waiter = follower.waiter
             assert type(waiter) is ThreadWaiter
@@ -220,7 +225,7 @@ class Waiting:
         if flight.closed:  # the group closed while this caller's flight ran
             raise self._closed_error()
         outcome = flight.outcome
-        if outcome is Outcome.VALUE:
+        if outcome is VALUE:
             data = flight.data
             if data is not None:
                 # The flight's own codec made ``data`` (an operation's may differ from
@@ -248,12 +253,12 @@ class Waiting:
             raise renewed(error)
         if leader:
             raise error
-        if outcome is Outcome.LOST:
+        if outcome is LOST:
             raise FlightInterruptedError(flight.key, "its leader lost its lease") from None
-        if outcome is Outcome.TIMEOUT:
+        if outcome is TIMEOUT:
             assert isinstance(error, FlightTimeoutError)
             raise renewed(error) from None
-        if outcome is Outcome.ERROR:
+        if outcome is ERROR:
             description = flight.failure
             if description is None:  # a race here only makes the same tuple twice
                 description = flight.failure = FlightFailedError.describe(flight.key, error)

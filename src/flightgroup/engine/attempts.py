@@ -35,9 +35,13 @@ from ..lease import _CURRENT
 from ..retention import estimate_size
 from .flight import (
     CLOSED,
+    ERROR,
+    INTERRUPTED,
     RETRY_PENDING,
     RUNNING,
     SETTLED,
+    TIMEOUT,
+    VALUE,
     Attempt,
     Flight,
     Outcome,
@@ -86,27 +90,32 @@ class Attempts:
         flight: Flight,
         work: Callable[[], Awaitable[Any]],
         loop: asyncio.AbstractEventLoop,
+        parent: Flight | None,
     ) -> None:
         """Start the work of ``flight``, which the caller leads, in a task of its own on
-        ``loop`` (a wide flight asks its scope first, in that task)."""
+        ``loop`` (a wide flight asks its scope first, in that task). ``parent``: the
+        flight whose work makes this call (``current_flight()``), if any."""
         flight.loop = loop
-        flight.parent = current_flight()
+        if parent is not None:
+            flight.parent = parent
         if self.bridge is not None:
             self.bridge.start_async(flight, work, loop)
             return
         coro = self.drive_async(flight, work)
         if _EAGER:
+            deadline = flight.policy.deadline
+            if deadline is None:  # nothing to arm after the eager start
+                flight.task = asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg, unused-ignore]
+                return
             began = loop.time()
             task = flight.task = asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg, unused-ignore]
-            deadline = flight.policy.deadline
             attempt = flight.attempt
             # A work that finished eagerly cannot have run late: the first attempt's
             # timer is armed only for a work that suspended in it (not one whose first
             # attempt failed at once and that now pauses before the next: that one's
             # own timer comes with it).
             if (
-                deadline is not None
-                and not task.done()
+                not task.done()
                 and attempt is not None
                 and attempt.timer is None
                 and flight.attempt is attempt
@@ -123,7 +132,7 @@ class Attempts:
     def _unstarted(self, flight_ref: weakref.ref[Flight], task: asyncio.Task[None]) -> None:
         flight = flight_ref()
         if flight is not None and flight.outcome is None and task.cancelled():
-            self.land(flight, Outcome.INTERRUPTED, None, asyncio.CancelledError())
+            self.land(flight, INTERRUPTED, None, asyncio.CancelledError())
 
     async def drive_async(
         self, flight: Flight, work: Callable[[], Awaitable[Any]], call: ScopeCall | None = None
@@ -152,11 +161,11 @@ class Attempts:
                     )
                 value = await awaitable
             except Exception as exc:
-                outcome, value, error = Outcome.ERROR, None, exc
+                outcome, value, error = ERROR, None, exc
             except BaseException as exc:
-                outcome, value, error = Outcome.INTERRUPTED, None, exc
+                outcome, value, error = INTERRUPTED, None, exc
             else:
-                outcome, error = Outcome.VALUE, None
+                outcome, error = VALUE, None
             timer = attempt.timer  # the first eager attempt's is set by start_async
             if timer is not None:
                 timer.cancel()
@@ -165,14 +174,14 @@ class Attempts:
                     if task is not None and isinstance(error, asyncio.CancelledError):
                         task.uncancel()
                     assert policy.deadline is not None
-                    outcome, value = Outcome.TIMEOUT, None
+                    outcome, value = TIMEOUT, None
                     error = FlightTimeoutError(flight.key, policy.deadline, number)
             if error is None or not self.will_retry(flight, number, outcome, error):
                 break
             try:
                 await asyncio.sleep(policy.backoff(number, random.uniform))
             except BaseException as exc:  # its loop shut down during the pause
-                outcome, value, error = Outcome.INTERRUPTED, None, exc
+                outcome, value, error = INTERRUPTED, None, exc
                 break
             following = self.table.next_attempt(flight)
             if following is None:
@@ -186,7 +195,7 @@ class Attempts:
                     # (the scope gives back a token it gets now), or its local joiners
                     # wait for ever and its lead is renewed on.
                     following.lose()
-                    outcome, value, error = Outcome.INTERRUPTED, None, exc
+                    outcome, value, error = INTERRUPTED, None, exc
                     break
                 if not bound:
                     break
@@ -240,7 +249,7 @@ class Attempts:
             f"flightgroup-work-{flight.token}", drive, flight, work, current_flight()
         )
         if failed is not None:
-            self.land(flight, Outcome.INTERRUPTED, None, failed)
+            self.land(flight, INTERRUPTED, None, failed)
             raise failed
         return False
 
@@ -289,7 +298,7 @@ class Attempts:
                         try:
                             outcome, value, error = timed.run()
                         except Exception as exc:  # no thread to be had: nothing ran
-                            outcome, value, error = Outcome.INTERRUPTED, None, exc
+                            outcome, value, error = INTERRUPTED, None, exc
                         except BaseException as exc:  # KeyboardInterrupt while it waited
                             # This caller withdraws; the attempt (started, or not yet)
                             # and the rest of the flight go on on a thread of its own.
@@ -301,7 +310,7 @@ class Attempts:
                                 raise
                             handed = False
                             timed.abandon()  # no thread: the flight ends here
-                            outcome, value, error = Outcome.INTERRUPTED, None, exc
+                            outcome, value, error = INTERRUPTED, None, exc
                         timed = None
                     if error is None or not self.will_retry(flight, number, outcome, error):
                         break
@@ -322,7 +331,7 @@ class Attempts:
                         self.drive_sync_from, flight, work, call, attempt, number, rest,
                     ) is not None:  # no thread to go on with: the flight ends here
                         handed = False
-                        outcome, value, error = Outcome.INTERRUPTED, None, exc
+                        outcome, value, error = INTERRUPTED, None, exc
                         break
                     raise
                 following = self.table.next_attempt(flight)
@@ -349,7 +358,7 @@ class Attempts:
                             raise
                         handed = False
                         following.lose()  # no thread: the flight ends here
-                        outcome, value, error = Outcome.INTERRUPTED, None, exc
+                        outcome, value, error = INTERRUPTED, None, exc
                         break
                     if not bridge.bind_retry(flight, call, following, got):
                         break
@@ -361,7 +370,7 @@ class Attempts:
             # and every later call joins it. It ends interrupted, as an interrupt in
             # the work does (ADR 0008), unless it settled or is settling already.
             if not handed and (flight.state is RUNNING or flight.state is RETRY_PENDING):
-                self.land(flight, Outcome.INTERRUPTED, None, exc)
+                self.land(flight, INTERRUPTED, None, exc)
             raise
 
     def retry_when_bound(
@@ -393,9 +402,9 @@ class Attempts:
     ) -> bool:
         """True if attempt ``number``, which just ended so, is followed by another; the
         flight is then RETRY_PENDING until ``next_attempt``."""
-        if error is None or outcome is Outcome.INTERRUPTED:  # (callers test None first)
+        if error is None or outcome is INTERRUPTED:  # (callers test None first)
             return False
-        if not flight.policy.retries(number, error, outcome is Outcome.TIMEOUT):
+        if not flight.policy.retries(number, error, outcome is TIMEOUT):
             return False
         return self.table.retry_pending(flight)
 
@@ -407,30 +416,33 @@ class Attempts:
         flight (the work's, or the codec's), which an async driver re-raises."""
         data = None
         codec = flight.policy.codec
-        if codec is not None and outcome is Outcome.VALUE:
+        if codec is not None and outcome is VALUE:
             try:
                 data = encode_bytes(codec, value)
                 limit = self.max_value_bytes
                 if limit is not None and len(data) > limit:
                     raise ValueTooLargeError(flight.key, len(data), limit)
             except Exception as exc:
-                outcome, value, error, data = Outcome.ERROR, None, exc, None
+                outcome, value, error, data = ERROR, None, exc, None
             except BaseException as exc:
-                outcome, value, error, data = Outcome.INTERRUPTED, None, exc, None
+                outcome, value, error, data = INTERRUPTED, None, exc, None
             else:
                 value = None
         # What stopped the work (an interrupt) stops the driver too, even when the lease
         # turns out lost and the callers get LeaseLostError instead.
-        stop = error if outcome is Outcome.INTERRUPTED else None
+        stop = error if outcome is INTERRUPTED else None
         if self.bridge is not None:  # settled once the scope has the landing
             outcome, error = self.bridge.land(flight, outcome=outcome, data=data, error=error)
-            return error if outcome is Outcome.INTERRUPTED else stop
+            return error if outcome is INTERRUPTED else stop
         retention = flight.policy.retention
         if retention is None or retention.max_bytes is None:  # no size to measure
-            self.settle(flight, outcome, value, error, data)
+            # self.settle(...), inlined: a miss has nobody to wake
+            detached = self.table.settle(flight, outcome, value, error, data)
+            if detached is not None and (detached[0] or detached[1]):
+                self.wake(flight, *detached)
         else:
             self.settle_landed(flight, outcome, value, error, data)
-        return error if outcome is Outcome.INTERRUPTED else stop
+        return error if outcome is INTERRUPTED else stop
 
     def settle_landed(
         self,
@@ -447,9 +459,9 @@ class Attempts:
             # Measured here, outside the lock: __sizeof__ is user code (I5). Only when
             # the outcome may be kept and a byte bound needs its size.
             try:
-                if outcome is Outcome.VALUE and retention.success:
+                if outcome is VALUE and retention.success:
                     size = len(data) if data is not None else estimate_size(value)
-                elif outcome is Outcome.ERROR and retention.error:
+                elif outcome is ERROR and retention.error:
                     size = estimate_size(error)
             except BaseException:
                 # Interrupted while measuring (a signal in user code): every caller
@@ -472,12 +484,17 @@ class Attempts:
         it, the fresh callers to claim the next flight."""
         detached = self.table.settle(flight, outcome, value, error, data, size)
         if detached is not None:
-            waiters, fresh = detached
-            if waiters:
-                wake(waiters, SETTLED)
-            if fresh:
-                following = flight.next
-                wake(fresh, following if following is not None else CLOSED)
+            self.wake(flight, *detached)
+
+    @staticmethod
+    def wake(flight: Flight, waiters: dict[Any, None], fresh: list[Any] | None) -> None:
+        """Wake what ``FlightTable.settle`` detached from ``flight``: the joiners to read
+        its outcome, the fresh callers to claim the next flight."""
+        if waiters:
+            wake(waiters, SETTLED)
+        if fresh:
+            following = flight.next
+            wake(fresh, following if following is not None else CLOSED)
 
 
 def time_out(attempt: Attempt, task: asyncio.Task[None] | None) -> None:
@@ -503,12 +520,12 @@ def attempt_sync(attempt: Attempt, work: Callable[[], Any]) -> Ending:
                 "decorated plain def); use await run(), or decorate an async def"
             )
     except Exception as exc:
-        return Outcome.ERROR, None, exc
+        return ERROR, None, exc
     except BaseException as exc:
-        return Outcome.INTERRUPTED, None, exc
+        return INTERRUPTED, None, exc
     finally:
         _CURRENT.reset(reset)
-    return Outcome.VALUE, value, None
+    return VALUE, value, None
 
 
 class TimedAttempt:
@@ -581,7 +598,7 @@ class TimedAttempt:
             assert self.ended is not None
             bridge.straggles(flight, self.ended)
         error = FlightTimeoutError(flight.key, self.deadline, self.number, bound)
-        return Outcome.TIMEOUT, None, error
+        return TIMEOUT, None, error
 
     def abandon(self) -> None:
         """Nobody waits for the attempt any more (its driver's caller was interrupted and

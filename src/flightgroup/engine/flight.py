@@ -42,9 +42,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from _thread import LockType, allocate_lock
 from asyncio import events
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Final, Generic, NamedTuple, TypeVar
 
@@ -56,9 +57,20 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLOSED",
+    "ERROR",
     "EXPIRED",
+    "INTERRUPTED",
+    "JOIN",
     "JOINED",
+    "KEPT",
+    "LEAD",
+    "LEADING",
+    "LOST",
     "SETTLED",
+    "TAKE",
+    "TIMEOUT",
+    "VALUE",
+    "WAIT_END",
     "Attempt",
     "Counts",
     "Flight",
@@ -68,6 +80,7 @@ __all__ = [
     "Signal",
     "State",
     "ThreadWaiter",
+    "make_result",
     "new_thread_waiter",
     "signal_of",
     "wake",
@@ -89,6 +102,14 @@ class Result(NamedTuple, Generic[T_co]):
     value: T_co
     joined: bool
     token: int
+
+
+make_result: Callable[[tuple[Any, bool, int]], Result[Any]] = functools.partial(
+    tuple.__new__, Result
+)
+"""``make_result((value, joined, token))``: a Result made by ``tuple.__new__`` in C,
+without the Python frames of the named tuple's ``__new__`` or ``_make`` (the miss path
+makes one per call)."""
 
 
 class State(Enum):
@@ -136,6 +157,15 @@ class Outcome(Enum):
     ABANDONED = "abandoned"  # an IDLE flight nobody claimed; no caller waits on it
 
 
+VALUE: Final = Outcome.VALUE
+ERROR: Final = Outcome.ERROR
+TIMEOUT: Final = Outcome.TIMEOUT
+INTERRUPTED: Final = Outcome.INTERRUPTED
+LOST: Final = Outcome.LOST
+# (Module constants for the hot paths: on Python 3.11 reading an Enum member off its
+# class costs about ten times a global's read.)
+
+
 class Counts(Enum):
     """How a settled flight counts in the stats. Its table decides, as it learns why
     (``close``, a fork, a wide scope that could not serve the call), and ``settle``
@@ -173,6 +203,14 @@ class Role(Enum):
     KEPT = "kept"  # served a kept outcome (retention): no flight, no on_join
 
 
+LEAD: Final = Role.LEAD
+LEADING: Final = Role.LEADING
+JOIN: Final = Role.JOIN
+WAIT_END: Final = Role.WAIT_END
+TAKE: Final = Role.TAKE
+KEPT: Final = Role.KEPT
+
+
 ThreadWaiter = LockType
 """A waiting thread is a bare lock, acquired once when made; the waker releases it.
 Its signal is read from the flight it waits on (``signal_of``), so it needs no object
@@ -197,16 +235,16 @@ class Attempt:
     left running past its deadline still sees its own (lost) lease.
     """
 
-    __slots__ = ("flight", "lease", "lost", "revoked", "timed_out", "timer", "token")
+    # Class-level defaults, as Flight's: a new attempt costs two assignments.
+    lease: Lease | None = None
+    lost = False
+    revoked = False  # (wide scopes) lost to the scope, not to a deadline or close
+    timed_out = False
+    timer: asyncio.TimerHandle | None = None  # an async attempt's deadline
 
     def __init__(self, flight: Flight, token: int) -> None:
         self.flight = flight
         self.token = token
-        self.lease: Lease | None = None
-        self.lost = False
-        self.revoked = False  # (wide scopes) lost to the scope, not to a deadline or close
-        self.timed_out = False
-        self.timer: asyncio.TimerHandle | None = None  # an async attempt's deadline
 
     def get_lease(self) -> Lease:
         """The lease of this attempt (made on first use)."""

@@ -27,12 +27,21 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import GroupClosedError, TooManyFlightsError, TooManyWaitersError
 from ..policy import NO_POLICY, FlightPolicy
-from ..stats import Recorder
+from ..stats import FOLD_AT, Recorder
 from .flight import (
     DONE,
+    ERROR,
     IDLE,
+    INTERRUPTED,
+    JOIN,
+    KEPT,
+    LEAD,
+    LOST,
     RETRY_PENDING,
     RUNNING,
+    TIMEOUT,
+    VALUE,
+    WAIT_END,
     Attempt,
     Counts,
     Flight,
@@ -57,6 +66,7 @@ __all__ = ["UNMEASURED", "FlightTable"]
 
 # How most flights count (a name read on every settle, not an attribute of the enum).
 _BY_OUTCOME: Final = Counts.OUTCOME
+_new = object.__new__
 
 # Every table of this process, for a forked child (``_after_fork``).
 _TABLES: weakref.WeakSet[FlightTable[Any]] = weakref.WeakSet()
@@ -127,7 +137,7 @@ class FlightTable(FreshCallers[F], TakeOvers[F], KeptOutcomes[F]):
                 self._refuse(tkey, key, chain, blocking_loop)
             if flight is None:
                 if self.kept is not None and not fresh and (served := self._serve_kept(tkey)):
-                    return Role.KEPT, served, None  # type: ignore[return-value]
+                    return KEPT, served, None  # type: ignore[return-value]
                 if policy is not NO_POLICY:
                     self._check_flights(key, policy)
                 stats.calls += 1
@@ -135,18 +145,22 @@ class FlightTable(FreshCallers[F], TakeOvers[F], KeptOutcomes[F]):
                 stats.in_flight += 1
                 self._next_token += 1
                 token = self._next_token
-                made: F = self.flight_type(tkey, key, token, RUNNING)  # type: ignore[assignment]
-                made.attempt = Attempt(made, token)
+                # Flight(tkey, key, token, RUNNING) and Attempt(made, token), without
+                # their two Python frames: the miss path makes one of each.
+                made: F = _new(self.flight_type)  # type: ignore[assignment]
+                made.tkey, made.key, made.token, made.state = tkey, key, token, RUNNING
+                attempt = made.attempt = _new(Attempt)
+                attempt.flight, attempt.token = made, token
                 made.started = time.perf_counter_ns()
                 if policy is not NO_POLICY:
                     made.policy = policy
                 self.flights[tkey] = made
-                return Role.LEAD, made, None
+                return LEAD, made, None
             state = flight.state
             if state is IDLE:  # a flight that waits for its first leader
                 stats.calls += 1
                 self._lead(flight, policy)
-                return Role.LEAD, flight, None
+                return LEAD, flight, None
             if chain is not None and flight.in_chain_of(chain):  # I6
                 raise _calls_itself(key)
             if blocking_loop is not None and flight.loop is blocking_loop:
@@ -156,14 +170,14 @@ class FlightTable(FreshCallers[F], TakeOvers[F], KeptOutcomes[F]):
             waiter = make_waiter()
             if fresh:  # an IDLE flight was led above: this one is running
                 self._wait_for_end(flight, waiter)
-                return Role.WAIT_END, flight, waiter
+                return WAIT_END, flight, waiter
             _add_waiter(flight, waiter)
             flight.joiners += 1
             stats.joins += 1
             if stats.timing:
                 flight.timed += 1
                 flight.joined_ns += time.perf_counter_ns()
-            return Role.JOIN, flight, waiter
+            return JOIN, flight, waiter
 
     def _check_flights(self, key: str, policy: FlightPolicy) -> None:
         limits = policy.limits
@@ -293,11 +307,23 @@ class FlightTable(FreshCallers[F], TakeOvers[F], KeptOutcomes[F]):
                     self.kept.discard(tkey)
             elif self.detached:
                 self.detached.discard(flight)  # a forgotten flight is never kept
-            self._count_settled(flight, outcome, ended)
+            if outcome is VALUE and flight.counts is _BY_OUTCOME and not flight.timed:
+                # The common ending, counted as _count_settled would, without its two
+                # frames (Recorder.settled's body for a flight that returned).
+                stats = self.stats
+                stats.in_flight -= 1
+                durations = stats.durations
+                durations.append((ended - flight.started) // 1000)
+                if flight.joiners:
+                    stats.joins_of_flights.append(flight.joiners)
+                if len(durations) >= FOLD_AT:
+                    stats.fold()
+            else:
+                self._count_settled(flight, outcome, ended)
             if (
                 waiters
                 and current
-                and (outcome is Outcome.INTERRUPTED or outcome is Outcome.LOST)
+                and (outcome is INTERRUPTED or outcome is LOST)
                 and flight.policy.takeover > flight.takeovers
                 and not self.closed
                 and not flight.closed
@@ -313,9 +339,9 @@ class FlightTable(FreshCallers[F], TakeOvers[F], KeptOutcomes[F]):
         stats = self.stats
         counts = flight.counts
         if counts is _BY_OUTCOME:
-            failed = outcome is Outcome.ERROR or outcome is Outcome.TIMEOUT
-            lost = outcome is Outcome.LOST
-            interrupted = lost or outcome is Outcome.INTERRUPTED
+            failed = outcome is ERROR or outcome is TIMEOUT
+            lost = outcome is LOST
+            interrupted = lost or outcome is INTERRUPTED
             stats.settled(
                 failed, interrupted, lost, flight.joiners, (ended - flight.started) // 1000
             )
