@@ -39,6 +39,7 @@ from .configure import (
 from .decorator import BoundCoalesced as BoundCoalesced
 from .decorator import Coalesced as Coalesced
 from .decorator import _Coalesce, make_coalesce
+from .engine import attempts
 from .engine.attempts import Attempts
 from .engine.flight import (
     CLOSED,
@@ -260,6 +261,7 @@ class FlightGroup(Operations):
                 return self._deliver(kept, False) if isinstance(kept, Flight) else kept
         current = _CURRENT.get()
         chain = None if current is None else current.flight
+        plain = on_join is None and timeout is None
         role, flight, waiter = table.arrive(
             key,
             key,
@@ -268,17 +270,30 @@ class FlightGroup(Operations):
             chain=chain,
             blocking_loop=None,
             policy=self._policy,
+            # Without an eager start the leader always waits: its waiter comes with the
+            # lead (a wide scope's leader waits as _lead_waiting says).
+            leader_waits=plain and not attempts._EAGER and self._bridge is None,
         )
         if role is LEAD:
             self._attempts.start_async(flight, work, loop, chain)
+            if waiter is not None:  # the leader's own, in the process scope
+                try:
+                    signal = await waiter  # type: ignore[misc]
+                except BaseException:
+                    table.give_up(flight, waiter)
+                    self._attempts.leader_left(flight)
+                    raise
+                if signal is CLOSED:
+                    raise self._closed_error()
+                # (SETTLED: in the process scope nothing else wakes a leader)
             outcome = flight.outcome
-            if outcome is not None:  # the work finished eagerly: no waiting
+            if outcome is not None:  # the work finished (eagerly, or while it waited)
                 if on_join is not None and self._bridge is not None and flight.joined_remote:
                     on_join()  # (wide scopes) it joined elsewhere, and the outcome came
                 if outcome is VALUE and flight.data is None and not flight.closed:
                     return make_result((flight.value, False, flight.token))  # as _deliver
                 return self._deliver(flight, True)
-            if on_join is None and timeout is None:
+            if plain:
                 return await self._lead_waiting(flight, work, loop, self._policy)
             role = LEADING
         elif role is KEPT:

@@ -96,6 +96,7 @@ class Waiting:
                 signal = await fut
             except BaseException:
                 table.give_up(flight, fut)
+                self._attempts.leader_left(flight)
                 raise
             if signal is SETTLED:
                 return self._deliver(flight, True)
@@ -152,6 +153,8 @@ class Waiting:
                 signal = await fut
             except BaseException:
                 follower.abandon()
+                if follower.leader:
+                    self._attempts.leader_left(follower.flight)
                 raise
             finally:
                 if timer is not None:

@@ -123,9 +123,17 @@ class Attempts:
             ):
                 attempt.timer = loop.call_at(began + deadline, time_out, attempt, task)
         else:
-            task = flight.task = loop.create_task(coro)
-            # Cancelled before its first step (its loop shut down at once), the task
-            # never enters drive_async: land the flight here instead.
+            flight.task = loop.create_task(coro)
+
+    def leader_left(self, flight: Flight) -> None:
+        """The leader of ``flight`` stopped waiting for it before it settled. A work task
+        started through the loop may be cancelled before its first step (its loop
+        shutting down cancels every task, the leader's too) and then never enters
+        drive_async: the flight is landed when that task ends. (A leader that waits
+        until its flight settles needs no such watch: whatever cancels the unstarted
+        task cancels it as well, and it comes here.)"""
+        task = flight.task
+        if task is not None and flight.outcome is None and self.bridge is None:
             # (A weak reference: the callback must not keep a settled flight's value.)
             task.add_done_callback(functools.partial(self._unstarted, weakref.ref(flight)))
 
