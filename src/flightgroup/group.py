@@ -307,6 +307,10 @@ class FlightGroup(Operations):
                 self._table.give_up(flight, waiter)  # type: ignore[arg-type]
                 raise
             if signal is SETTLED:
+                # The joiners' one Result, once the first of them made it (_deliver)
+                result: Result[Any] | None = vars(flight).get("joined_result")
+                if result is not None and not flight.closed:
+                    return result
                 return self._deliver(flight, False)
             if signal is CLOSED:
                 raise self._closed_error()

@@ -171,13 +171,18 @@ class FlightTable(FreshCallers[F], TakeOvers[F], KeptOutcomes[F]):
                 raise _calls_itself(key)
             if blocking_loop is not None and flight.loop is blocking_loop:
                 raise _blocks_its_loop(key)
-            self._check_waiters(flight)
+            if flight.policy.limits is not None:
+                self._check_waiters(flight)
             stats.calls += 1
             waiter = make_waiter()
             if fresh:  # an IDLE flight was led above: this one is running
                 self._wait_for_end(flight, waiter)
                 return WAIT_END, flight, waiter
-            _add_waiter(flight, waiter)
+            waiters = flight.waiters
+            if waiters:
+                waiters[waiter] = None
+            else:  # _add_waiter's first waiter: the class's shared empty dict is not written
+                flight.waiters = {waiter: None}
             flight.joiners += 1
             stats.joins += 1
             if stats.timing:
