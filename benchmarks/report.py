@@ -6,6 +6,7 @@ import hashlib
 import os
 import platform
 import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -21,7 +22,7 @@ from .peers import (
     TTLCACHE,
     kept_retention,
 )
-from .scenarios import BARE, FLOOR, HIT_WARM, Report, Results, Series
+from .scenarios import BARE, FLOOR, HIT_WARM, TASK, Report, Results, Series
 
 PACKAGES = (
     "flightgroup",
@@ -139,7 +140,7 @@ def _compare(
 
 
 def targets(report: Report) -> list[Target]:
-    peers = set(report.miss) - {FLIGHTGROUP, BARE}
+    peers = set(report.miss) - {FLIGHTGROUP, BARE, TASK}
     thread_peers = set(report.threads) - {FLIGHTGROUP, NO_COALESCING}
 
     def once(series: Series) -> bool:
@@ -149,8 +150,21 @@ def targets(report: Report) -> list[Target]:
         return _usable(series) and series.ok
 
     fastest = _fastest(report.miss, peers, real_misses)
+    # Issue 31's goals for a miss, against the floors its own task leaves (ADR 0002): on
+    # 3.12+ the task starts eagerly and the fastest peer (inline await) is the bar; 3.11
+    # has no eager start, so a miss pays a trip through the loop, and one task per call
+    # is the bar there.
+    eager = sys.version_info >= (3, 12)
     out = [
-        _compare("(a) miss ÷ the fastest peer's miss ({other})", report.miss, fastest, 0.5),
+        _compare(
+            "(a) miss ÷ the fastest peer's miss ({other})",
+            report.miss,
+            fastest,
+            1.5 if eager else None,
+        ),
+        _compare(
+            "(a) miss ÷ one task per call", report.miss, TASK, None if eager else 1.5
+        ),
         _compare("(a) miss ÷ a bare `await fn()`", report.miss, BARE, None),
         _compare(
             "(b) herd: joiner cost ÷ the fastest peer's ({other})",
@@ -158,7 +172,7 @@ def targets(report: Report) -> list[Target]:
             _fastest(report.herd, peers, once),
             1.0,
         ),
-        _compare("(b) herd: joiner cost ÷ the floor's", report.herd, FLOOR, None),
+        _compare("(b) herd: joiner cost ÷ the floor's", report.herd, FLOOR, 1.1),
         _compare(
             "(c) many keys: total time ÷ the fastest peer's ({other})",
             report.spread,
@@ -217,6 +231,14 @@ def targets(report: Report) -> list[Target]:
             me=POLICY_KEPT,
         ),
     ]
+    out.append(
+        _compare(
+            "(f) memory per in-flight key ÷ the leanest peer's ({other})",
+            report.memory,
+            _fastest(report.memory, set(report.memory) - {FLIGHTGROUP, NO_COALESCING}),
+            1.0,
+        )
+    )
     herd, storm = report.herd.get(FLIGHTGROUP), report.storm.get(FLIGHTGROUP)
     if herd is not None:
         out.append(Target("(b) herd: flightgroup's runs of fn", _runs(herd), "1", once(herd), True))

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from flightgroup import FlightGroup
 
 BARE = "bare `await fn()`"
+TASK = "one task per call (`await` a new task of `fn()`; eager on 3.12+)"
 FLOOR = "floor (tasks awaiting one Future)"
 
 
@@ -235,6 +236,20 @@ async def miss(libs: Libs, sizes: Sizes) -> Results:
                 for _ in keys:
                     await fn()
                 elapsed = time.perf_counter() - start
+        elif name == TASK:
+            # The floor of a miss whose work runs in a task of its own (ADR 0002), as
+            # flightgroup's does: started eagerly where the loop can (3.12+).
+            loop = asyncio.get_running_loop()
+            eager = sys.version_info >= (3, 12)
+            with quiet():
+                start = time.perf_counter()
+                for _ in keys:
+                    if eager:
+                        await asyncio.Task(fn(), loop=loop, eager_start=True)  # type: ignore[call-arg, unused-ignore]
+                    else:
+                        await loop.create_task(fn())
+                elapsed = time.perf_counter() - start
+            runs = len(keys)
         else:
             call = libs[name].bind(fn)
             for key in warm:
@@ -249,7 +264,7 @@ async def miss(libs: Libs, sizes: Sizes) -> Results:
         series.runs.append(runs)
         series.ok = series.ok and runs == len(keys)  # every call was a real miss
 
-    return await _each([*libs, BARE], sizes.miss_rounds, measure)
+    return await _each([*libs, BARE, TASK], sizes.miss_rounds, measure)
 
 
 def _floor(pause: float) -> AsyncCall:

@@ -276,6 +276,12 @@ class FlightGroup(Operations):
         )
         if role is LEAD:
             self._attempts.start_async(flight, work, loop, chain)
+            if waiter is None and plain and flight.outcome is None and self._bridge is None:
+                # Its eager start suspended: the leader waits here, in this frame (no
+                # coroutine of its own to hold while the work runs).
+                waiter = loop.create_future()
+                if not table.wait_as_leader(flight, waiter):
+                    waiter = None  # it settled meanwhile
             if waiter is not None:  # the leader's own, in the process scope
                 try:
                     signal = await waiter  # type: ignore[misc]

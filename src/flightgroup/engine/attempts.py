@@ -101,9 +101,13 @@ class Attempts:
         if self.bridge is not None:
             self.bridge.start_async(flight, work, loop)
             return
-        coro = self.drive_async(flight, work)
+        policy = flight.policy
+        deadline = policy.deadline
+        if deadline is None and policy.retry is None:
+            coro = self.drive_once(flight, work)
+        else:
+            coro = self.drive_async(flight, work)
         if _EAGER:
-            deadline = flight.policy.deadline
             if deadline is None:  # nothing to arm after the eager start
                 flight.task = asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg, unused-ignore]
                 return
@@ -163,10 +167,7 @@ class Attempts:
             try:
                 awaitable = work()
                 if type(awaitable) is not _CoroutineType and not is_awaitable(awaitable):
-                    raise TypeError(
-                        f"the work given to run() returned {type(awaitable).__name__}, not an "
-                        "awaitable; use run_sync() for a plain function"
-                    )
+                    raise _not_awaitable(awaitable)
                 value = await awaitable
             except Exception as exc:
                 outcome, value, error = ERROR, None, exc
@@ -214,15 +215,27 @@ class Attempts:
         # cycle so a settled flight (and its value) goes with its last caller.
         _CURRENT.set(None)
         if stop is not None:
-            # CancelledError (its loop shutting down), KeyboardInterrupt, SystemExit:
-            # the joiners are interrupted, the leader gets it from _deliver, and it goes
-            # on up so the task ends cancelled and the loop sees KeyboardInterrupt.
-            # (GeneratorExit: the coroutine is being closed outside any loop.)
-            if events._get_running_loop() is not None:
-                task = asyncio.current_task()
-                if task is not None:  # the leader has it: the task need not log it again
-                    task.add_done_callback(_retrieve)
-            raise stop
+            raise _stopped(stop)
+
+    async def drive_once(self, flight: Flight, work: Callable[[], Awaitable[Any]]) -> None:
+        """drive_async for a flight of one attempt with no deadline (no Retry, no
+        deadline, no wide scope): the same containment and landing in a smaller frame,
+        which every in-flight key holds while its work runs."""
+        _CURRENT.set(flight.attempt)  # in this task's own context
+        try:
+            awaitable = work()
+            if type(awaitable) is not _CoroutineType and not is_awaitable(awaitable):
+                raise _not_awaitable(awaitable)
+            value = await awaitable
+        except Exception as exc:
+            stop = self.land(flight, ERROR, None, exc)
+        except BaseException as exc:
+            stop = self.land(flight, INTERRUPTED, None, exc)
+        else:
+            stop = self.land(flight, VALUE, value, None)
+        _CURRENT.set(None)  # (as drive_async: no cycle through the task's context)
+        if stop is not None:
+            raise _stopped(stop)
 
     def start_sync(self, follower: Follower, work: Callable[[], Any], *, own: bool) -> bool:
         """Start the work of the flight this sync caller leads. True if it settled here
@@ -503,6 +516,26 @@ class Attempts:
         if fresh:
             following = flight.next
             wake(fresh, following if following is not None else CLOSED)
+
+
+def _not_awaitable(awaitable: object) -> TypeError:
+    return TypeError(
+        f"the work given to run() returned {type(awaitable).__name__}, not an "
+        "awaitable; use run_sync() for a plain function"
+    )
+
+
+def _stopped(stop: BaseException) -> BaseException:
+    """What stopped an async work (CancelledError as its loop shuts down,
+    KeyboardInterrupt, SystemExit), to raise on from its driver: the joiners were
+    interrupted and the leader gets it from _deliver, so its task, which ends cancelled
+    (and the loop sees a KeyboardInterrupt), need not log it again. (GeneratorExit: the
+    coroutine is being closed outside any loop.)"""
+    if events._get_running_loop() is not None:
+        task = asyncio.current_task()
+        if task is not None:  # the leader has it
+            task.add_done_callback(_retrieve)
+    return stop
 
 
 def time_out(attempt: Attempt, task: asyncio.Task[None] | None) -> None:
