@@ -145,6 +145,19 @@ def test_expired_members_are_purged_and_counted_no_more(kept: Kept) -> None:
     assert kept.members() == [kept.n("b").record.encode()] and kept.total() == 1
 
 
+def test_sizes_left_by_an_index_that_expired_unevenly_count_nothing(kept: Kept) -> None:
+    """The index's three keys expire together; sizes that outlived the other two (their
+    expiries a millisecond apart, as Redis before 7 could set them) count nothing."""
+    kept.keep("a", retain_ms=60_000, max_items=1)
+    use, expiry, sizes = kept.n("").kept
+    assert kept.r.pexpire(sizes, 120_000)  # the sizes outlive ...
+    kept.r.delete(use, expiry)  # ... the members, as if those had expired first
+    kept.keep("b", max_items=1)
+    assert kept.members() == [kept.n("b").record.encode()] and kept.total() == 1
+    ttls = [kept.r.pttl(k) for k in (use, expiry, sizes)]
+    assert max(ttls) - min(ttls) <= 5 and min(ttls) > 0  # one deadline again
+
+
 def test_forget_and_a_fresh_flight_drop_the_member(kept: Kept) -> None:
     kept.keep("a", b"aaa")
     kept.keep("b", b"bb")

@@ -142,6 +142,9 @@ end
 -- bound) are kept. The new one is never evicted: its size alone is within max_bytes.
 local function keep_in(idx, rec, size, retain, max_items, max_bytes)
   local now = now_us()
+  -- Every member is in the by-use set: without it, what the other two hold (left by an
+  -- index whose keys expired a millisecond apart) counts nothing.
+  if redis.call('EXISTS', idx[1]) == 0 then redis.call('DEL', idx[2], idx[3]) end
   local expired = redis.call('ZRANGEBYSCORE', idx[2], '-inf', string.format('%.0f', now))
   for _, member in ipairs(expired) do unindex(idx, member) end
   unindex(idx, rec)
@@ -163,8 +166,12 @@ local function keep_in(idx, rec, size, retain, max_items, max_bytes)
     if redis.call('HGET', victim, 's') == 'D' then redis.call('DEL', victim) end
     unindex(idx, victim)
   end
-  for _, k in ipairs(idx) do
-    if redis.call('PTTL', k) < retain then redis.call('PEXPIRE', k, retain) end
+  -- The three keys share one deadline, decided once: an index whose sizes outlived its
+  -- members by a millisecond would count, from then on, sizes that nobody holds. (Before
+  -- Redis 7 the clock runs on inside a script: a PEXPIRE per key could differ by one.)
+  if redis.call('PTTL', idx[1]) < retain then
+    local until_ms = string.format('%.0f', math.floor(now / 1000) + retain)
+    for _, k in ipairs(idx) do redis.call('PEXPIREAT', k, until_ms) end
   end
 end
 """
