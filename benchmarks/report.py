@@ -187,7 +187,19 @@ def targets(report: Report) -> list[Target]:
             "(e) threads: total time ÷ the fastest thread peer's ({other})",
             report.threads,
             _fastest(report.threads, thread_peers),
-            0.7,
+            1.0,
+        ),
+        _compare(
+            "(e) threads, a CPU-bound work: CPU time ÷ no coalescing's (coalescing saves most)",
+            report.threads_cpu,
+            NO_COALESCING,
+            0.5,
+        ),
+        _compare(
+            "(e) threads, a CPU-bound work: total time ÷ no coalescing",
+            report.threads_cpu_wall,
+            NO_COALESCING,
+            None,
         ),
         _compare(
             "(g) kept hit: `await g.run(key, fn)` ÷ a TTLCache lookup behind a Lock in a "
@@ -307,6 +319,7 @@ def flightgroup_ok(report: Report, found: list[Target]) -> bool:
             report.storm,
             report.memory,
             report.threads,
+            report.threads_cpu_wall,
             report.kept_hit,
             report.kept_hit_sync,
         )
@@ -467,6 +480,17 @@ def render(
         f"library; {s.thread_rounds} rounds.",
         "",
         *_table(report.threads, "total s", 3),
+        "",
+        f"## (e) Threads with a CPU-bound work: {s.threads} threads × {s.cpu_calls:,} calls "
+        f"over {s.thread_keys} keys, fn burns about {s.cpu_work * 1e3:g} ms of CPU in Python",
+        "",
+        "The same plans; the process's CPU time per round (`time.process_time`), then the "
+        f"total time; {s.cpu_rounds} rounds. A call that joins runs no work: coalescing "
+        "saves the CPU of every joiner.",
+        "",
+        *_table(report.threads_cpu, "CPU s", 3),
+        "",
+        *_table(report.threads_cpu_wall, "total s", 3),
         "",
         f"## (f) Memory per in-flight key: {s.memory_keys:,} keys in flight at once",
         "",

@@ -69,10 +69,13 @@ class Sizes:
     policy_calls: int
     policy_sync_calls: int  # fewer: a configured sync miss starts a thread (the deadline)
     policy_rounds: int
+    cpu_calls: int  # (e) per thread, with a CPU-bound work
+    cpu_rounds: int
     herd_sleep: float = 0.050
     spread_sleep: float = 0.001
     storm_sleep: float = 0.001  # so that a wave's callers overlap the failing run
-    thread_sleep: float = 0.0005
+    thread_sleep: float = 0.005  # a query's or an HTTP call's order, not a context switch's
+    cpu_work: float = 0.0005  # seconds of CPU one run of the CPU-bound work burns
 
 
 FULL = Sizes(
@@ -89,7 +92,7 @@ FULL = Sizes(
     threads=32,
     thread_calls=2_000,
     thread_keys=16,
-    thread_rounds=7,
+    thread_rounds=3,
     memory_keys=10_000,
     sequential_flights=1_000_000,
     hit_calls=20_000,
@@ -97,6 +100,8 @@ FULL = Sizes(
     policy_calls=1_000,
     policy_sync_calls=200,
     policy_rounds=25,
+    cpu_calls=200,
+    cpu_rounds=3,
 )
 
 QUICK = Sizes(
@@ -121,6 +126,8 @@ QUICK = Sizes(
     policy_calls=500,
     policy_sync_calls=50,
     policy_rounds=5,
+    cpu_calls=20,
+    cpu_rounds=2,
 )
 
 
@@ -363,21 +370,73 @@ async def storm(libs: Libs, sizes: Sizes) -> Results:
     return await _each(list(libs), sizes.storm_rounds, measure)
 
 
-def threads(libs: dict[str, Lib[SyncWork, SyncCall]], sizes: Sizes) -> Results:
-    """(e) Threads × calls over a few keys, fn = time.sleep: total seconds and runs."""
+def _plans(sizes: Sizes, calls: int) -> list[list[str]]:
+    """Each thread's sequence of keys, drawn once (seeded), so every library gets the same."""
     keys = [f"thread:{k}" for k in range(sizes.thread_keys)]
-    # Each thread's sequence of keys is drawn once, so every library gets the same.
-    plans = [
-        [rng.choice(keys) for _ in range(sizes.thread_calls)]
+    return [
+        [rng.choice(keys) for _ in range(calls)]
         for rng in (random.Random(t) for t in range(sizes.threads))
     ]
+
+
+def _burner(seconds: float) -> Callable[[], None]:
+    """A function that burns about ``seconds`` of CPU in Python (it holds the GIL, as a
+    parse or a render does), calibrated here."""
+
+    def burn(n: int) -> int:
+        total = 0
+        for i in range(n):
+            total += i * i
+        return total
+
+    n = 10_000
+    while True:
+        start = time.process_time()
+        burn(n)
+        spent = time.process_time() - start
+        if spent > 0.05:
+            break
+        n *= 2
+    loops = max(1, int(n * seconds / spent))
+
+    def work() -> None:
+        burn(loops)
+
+    return work
+
+
+def threads(libs: dict[str, Lib[SyncWork, SyncCall]], sizes: Sizes) -> Results:
+    """(e) Threads × calls over a few keys, fn = time.sleep: total seconds and runs."""
+    return _threads(libs, sizes, _plans(sizes, sizes.thread_calls), sizes.thread_rounds,
+                    lambda: time.sleep(sizes.thread_sleep))[0]
+
+
+def threads_cpu(
+    libs: dict[str, Lib[SyncWork, SyncCall]], sizes: Sizes
+) -> tuple[Results, Results]:
+    """(e) The same threads with a CPU-bound work: (CPU seconds, total seconds) and runs.
+    Coalescing runs the work once per flight instead of once per call: the CPU saved."""
+    return _threads(libs, sizes, _plans(sizes, sizes.cpu_calls), sizes.cpu_rounds,
+                    _burner(sizes.cpu_work))
+
+
+def _threads(
+    libs: dict[str, Lib[SyncWork, SyncCall]],
+    sizes: Sizes,
+    plans: list[list[str]],
+    rounds: int,
+    work: Callable[[], None],
+) -> tuple[Results, Results]:
+    """Every thread calls its plan's keys in turn; (total seconds, CPU seconds of the
+    process) per round, and fn's runs."""
+    cpu = {name: Series(stat="median") for name in libs}
 
     def measure(name: str, series: Series) -> None:
         counter = itertools.count()  # next() is atomic under the GIL
 
         def fn() -> int:
             next(counter)
-            time.sleep(sizes.thread_sleep)
+            work()
             return 1
 
         call = libs[name].bind(fn)
@@ -397,16 +456,22 @@ def threads(libs: dict[str, Lib[SyncWork, SyncCall]], sizes: Sizes) -> Results:
             thread.start()
         with quiet():
             gate.wait()
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             for thread in workers:
                 thread.join()
-            elapsed = time.perf_counter() - start
+            elapsed, spent = time.perf_counter() - start, time.process_time() - start_cpu
         if errors:
             raise errors[0]
+        runs = next(counter)
         series.values.append(elapsed)
-        series.runs.append(next(counter))
+        series.runs.append(runs)
+        cpu[name].values.append(spent)
+        cpu[name].runs.append(runs)
 
-    return _each_sync(list(libs), sizes.thread_rounds, measure)
+    wall = _each_sync(list(libs), rounds, measure)
+    for name, series in wall.items():
+        cpu[name].error = series.error
+    return wall, cpu
 
 
 async def memory(libs: Libs, sizes: Sizes) -> Results:
@@ -693,6 +758,8 @@ class Report:
     spread: Results
     storm: Results
     threads: Results
+    threads_cpu: Results  # CPU seconds, the CPU-bound work
+    threads_cpu_wall: Results  # total seconds, the CPU-bound work
     memory: Results
     sequential: dict[str, int]
     kept_hit: Results
@@ -740,9 +807,11 @@ def run(
     seq = asyncio.run(sequential(sizes))
     _progress("(e) threads")
     e = threads({**tlibs, NO_COALESCING: none_sync}, sizes)
+    _progress("(e) threads, a CPU-bound work")
+    e_wall, e_cpu = threads_cpu({**tlibs, NO_COALESCING: none_sync}, sizes)
     how = {f"{lib.name} (async)": lib.how for lib in libs.values()}
     how |= {f"{lib.name} (threads)": lib.how for lib in tlibs.values()}
     if ttlcache_installed():
         how[f"{TTLCACHE} (g)"] = TTLCACHE_HOW
     how |= {f"{name} (h)": text for name, text in POLICY_HOW.items()}
-    return Report(sizes, a, b, c, d, e, f, seq, g, g_sync, h, h_sync, kept, how)
+    return Report(sizes, a, b, c, d, e, e_cpu, e_wall, f, seq, g, g_sync, h, h_sync, kept, how)
