@@ -75,7 +75,10 @@ class Sizes:
     spread_sleep: float = 0.001
     storm_sleep: float = 0.001  # so that a wave's callers overlap the failing run
     thread_sleep: float = 0.005  # a query's or an HTTP call's order, not a context switch's
-    cpu_work: float = 0.0005  # seconds of CPU one run of the CPU-bound work burns
+    # Seconds of CPU one run of the CPU-bound work burns: past the interpreter's switch
+    # interval (5 ms), so that other threads run, and call, while a leader's work runs
+    # (a shorter work holding the GIL ends before anyone else can join it).
+    cpu_work: float = 0.010
 
 
 FULL = Sizes(
@@ -100,7 +103,7 @@ FULL = Sizes(
     policy_calls=1_000,
     policy_sync_calls=200,
     policy_rounds=25,
-    cpu_calls=200,
+    cpu_calls=20,
     cpu_rounds=3,
 )
 
@@ -126,7 +129,7 @@ QUICK = Sizes(
     policy_calls=500,
     policy_sync_calls=50,
     policy_rounds=5,
-    cpu_calls=20,
+    cpu_calls=3,
     cpu_rounds=2,
 )
 
