@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import flightgroup.engine.attempts as attempts_module
+import flightgroup.engine.sync_attempt as sync_attempt_module
 from flightgroup import FlightGroup
 
 from ..ingroup import scope_groups
@@ -147,7 +148,7 @@ def test_leader_whose_work_thread_cannot_start_leaves_nothing_behind(
     no_threads.__dict__.update(vars(threading))
     no_threads.Thread = _NoThread  # type: ignore[attr-defined]
     with monkeypatch.context() as patch:
-        patch.setattr(attempts_module, "threading", no_threads)
+        patch.setattr(sync_attempt_module, "threading", no_threads)
         with pytest.raises(RuntimeError, match="can't start new thread"):
             g.run_sync("k", lambda: "v", timeout=5)
     assert g.stats().in_flight == 0, "the flight is stuck in the table"

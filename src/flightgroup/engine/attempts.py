@@ -4,8 +4,9 @@ Where the work runs (ADR 0002): an async work runs in a task of its own, owned b
 group, so the leader's caller can be cancelled or time out without cancelling the work.
 On Python 3.12+ that task starts eagerly: a work that finishes without suspending costs
 no trip through the event loop. A sync work runs in the leader's own thread, or, under a
-deadline, each attempt on one of the group's kept threads (``workers.py``) while its
-driver waits for it, so the deadline can pass it by (ADR 0008, ADR 0038).
+deadline, each attempt on one of the group's kept threads while its driver waits for it,
+so the deadline can pass it by (ADR 0008, ADR 0038); ``sync_attempt.py`` runs one such
+attempt, this module loops over them.
 
 Containment: every ending of an attempt (a value, an Exception, a cancellation, any
 other BaseException, a deadline) becomes one outcome; retries follow the flight's policy
@@ -17,17 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import random
 import sys
-import threading
 import time
 import types
 import weakref
 from asyncio import events
 from collections.abc import Awaitable, Callable
-from contextvars import copy_context
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 from ..codec import encode_bytes
 from ..errors import FlightTimeoutError, ValueTooLargeError
@@ -47,8 +45,9 @@ from .flight import (
     Outcome,
     wake,
 )
+from .sync_attempt import Ending, TimedAttempt, attempt_sync, is_awaitable, start_thread
 from .table import UNMEASURED, FlightTable
-from .workers import GAVE_UP, WAITING, Job, Workers
+from .workers import Workers
 
 if TYPE_CHECKING:
     from ..scope.bridge import Bridge
@@ -56,14 +55,12 @@ if TYPE_CHECKING:
     from ..scope.interface import ScopeCall
     from .follow import Follower
 
-__all__ = ["Attempts", "Ending", "current_flight", "is_awaitable", "start_thread"]
+__all__ = ["Attempts", "current_flight"]
 
 _CoroutineType = types.CoroutineType
 _EAGER = sys.version_info >= (3, 12)
 """Start a leader's task eagerly (Python 3.12+). Tests switch it off to cover 3.11's path."""
 
-Ending: TypeAlias = tuple[Outcome, Any, BaseException | None]
-"""How one attempt ended: its outcome, its value, its error."""
 
 
 class Attempts:
@@ -546,152 +543,13 @@ def time_out(attempt: Attempt, task: asyncio.Task[None] | None) -> None:
         task.cancel()
 
 
-def attempt_sync(attempt: Attempt, work: Callable[[], Any]) -> Ending:
-    """One attempt of a sync work in this thread: every ending becomes an outcome."""
-    reset = _CURRENT.set(attempt)
-    try:
-        value = work()
-        if is_awaitable(value):
-            if inspect.iscoroutine(value):
-                value.close()  # never awaited: close it quietly
-            named = getattr(work, "func", work)  # a decorated plain def: its partial
-            raise TypeError(
-                f"the work {getattr(named, '__qualname__', type(named).__name__)} returned "
-                f"{type(value).__name__}, an awaitable, to a sync call (run_sync(), or a "
-                "decorated plain def); use await run(), or decorate an async def"
-            )
-    except Exception as exc:
-        return ERROR, None, exc
-    except BaseException as exc:
-        return INTERRUPTED, None, exc
-    finally:
-        _CURRENT.reset(reset)
-    return VALUE, value, None
-
-
-class TimedAttempt:
-    """One attempt of a sync work under its deadline: it runs on one of the group's
-    kept threads, and its driver waits for it until the deadline (a wait for a thread
-    under the group's bound counts against it). A sync work cannot be stopped: past
-    the deadline its lease is lost and it runs on, left; its late ending goes to this
-    attempt's own ``ending``, which nobody reads. A wide scope's bridge hears of such
-    a straggler and of its return."""
-
-    __slots__ = ("attempt", "attempts", "deadline", "ended", "ending", "job", "number", "work")
-
-    def __init__(
-        self,
-        attempts: Attempts,
-        attempt: Attempt,
-        work: Callable[[], Any],
-        deadline: float,
-        number: int,
-    ) -> None:
-        self.attempts = attempts
-        self.attempt = attempt
-        self.work = work
-        self.deadline = deadline
-        self.number = number
-        self.ending: Ending | None = None
-        # the work itself returned (for a wide scope's key lock)
-        self.ended = threading.Event() if attempts.bridge is not None else None
-        self.job = Job(
-            self._body, copy_context(), name=f"flightgroup-work-{attempt.token}",
-            until=time.monotonic() + deadline,
-        )
-
-    def _body(self) -> None:
-        """(On a kept thread) the attempt itself."""
-        try:
-            self.ending = attempt_sync(self.attempt, self.work)
-        finally:
-            if self.ended is not None:
-                self.ended.set()
-                bridge = self.attempts.bridge
-                assert bridge is not None
-                bridge.returned(self.attempt.flight)
-
-    def run(self) -> Ending:
-        """Hand the attempt to a kept thread (unless it was) and wait for its ending,
-        at most until its deadline. Raises what starting a thread raises, and a
-        KeyboardInterrupt while waiting (``job.state`` then says if its work runs)."""
-        workers = self.attempts.workers
-        job = self.job
-        if job.state == WAITING:
-            workers.start(job)
-        if job.state == GAVE_UP:
-            # Its deadline passed while the group's deadline threads were all busy.
-            return self._timed_out(workers.bound)
-        if workers.wait(job):
-            ending = self.ending
-            assert ending is not None
-            return ending
-        return self._timed_out(None)
-
-    def _timed_out(self, bound: int | None) -> Ending:
-        attempt = self.attempt
-        attempt.timed_out = True
-        attempt.lose()
-        flight = attempt.flight
-        bridge = self.attempts.bridge
-        if bound is None and bridge is not None:
-            # It still runs: the scope must hold its key until it ends.
-            assert self.ended is not None
-            bridge.straggles(flight, self.ended)
-        error = FlightTimeoutError(flight.key, self.deadline, self.number, bound)
-        return TIMEOUT, None, error
-
-    def abandon(self) -> None:
-        """Nobody waits for the attempt any more (its driver's caller was interrupted and
-        no thread could go on): if its work runs, it is left, its lease lost."""
-        if self.attempts.workers.abandon(self.job):
-            self.attempt.lose()
-            bridge = self.attempts.bridge
-            if bridge is not None:
-                assert self.ended is not None
-                bridge.straggles(self.attempt.flight, self.ended)
-
-
 def _retrieve(task: asyncio.Task[None]) -> None:
     if not task.cancelled():
         task.exception()
 
 
 
-def start_thread(name: str, run: Callable[..., object], *args: Any) -> BaseException | None:
-    """Start a daemon thread that calls ``run(*args)`` in a copy of this context.
-
-    None once started. When ``start()`` raises (no thread to be had, or a
-    KeyboardInterrupt handled inside it), the new thread and this one race for a gate:
-    if this one wins, ``run`` never runs and the error is returned; if the thread got
-    going first, ``run`` runs and the error is raised here."""
-    gate = threading.Lock()
-
-    def body() -> None:
-        if gate.acquire(blocking=False):
-            run(*args)
-
-    thread = threading.Thread(target=copy_context().run, args=(body,), name=name, daemon=True)
-    try:
-        thread.start()
-    except BaseException as exc:
-        if gate.acquire(blocking=False):
-            return exc
-        raise
-    return None
-
-
 def current_flight() -> Flight | None:
     """The flight whose work runs here, if any (the chain of I6)."""
     current = _CURRENT.get()
     return None if current is None else current.flight
-
-
-def is_awaitable(value: object) -> bool:
-    """inspect.isawaitable without its ABC check (the hot path of run_sync)."""
-    kind = type(value)
-    if hasattr(kind, "__await__"):
-        return True
-    return kind is types.GeneratorType and bool(
-        value.gi_code.co_flags & inspect.CO_ITERABLE_COROUTINE  # type: ignore[attr-defined]
-    )

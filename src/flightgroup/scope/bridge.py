@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from .._log import log
 from ..engine import attempts as _attempts
-from ..engine.attempts import start_thread
 from ..engine.flight import JOINED, Attempt, Flight, Outcome, wake
+from ..engine.sync_attempt import start_thread
 from ..errors import FlightInterruptedError, GroupClosedError, UnavailableError
 from .events import Joined, Landed, Lead, LeaseLost, NoOutcome, Refused, ScopeEvent
 from .interface import Scope, ScopeCall
