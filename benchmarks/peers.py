@@ -231,6 +231,7 @@ def ttlcache(key: str, value: Any) -> tuple[AsyncCall, SyncCall]:
 POLICY_NONE = "`FlightGroup()`"
 POLICY_UNUSED = "every policy, nothing kept"
 POLICY_KEPT = "every policy, every outcome kept"
+HANDOVER_FLOOR = "floor: a hand-over to another thread and back"
 POLICY_HOW = {
     POLICY_NONE: "`FlightGroup()`: no policy",
     POLICY_UNUSED: "`FlightGroup(deadline=60.0, retry=Retry(attempts=3), "
@@ -239,6 +240,9 @@ POLICY_HOW = {
     "at once (no timeout, no retry, nothing kept, no limit reached)",
     POLICY_KEPT: "the same with `retention=Retention(success=60.0)` (the default max_items): "
     "every outcome is kept, and, the store being full, each evicts the least recently used",
+    HANDOVER_FLOOR: "(sync only) no group: one kept thread, released through one lock, "
+    "releases another that the caller waits on with a timeout, as a `run_sync` with a "
+    "deadline hands its attempt over and waits for it (ADR 0038)",
 }
 
 

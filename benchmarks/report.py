@@ -15,6 +15,7 @@ from statistics import median
 
 from .peers import (
     FLIGHTGROUP,
+    HANDOVER_FLOOR,
     NO_COALESCING,
     POLICY_KEPT,
     POLICY_NONE,
@@ -232,6 +233,14 @@ def targets(report: Report) -> list[Target]:
             "(h) miss, sync: every policy configured but unused ÷ `FlightGroup()`'s",
             report.policy_sync,
             POLICY_NONE,
+            3.0,  # issue 31: a hand-over to a kept thread and back (ADR 0038)
+            me=POLICY_UNUSED,
+        ),
+        _compare(
+            "(h) miss, sync: every policy configured but unused ÷ the bare hand-over to "
+            "another thread and back (its floor on this host)",
+            report.policy_sync,
+            HANDOVER_FLOOR,
             None,
             me=POLICY_UNUSED,
         ),
@@ -590,8 +599,8 @@ def _policy_section(report: Report) -> list[str]:
         *_table(report.policy, "µs per call", 2, versus=POLICY_NONE),
         "",
         f"Sync, `g.run_sync(key, fn)`, {s.policy_sync_calls:,} calls per round (a sync work "
-        "with a deadline runs on a thread of its own, so the configured variants start a "
-        "thread per call):",
+        "with a deadline runs each attempt on one of the group's kept threads, so every call "
+        "of the configured variants hands its work to another thread and waits for it):",
         "",
         *_table(report.policy_sync, "µs per call", 2, versus=POLICY_NONE),
         "",

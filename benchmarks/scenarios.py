@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from .peers import (
     FLIGHTGROUP,
+    HANDOVER_FLOOR,
     NO_COALESCING,
     POLICY_HOW,
     POLICY_KEPT,
@@ -67,7 +68,7 @@ class Sizes:
     hit_calls: int
     hit_rounds: int
     policy_calls: int
-    policy_sync_calls: int  # fewer: a configured sync miss starts a thread (the deadline)
+    policy_sync_calls: int  # fewer: a configured sync miss hands its work to a kept thread
     policy_rounds: int
     cpu_calls: int  # (e) per thread, with a CPU-bound work
     cpu_rounds: int
@@ -663,6 +664,8 @@ async def fill_kept(groups: Groups) -> None:
         await run(f"fill:{i}", fn)
 
 
+WAIT_SECONDS = 30.0  # a benchmark's own thread that answers in none is stuck
+
 # Distinct keys across (h)'s rounds, variants and both twins.
 _policy_keys = itertools.count()
 
@@ -707,9 +710,18 @@ async def policy_miss(groups: Groups, sizes: Sizes) -> Results:
 
 
 def policy_miss_sync(groups: Groups, sizes: Sizes) -> Results:
-    """(h), the sync twin: ``run_sync`` on the same groups, outside any event loop."""
+    """(h), the sync twin: ``run_sync`` on the same groups, outside any event loop; and,
+    in the same rounds, the floor a deadline puts under it (HANDOVER_FLOOR)."""
+    floor = _Handover()
 
     def measure(name: str, series: Series) -> None:
+        if name == HANDOVER_FLOOR:
+            n = sizes.policy_sync_calls
+            with quiet():
+                elapsed = floor.rounds(n)
+            series.values.append(elapsed / n * 1e6)
+            series.runs.append(n)
+            return
         runs = 0
 
         def fn() -> int:
@@ -731,7 +743,48 @@ def policy_miss_sync(groups: Groups, sizes: Sizes) -> Results:
         series.runs.append(runs)
         series.ok = series.ok and runs == len(keys)
 
-    return _each_sync(list(groups), sizes.policy_rounds, measure, stat="best")
+    try:
+        return _each_sync(
+            [*groups, HANDOVER_FLOOR], sizes.policy_rounds, measure, stat="best"
+        )
+    finally:
+        floor.close()
+
+
+class _Handover:
+    """(h)'s sync floor: a kept thread that takes a job through one lock and gives it
+    back through another, nothing else (no group, no job object, no context)."""
+
+    def __init__(self) -> None:
+        self.go = threading.Lock()
+        self.go.acquire()
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.stop = False
+        self.thread = threading.Thread(target=self._serve, name="bench-handover", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            self.go.acquire()
+            if self.stop:
+                return
+            self.done.release()
+
+    def rounds(self, n: int) -> float:
+        """Seconds for ``n`` hand-overs and hand-backs, one after another."""
+        go, done = self.go, self.done
+        start = time.perf_counter()
+        for _ in range(n):
+            go.release()
+            if not done.acquire(timeout=WAIT_SECONDS):
+                raise TimeoutError("the hand-over floor's thread did not answer")
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        self.stop = True
+        self.go.release()
+        self.thread.join(WAIT_SECONDS)
 
 
 def policies(sizes: Sizes) -> tuple[Results, Results, dict[str, int]]:
