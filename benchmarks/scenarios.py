@@ -36,6 +36,7 @@ from .peers import (
     ttlcache,
     ttlcache_installed,
 )
+from .procs import WAIT
 
 if TYPE_CHECKING:
     from flightgroup import FlightGroup
@@ -664,8 +665,6 @@ async def fill_kept(groups: Groups) -> None:
         await run(f"fill:{i}", fn)
 
 
-WAIT_SECONDS = 30.0  # a benchmark's own thread that answers in none is stuck
-
 # Distinct keys across (h)'s rounds, variants and both twins.
 _policy_keys = itertools.count()
 
@@ -777,14 +776,14 @@ class _Handover:
         start = time.perf_counter()
         for _ in range(n):
             go.release()
-            if not done.acquire(timeout=WAIT_SECONDS):
+            if not done.acquire(timeout=WAIT):
                 raise TimeoutError("the hand-over floor's thread did not answer")
         return time.perf_counter() - start
 
     def close(self) -> None:
         self.stop = True
         self.go.release()
-        self.thread.join(WAIT_SECONDS)
+        self.thread.join(WAIT)
 
 
 def policies(sizes: Sizes) -> tuple[Results, Results, dict[str, int]]:
