@@ -13,11 +13,8 @@ from typing import Any
 
 import pytest
 
-import flightgroup.engine.attempts as attempts_module
-
 from .support import LoopThread
 
-_MODES = ["eager", "loop"] if sys.version_info >= (3, 12) else ["loop"]
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -47,14 +44,6 @@ def pytest_report_header(config: pytest.Config) -> str:
     except OSError as exc:
         banner = f"cannot run: {exc}"
     return f"redis-server for the fleet tests: {REDIS_SERVER} ({banner})"
-
-
-@pytest.fixture(params=_MODES)
-def task_start(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run the test with each way a leader's task can start: eagerly (3.12+) and
-    through the loop (3.11's only way), so both paths stay covered on any Python."""
-    monkeypatch.setattr(attempts_module, "_EAGER", request.param == "eager")
-    return str(request.param)
 
 
 @pytest.fixture

@@ -39,7 +39,6 @@ from .configure import (
 from .decorator import BoundCoalesced as BoundCoalesced
 from .decorator import Coalesced as Coalesced
 from .decorator import _Coalesce, make_coalesce
-from .engine import attempts
 from .engine.attempts import Attempts
 from .engine.flight import (
     CLOSED,
@@ -270,28 +269,23 @@ class FlightGroup(Operations):
             chain=chain,
             blocking_loop=None,
             policy=self._policy,
-            # Without an eager start the leader always waits: its waiter comes with the
-            # lead (a wide scope's leader waits as _lead_waiting says).
-            leader_waits=plain and not attempts._EAGER and self._bridge is None,
         )
         if role is LEAD:
             self._attempts.start_async(flight, work, loop, chain)
-            if waiter is None and plain and flight.outcome is None and self._bridge is None:
+            if plain and flight.outcome is None and self._bridge is None:
                 # Its eager start suspended: the leader waits here, in this frame (no
-                # coroutine of its own to hold while the work runs).
+                # coroutine of its own to hold while the work runs; a wide scope's
+                # leader waits as _lead_waiting says).
                 waiter = loop.create_future()
-                if not table.wait_as_leader(flight, waiter):
-                    waiter = None  # it settled meanwhile
-            if waiter is not None:  # the leader's own, in the process scope
-                try:
-                    signal = await waiter  # type: ignore[misc]
-                except BaseException:
-                    table.give_up(flight, waiter)
-                    self._attempts.leader_left(flight)
-                    raise
-                if signal is CLOSED:
-                    raise self._closed_error()
-                # (SETTLED: in the process scope nothing else wakes a leader)
+                if table.wait_as_leader(flight, waiter):  # (False: it settled meanwhile)
+                    try:
+                        signal = await waiter
+                    except BaseException:
+                        table.give_up(flight, waiter)
+                        raise
+                    if signal is CLOSED:
+                        raise self._closed_error()
+                    # (SETTLED: in the process scope nothing else wakes a leader)
             outcome = flight.outcome
             if outcome is not None:  # the work finished (eagerly, or while it waited)
                 if on_join is not None and self._bridge is not None and flight.joined_remote:

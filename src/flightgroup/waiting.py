@@ -78,8 +78,8 @@ class Waiting:
     ) -> Result[Any]:
         """The leader whose work (or its scope's answer) has not come yet, with no
         on_join and no timeout: the follower's decisions for that case, without the
-        follower (the miss path of every wide call, and of Python 3.11, which has no
-        eager task). JOINED (a wide flight joined one led elsewhere) makes it wait again,
+        follower (the miss path of every wide call, and of a decorated function's call
+        whose work suspended). JOINED (a wide flight joined one led elsewhere) makes it wait again,
         as a joiner now; SETTLED delivers; CLOSED raises; a claim (a takeover of the
         interrupted flight it joined) claims the next flight."""
         table = self._table
@@ -96,7 +96,6 @@ class Waiting:
                 signal = await fut
             except BaseException:
                 table.give_up(flight, fut)
-                self._attempts.leader_left(flight)
                 raise
             if signal is SETTLED:
                 return self._deliver(flight, True)
@@ -153,8 +152,6 @@ class Waiting:
                 signal = await fut
             except BaseException:
                 follower.abandon()
-                if follower.leader:
-                    self._attempts.leader_left(follower.flight)
                 raise
             finally:
                 if timer is not None:

@@ -72,11 +72,9 @@ def test_sync_leading_caller_with_timeout_calls_on_join_when_joined_and_landed_r
 
 
 def test_async_leading_caller_calls_on_join_when_the_landing_is_already_in(
-    directory: str, monkeypatch: pytest.MonkeyPatch, task_start: str
+    directory: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An async leading caller calls on_join when the landing is already in its inbox.
-
-    Each way the leader's task starts (eagerly on 3.12+, through the loop)."""
+    """An async leading caller calls on_join when the landing is already in its inbox."""
     c = _coordinating(directory)
     b = _group(directory)
     a, _, release, leader = remote_leader(directory)

@@ -1,7 +1,7 @@
 """The process scope with asyncio callers: leading, joining, outcomes, cancellation.
 
-Every test here runs twice on Python 3.12+: with the leader's task started eagerly
-and through the loop (the `task_start` fixture), so 3.11's path stays covered.
+A leader's task starts eagerly on every Python (3.11 by hand, engine/eager.py): the
+suite's run on 3.11 covers that path, and tests/engine/test_eager_start.py pins it.
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ from flightgroup import (
 )
 
 from ..support import flight_of, run, until, wait_until, waiting_on
-
-pytestmark = pytest.mark.usefixtures("task_start")
 
 
 class Gate:
@@ -739,10 +737,8 @@ def gc_disabled() -> Iterator[None]:
             gc.enable()
 
 
-def test_settled_async_flight_is_freed_without_the_cyclic_gc(task_start: str) -> None:
-    """A settled async flight is freed without the cyclic garbage collector.
-
-    Each way the leader's task starts (eagerly on 3.12+, through the loop)."""
+def test_settled_async_flight_is_freed_without_the_cyclic_gc() -> None:
+    """A settled async flight is freed without the cyclic garbage collector."""
 
     class Big:
         pass

@@ -35,22 +35,17 @@ empty table, and the stats counters.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 import flightgroup
-import flightgroup.engine.attempts as attempts_module
 from flightgroup import FlightFailedError, Result
 
 from ..support import flights_of
@@ -408,28 +403,16 @@ class World:
                 run.event.set()
 
 
-@contextlib.contextmanager
-def task_start(eager: bool) -> Iterator[None]:
-    """Start a leader's task eagerly (3.12+) or through the loop (3.11's only way)."""
-    old = attempts_module._EAGER
-    attempts_module._EAGER = eager
-    try:
-        yield
-    finally:
-        attempts_module._EAGER = old
-
-
-def play(schedule: list[Step], n_keys: int, eager: bool, threads: bool) -> World:
+def play(schedule: list[Step], n_keys: int, threads: bool) -> World:
     # Short drains leave wake-ups in transit across steps. The model needs a leader's
-    # arrival and its work's start to be one step (eager start), and threads that do
-    # not race the loop, so short drains are only for eager, async-only schedules.
-    world = World(n_keys, short_drains=eager and not threads)
+    # arrival and its work's start to be one step (the eager start), and threads that
+    # do not race the loop, so short drains are only for async-only schedules.
+    world = World(n_keys, short_drains=not threads)
 
     async def bounded() -> None:
         await asyncio.wait_for(world.play(schedule), EXAMPLE_TIMEOUT)
 
-    with task_start(eager):
-        asyncio.run(bounded())
+    asyncio.run(bounded())
     return world
 
 
@@ -550,33 +533,29 @@ def check(world: World) -> None:
 
 # -- the tests ------------------------------------------------------------------------
 
-HAS_EAGER = sys.version_info >= (3, 12)
-EAGER = st.booleans() if HAS_EAGER else st.just(False)
-
-
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(schedule=schedules(threads=False), n_keys=st.integers(2, 3), eager=EAGER)
+@given(schedule=schedules(threads=False), n_keys=st.integers(2, 3))
 # A fresh caller cancelled while its claim on the next flight is in transit hands the
 # claim back (the next flight, never led, leaves the table).
-@example([Call(0), Call(0, fresh=True), Release(0, drain=1), Cancel(1, drain=0)], 2, HAS_EAGER)
+@example([Call(0), Call(0, fresh=True), Release(0, drain=1), Cancel(1, drain=0)], 2)
 # Two fresh callers share the next flight; the first one's work ends at once.
 @example(
-    [Call(0), Call(0, fresh=True, instant="value"), Call(0, fresh=True), Release(0)], 2, HAS_EAGER
+    [Call(0), Call(0, fresh=True, instant="value"), Call(0, fresh=True), Release(0)], 2
 )
 # A forget lets a new flight start beside the detached one; a fresh caller that
 # waited for the detached one gets the new one.
 @example(
-    [Call(0), Call(0, fresh=True), Forget(0), Call(0), Release(0, fail=True), Release(0)], 3, False
+    [Call(0), Call(0, fresh=True), Forget(0), Call(0), Release(0, fail=True), Release(0)], 3
 )
-def test_async_schedules(schedule: list[Step], n_keys: int, eager: bool) -> None:
-    world = play(schedule, n_keys, eager, threads=False)
+def test_async_schedules(schedule: list[Step], n_keys: int) -> None:
+    world = play(schedule, n_keys, threads=False)
     check(world)
     for note in sorted(world.seen):
         event(note)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(schedule=schedules(threads=True), n_keys=st.integers(2, 3), eager=EAGER)
+@given(schedule=schedules(threads=True), n_keys=st.integers(2, 3))
 @example(
     [
         Call(0, thread=True),
@@ -587,11 +566,10 @@ def test_async_schedules(schedule: list[Step], n_keys: int, eager: bool) -> None
         Release(0),
     ],
     2,
-    HAS_EAGER,
 )
-def test_mixed_schedules(schedule: list[Step], n_keys: int, eager: bool) -> None:
+def test_mixed_schedules(schedule: list[Step], n_keys: int) -> None:
     """Async callers and run_sync callers in threads share the flights."""
-    world = play(schedule, n_keys, eager, threads=True)
+    world = play(schedule, n_keys, threads=True)
     check(world)
     for note in sorted(world.seen):
         event(note)
@@ -600,8 +578,7 @@ def test_mixed_schedules(schedule: list[Step], n_keys: int, eager: bool) -> None
 # -- fixed schedules ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("eager", [True, False] if HAS_EAGER else [False])
-def test_a_fresh_joiner_of_an_ended_flight_still_gets_on_join(eager: bool) -> None:
+def test_a_fresh_joiner_of_an_ended_flight_still_gets_on_join() -> None:
     """A fresh caller whose claim finds the next flight already ended (Role.TAKE) joins
     it, and its on_join is called: docs/api.md calls on_join once for each joiner."""
     async def main() -> None:
@@ -634,5 +611,4 @@ def test_a_fresh_joiner_of_an_ended_flight_still_gets_on_join(eager: bool) -> No
         assert (res.value, res.joined) == ("new", True)
         assert joins == ["second"]
 
-    with task_start(eager):
-        asyncio.run(asyncio.wait_for(main(), 10))
+    asyncio.run(asyncio.wait_for(main(), 10))

@@ -2,11 +2,11 @@
 
 Where the work runs (ADR 0002): an async work runs in a task of its own, owned by the
 group, so the leader's caller can be cancelled or time out without cancelling the work.
-On Python 3.12+ that task starts eagerly: a work that finishes without suspending costs
-no trip through the event loop. A sync work runs in the leader's own thread, or, under a
-deadline, each attempt on one of the group's kept threads while its driver waits for it,
-so the deadline can pass it by (ADR 0008, ADR 0038); ``sync_attempt.py`` runs one such
-attempt, this module loops over them.
+That task starts eagerly on every Python (``eager.py``, ADR 0052): a work that finishes
+without suspending costs no trip through the event loop. A sync work runs in the
+leader's own thread, or, under a deadline, each attempt on one of the group's kept
+threads while its driver waits for it, so the deadline can pass it by (ADR 0008, ADR
+0038); ``sync_attempt.py`` runs one such attempt, this module loops over them.
 
 Containment: every ending of an attempt (a value, an Exception, a cancellation, any
 other BaseException, a deadline) becomes one outcome; retries follow the flight's policy
@@ -17,12 +17,9 @@ bridge where there is one, and settles the flight in the table, waking every wai
 from __future__ import annotations
 
 import asyncio
-import functools
 import random
-import sys
 import time
 import types
-import weakref
 from asyncio import events
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -31,6 +28,7 @@ from ..codec import encode_bytes
 from ..errors import FlightTimeoutError, ValueTooLargeError
 from ..lease import _CURRENT
 from ..retention import estimate_size
+from .eager import start_eagerly
 from .flight import (
     CLOSED,
     ERROR,
@@ -58,8 +56,6 @@ if TYPE_CHECKING:
 __all__ = ["Attempts", "current_flight"]
 
 _CoroutineType = types.CoroutineType
-_EAGER = sys.version_info >= (3, 12)
-"""Start a leader's task eagerly (Python 3.12+). Tests switch it off to cover 3.11's path."""
 
 
 
@@ -104,44 +100,22 @@ class Attempts:
             coro = self.drive_once(flight, work)
         else:
             coro = self.drive_async(flight, work)
-        if _EAGER:
-            if deadline is None:  # nothing to arm after the eager start
-                flight.task = asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg, unused-ignore]
-                return
-            began = loop.time()
-            task = flight.task = asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg, unused-ignore]
-            attempt = flight.attempt
-            # A work that finished eagerly cannot have run late: the first attempt's
-            # timer is armed only for a work that suspended in it (not one whose first
-            # attempt failed at once and that now pauses before the next: that one's
-            # own timer comes with it).
-            if (
-                not task.done()
-                and attempt is not None
-                and attempt.timer is None
-                and flight.attempt is attempt
-                and flight.state is RUNNING
-            ):
-                attempt.timer = loop.call_at(began + deadline, time_out, attempt, task)
-        else:
-            flight.task = loop.create_task(coro)
-
-    def leader_left(self, flight: Flight) -> None:
-        """The leader of ``flight`` stopped waiting for it before it settled. A work task
-        started through the loop may be cancelled before its first step (its loop
-        shutting down cancels every task, the leader's too) and then never enters
-        drive_async: the flight is landed when that task ends. (A leader that waits
-        until its flight settles needs no such watch: whatever cancels the unstarted
-        task cancels it as well, and it comes here.)"""
-        task = flight.task
-        if task is not None and flight.outcome is None and self.bridge is None:
-            # (A weak reference: the callback must not keep a settled flight's value.)
-            task.add_done_callback(functools.partial(self._unstarted, weakref.ref(flight)))
-
-    def _unstarted(self, flight_ref: weakref.ref[Flight], task: asyncio.Task[None]) -> None:
-        flight = flight_ref()
-        if flight is not None and flight.outcome is None and task.cancelled():
-            self.land(flight, INTERRUPTED, None, asyncio.CancelledError())
+        if deadline is None:  # nothing to arm after the eager start
+            flight.task = start_eagerly(coro, loop)
+            return
+        began = loop.time()
+        task = flight.task = start_eagerly(coro, loop)
+        attempt = flight.attempt
+        # A work that finished eagerly cannot have run late: the first attempt's timer is
+        # armed only for a work that suspended in it (not one whose first attempt failed
+        # at once and that now pauses before the next: that one's own timer comes with it).
+        if (
+            attempt is not None
+            and attempt.timer is None
+            and flight.attempt is attempt
+            and flight.state is RUNNING
+        ):
+            attempt.timer = loop.call_at(began + deadline, time_out, attempt, task)
 
     async def drive_async(
         self, flight: Flight, work: Callable[[], Awaitable[Any]], call: ScopeCall | None = None
@@ -157,7 +131,7 @@ class Attempts:
         error: BaseException | None
         while True:
             timer = None
-            if policy.deadline is not None and (number > 1 or not _EAGER or call is not None):
+            if policy.deadline is not None and (number > 1 or call is not None):
                 timer = attempt.timer = events.get_running_loop().call_later(
                     policy.deadline, time_out, attempt, asyncio.current_task()
                 )

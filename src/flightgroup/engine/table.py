@@ -119,16 +119,16 @@ class FlightTable(FreshCallers[F], TakeOvers[F], KeptOutcomes[F]):
     def arrive(
         self, tkey: Hashable, key: str, *, fresh: bool, make_waiter: Callable[[], Waiter],
         chain: Flight | None, blocking_loop: asyncio.AbstractEventLoop | None,
-        policy: FlightPolicy = NO_POLICY, leader_waits: bool = False,
+        policy: FlightPolicy = NO_POLICY,
     ) -> tuple[Role, F, Waiter | None]:
         """Decide lead, join, wait-for-end or kept for a new call of ``tkey``.
 
         ``chain`` is the flight whose work makes the call, if any (I6);
         ``blocking_loop`` is the event loop that this call would block while it
         waits (a sync call made on a loop's thread), or None; ``policy`` is the
-        caller's, which a flight it leads keeps. ``leader_waits``: a caller that leads
-        a new flight will wait for it (its work starts through the loop), so its own
-        waiter is registered now, under this one hold of the lock, and returned.
+        caller's, which a flight it leads keeps. A leader gets no waiter: its work
+        starts eagerly, and it registers one (``wait_as_leader``) only if the work
+        suspended.
         """
         with self.lock:
             if self.closed:
@@ -157,10 +157,6 @@ class FlightTable(FreshCallers[F], TakeOvers[F], KeptOutcomes[F]):
                 if policy is not NO_POLICY:
                     made.policy = policy
                 self.flights[tkey] = made
-                if leader_waits:
-                    waiter = made.leader_waiter = make_waiter()
-                    made.waiters = {waiter: None}
-                    return LEAD, made, waiter
                 return LEAD, made, None
             state = flight.state
             if state is IDLE:  # a flight that waits for its first leader

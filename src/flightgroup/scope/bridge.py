@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import weakref
 from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 from .._log import log
-from ..engine import attempts as _attempts
+from ..engine.eager import start_eagerly
 from ..engine.flight import JOINED, Attempt, Flight, Outcome, wake
 from ..engine.sync_attempt import start_thread
 from ..errors import FlightInterruptedError, GroupClosedError, UnavailableError
@@ -81,20 +80,8 @@ class Bridge(Landing):
         """Start the task that asks the scope for ``flight``, then leads or follows. The
         scope decides first (it always suspends): no eager deadline."""
         assert isinstance(flight, WideFlight)  # (made by the bridge's table)
-        drive = self.drive_async(flight, work)
-        if _attempts._EAGER:  # the request goes out now, from this call
-            flight.task = asyncio.Task(drive, loop=loop, eager_start=True)  # type: ignore[call-arg, unused-ignore]
-        else:
-            task = flight.task = loop.create_task(drive)
-            # Cancelled before its first step, it never asked the scope: the flight is
-            # this process's alone, and ends here (its joiners here interrupted).
-            task.add_done_callback(functools.partial(self._unstarted, weakref.ref(flight)))
-
-    def _unstarted(self, flight_ref: weakref.ref[WideFlight], task: asyncio.Task[None]) -> None:
-        flight = flight_ref()
-        if flight is not None and flight.outcome is None and task.cancelled():
-            stopped = FlightInterruptedError(flight.key, "its loop stopped before it began")
-            self.settle_remote(flight, Outcome.INTERRUPTED, stopped)
+        # The request goes out now, from this call (an eager start, engine/eager.py).
+        flight.task = start_eagerly(self.drive_async(flight, work), loop)
 
     def _submit(self, flight: WideFlight) -> ScopeCall:
         detach = functools.partial(self.table.detach, flight)

@@ -92,11 +92,8 @@ class WideTable(FlightTable[WideFlight], ScopeAnswers):
         chain: Flight | None,
         blocking_loop: asyncio.AbstractEventLoop | None,
         policy: FlightPolicy = NO_POLICY,
-        leader_waits: bool = False,
     ) -> tuple[Role, WideFlight, Waiter | None]:
-        """FlightTable.arrive; a flight led by a fresh caller says so to its scope. (A
-        wide flight's leader waits as its bridge says: ``leader_waits`` is never set.)"""
-        assert not leader_waits
+        """FlightTable.arrive; a flight led by a fresh caller says so to its scope."""
         role, flight, waiter = super().arrive(
             tkey, key, fresh=fresh, make_waiter=make_waiter, chain=chain,
             blocking_loop=blocking_loop, policy=policy,

@@ -153,7 +153,6 @@ def test_a_retry_takes_a_new_token_from_the_fake(fake: FakeCoordinator) -> None:
     assert tokens == sorted(set(tokens))  # each attempt its own, growing token
 
 
-@pytest.mark.usefixtures("task_start")
 def test_a_scope_that_answers_at_once_lets_an_async_leader_finish_in_its_call(
     fake: FakeCoordinator,
 ) -> None:
