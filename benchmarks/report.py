@@ -445,8 +445,10 @@ def render(
         "## (a) Miss: distinct keys, fn returns at once",
         "",
         f"Sequential awaits in one task; {s.miss_rounds} short rounds of {s.miss_calls:,} "
-        "calls, so that every library meets the machine's slow and fast spells alike. `runs` "
-        "counts fn's runs per round: a real miss runs fn on every call.",
+        "calls, so that every library meets the machine's slow and fast spells alike; each "
+        "round ends with one turn of the loop inside its timing, so what the calls left "
+        "scheduled is paid for. `runs` counts fn's runs per round: a real miss runs fn on "
+        "every call.",
         "",
         *_table(report.miss, "µs per call", 2),
         "",
