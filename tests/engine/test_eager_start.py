@@ -133,5 +133,42 @@ def test_a_cancel_of_the_works_task_during_its_eager_step_reaches_the_work() -> 
     run(main())
 
 
+def test_a_work_that_swallows_cancels_from_its_eager_step_on_goes_on_to_its_value() -> None:
+    """The work's task is cancelled during its eager step, and again while it waits after
+    that; the work catches both and returns: its value is the flight's."""
+
+    async def main() -> None:
+        g = FlightGroup()
+        loop = asyncio.get_running_loop()
+        gate: asyncio.Future[str] = loop.create_future()
+        caught: list[int] = []
+        tasks: list[asyncio.Task[Any]] = []
+
+        async def work() -> str:
+            task = asyncio.current_task()
+            assert task is not None
+            tasks.append(task)
+            task.cancel()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                caught.append(1)
+            try:
+                return await gate
+            except asyncio.CancelledError:
+                caught.append(2)
+            return "survived"
+
+        leader = asyncio.ensure_future(g.run("k", work))
+        while caught != [1]:
+            await asyncio.sleep(0)
+        tasks[0].cancel()  # (on 3.11: thrown in while the task waits after the first throw)
+        assert (await leader).value == "survived"
+        assert caught == [1, 2]
+        assert gate.cancelled()  # (a cancel of a task cancels what it waits on)
+
+    run(main())
+
+
 async def _value() -> str:
     return "again"

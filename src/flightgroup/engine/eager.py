@@ -57,38 +57,55 @@ else:  # pragma: no cover - the 3.11 run covers it
     @types.coroutine
     def _resumed(coro: Coroutine[Any, Any, None]) -> Generator[Any, Any, None]:
         """The task's coroutine: made and primed before the first step, told its
-        outcome after it (``send``), then resumed by the task."""
+        outcome after it (``send``), then resumed by the task. (Its frame is held by
+        every in-flight key: the rare paths are generators of their own.)"""
         step = yield  # primed: the starter sends the first step's outcome here
         if step is _FINISHED or type(step) is _Raised:
-            try:
-                yield _PARKED  # the task's first step resumes here, and ends as the work did
-            except GeneratorExit:
-                raise
-            except BaseException:
-                pass  # a cancel that comes after the end changes nothing
-            if type(step) is _Raised:
-                raise step.error
-            return None
-        yielded, parked = step, True
+            return (yield from _ended(step))
+        try:
+            yield _PARKED  # the task's first step goes on below at once
+            yield step  # the task waits on what the coroutine waits on
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:
+            return (yield from _thrown(coro, exc))
+        # The awaited future is done: the coroutine reads it when it is resumed, and runs
+        # on in C from here.
+        yield from coro
+        return None
+
+    @types.coroutine
+    def _ended(step: object) -> Generator[Any, Any, None]:
+        """The first step ended the coroutine: the task's first step ends as it did."""
+        try:
+            yield _PARKED
+        except GeneratorExit:
+            raise
+        except BaseException:
+            pass  # a cancel that comes after the end changes nothing
+        if type(step) is _Raised:
+            raise step.error
+        return None
+
+    @types.coroutine
+    def _thrown(coro: Coroutine[Any, Any, None], exc: BaseException) -> Generator[Any, Any, None]:
+        """Something was thrown into the task while it waited on the coroutine's first
+        wait (a cancel, before the task's first step too): into the coroutine, where it
+        waits, and on from there."""
         while True:
             try:
-                if parked:
-                    parked = False
-                    yield _PARKED  # (the task's first step goes on below at once)
-                yield yielded  # the task waits on what the coroutine waits on
+                yielded = coro.throw(exc)
+            except StopIteration:
+                return None  # (a driver's coroutine returns None)
+            try:
+                yield yielded
             except GeneratorExit:
                 coro.close()
                 raise
-            except BaseException as exc:
-                # Thrown into the task while it waits (a cancel, before its first step
-                # too): into the coroutine, where it waits.
-                try:
-                    yielded = coro.throw(exc)
-                except StopIteration:
-                    return None  # (a driver's coroutine returns None)
+            except BaseException as again:
+                exc = again
                 continue
-            # The awaited future is done: the coroutine reads it when it is resumed, and
-            # runs on in C from here.
             yield from coro
             return None
 
