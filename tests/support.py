@@ -159,7 +159,9 @@ def waiting_on(group: Any, key: str) -> int:
     table = table_of(group)
     with table.lock:
         flight = table.flights.get(key)
-        return 0 if flight is None else len(flight.waiters)
+        if flight is None:
+            return 0
+        return len(flight.waiters) + (flight.leading is not None)
 
 
 def use_clock(group: Any, clock: Callable[[], float]) -> None:

@@ -272,8 +272,8 @@ class Attempt:
 class Flight:
     """One run of the work for one key, from its start to its outcome.
 
-    Fields written under the table lock only: ``state``, ``waiters``, ``fresh``,
-    ``claims``, ``joiners``, ``next``. Outcome fields (``outcome``, ``value``,
+    Fields written under the table lock only: ``state``, ``waiters``, ``leading``,
+    ``fresh``, ``claims``, ``joiners``, ``next``. Outcome fields (``outcome``, ``value``,
     ``error``, ``data``) are written once, under the lock, before ``state``
     becomes DONE, and read by callers only after they were signalled (or saw
     DONE under the lock). ``parent``, ``task`` and ``loop`` are written by the
@@ -284,9 +284,12 @@ class Flight:
     wide scope's flight adds lives in its subclass (``scope.table.WideFlight``).
     """
 
-    # waiter -> None, in wake order: the joiners, and the leader when it waits.
-    # A shared empty dict until the first waiter comes (copy on first write).
+    # waiter -> None, in wake order: the joiners. A shared empty dict until the first
+    # joiner comes (copy on first write).
     waiters: dict[Waiter, None] = {}  # noqa: RUF012 - replaced, never mutated
+    # The leader's waiter while it waits for a signal (I3, as a joiner's in ``waiters``):
+    # a slot of its own, so that a flight nobody joined holds no dict.
+    leading: Waiter | None = None
     fresh: list[Waiter] | None = None  # fresh callers waiting for the end
     claims = 0  # pending claims on an IDLE flight (I4)
     joiners = 0
@@ -304,7 +307,7 @@ class Flight:
     parent: Flight | None = None  # the flight whose work made this call (I6)
     attempt: Attempt | None = None  # the running (or last) attempt
     policy: FlightPolicy = NO_POLICY  # the leader's, for the flight's whole life
-    leader_waiter: Waiter | None = None
+    leader_waiter: Waiter | None = None  # the leader's waiter, once it waited (identity)
     closed = False  # its waiters were woken by the group's close()
     loop: asyncio.AbstractEventLoop | None = None  # where an async work runs
     task: asyncio.Task[None] | None = None  # the work's own task: the group owns it

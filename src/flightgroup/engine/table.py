@@ -49,7 +49,6 @@ from .flight import (
     Role,
     Signal,
     Waiter,
-    _add_waiter,
     _blocks_its_loop,
     _calls_itself,
     signal_of,
@@ -203,8 +202,6 @@ class FlightTable(FreshCallers[F], TakeOvers[F], KeptOutcomes[F]):
         limits = flight.policy.limits
         if limits is not None and limits.max_waiters is not None:
             waiting = len(flight.waiters) + len(flight.fresh or ()) + flight.claims
-            if flight.leader_waiter is not None and flight.leader_waiter in flight.waiters:
-                waiting -= 1
             if waiting >= limits.max_waiters:
                 raise TooManyWaitersError(flight.key, limits.max_waiters)
 
@@ -228,8 +225,7 @@ class FlightTable(FreshCallers[F], TakeOvers[F], KeptOutcomes[F]):
                 return False
             if self.closed:
                 raise GroupClosedError()
-            _add_waiter(flight, waiter)
-            flight.leader_waiter = waiter
+            flight.leader_waiter = flight.leading = waiter
             return True
 
     def withdraw(self, flight: F, waiter: Waiter) -> bool:
@@ -239,6 +235,9 @@ class FlightTable(FreshCallers[F], TakeOvers[F], KeptOutcomes[F]):
         already handed to it or is on its way.
         """
         with self.lock:
+            if waiter is flight.leading:
+                flight.leading = None
+                return True
             if flight.waiters and flight.waiters.pop(waiter, False) is None:
                 return True
             return self._withdraw_fresh(flight, waiter)
@@ -279,8 +278,9 @@ class FlightTable(FreshCallers[F], TakeOvers[F], KeptOutcomes[F]):
         """Record the outcome (I2) and detach the waiters to wake (I3). ``size`` is
         the outcome's size for Retention, measured by the caller outside the lock.
 
-        Returns (waiters to wake with SETTLED, fresh waiters to wake with a claim
-        on ``flight.next``), or None if the flight had already settled.
+        Returns (waiters to wake with SETTLED: the joiners, then the leader if it
+        waits; fresh waiters to wake with a claim on ``flight.next``), or None if the
+        flight had already settled.
         """
         ended = time.perf_counter_ns()
         with self.lock:
@@ -298,6 +298,13 @@ class FlightTable(FreshCallers[F], TakeOvers[F], KeptOutcomes[F]):
             waiters = flight.waiters
             if waiters:
                 flight.waiters = {}
+            leading = flight.leading
+            if leading is not None:
+                flight.leading = None
+                if waiters:
+                    waiters[leading] = None  # (detached above)
+                else:
+                    waiters = {leading: None}
             fresh = flight.fresh
             if fresh is not None:
                 flight.fresh = None
@@ -401,6 +408,9 @@ class FlightTable(FreshCallers[F], TakeOvers[F], KeptOutcomes[F]):
                 waiters = list(flight.waiters)
                 if waiters:
                     flight.waiters = {}
+                if flight.leading is not None:
+                    waiters.append(flight.leading)
+                    flight.leading = None
                 if flight.fresh:
                     waiters.extend(flight.fresh)
                     flight.fresh = None

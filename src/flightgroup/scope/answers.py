@@ -118,9 +118,9 @@ class ScopeAnswers(TableState[WideFlight]):
                 flight.joined_remote = True
                 self.stats.joins += 1
             woken = self._decided(flight)
-            waiter = flight.leader_waiter
-            if waiter is not None and flight.waiters.pop(waiter, False) is None:
-                flight.leader_waiter = None
+            waiter = flight.leading
+            if waiter is not None:
+                flight.leading = flight.leader_waiter = None
                 flight.rejoining = waiter
                 if woken is None:
                     return [waiter]

@@ -143,8 +143,6 @@ class WideTable(FlightTable[WideFlight], ScopeAnswers):
         limits = flight.policy.limits
         if limits is not None and limits.max_waiters is not None:
             waiting = len(flight.waiters) + len(flight.fresh or ()) + flight.claims
-            if flight.leader_waiter is not None and flight.leader_waiter in flight.waiters:
-                waiting -= 1
             if not flight.led_here and not flight.leader_left:
                 waiting += 1
             if waiting >= limits.max_waiters:
