@@ -505,7 +505,8 @@ def render(
         "",
         f"## (f) Memory per in-flight key: {s.memory_keys:,} keys in flight at once",
         "",
-        "tracemalloc, bytes held while every key's work waits on one event, ÷ keys. The "
+        "tracemalloc, bytes held while every key's work waits on one event (one turn of "
+        "the loop after the last work started), ÷ keys. The "
         "callers' own tasks are counted for every library alike; `no coalescing` (each task "
         "awaits fn itself) is that floor.",
         "",
