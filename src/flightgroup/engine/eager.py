@@ -41,7 +41,11 @@ if sys.version_info >= (3, 12):
 else:  # pragma: no cover - the 3.11 run covers it
     from asyncio.tasks import _enter_task, _leave_task
 
-    _current_task = asyncio.current_task
+    # The loop -> task dict that asyncio.current_task reads (C's, on 3.11), read directly:
+    # a quarter of that Python function's cost, on every miss.
+    _current_tasks: dict[asyncio.AbstractEventLoop, asyncio.Task[Any]] = vars(asyncio.tasks)[
+        "_current_tasks"
+    ]
 
     class _Raised:
         """The coroutine's first step raised ``error``: its task ends with it."""
@@ -118,7 +122,7 @@ else:  # pragma: no cover - the 3.11 run covers it
         runner.send(None)
         context = contextvars.copy_context()
         task: asyncio.Task[None] = asyncio.Task(runner, loop=loop, context=context)
-        caller = _current_task(loop)
+        caller = _current_tasks.get(loop)
         if caller is not None:
             _leave_task(loop, caller)
         _enter_task(loop, task)
