@@ -109,16 +109,27 @@ def _cell(target: Target | None) -> list[str]:
     return [target.measured, target.goal, target.verdict]
 
 
+def _label(a: Target | None, b: Target | None, python: str) -> str:
+    """A row's name: its target's, with each run's peer where the two runs' differ."""
+    if a is None or b is None:
+        only = a if a is not None else b
+        assert only is not None  # (a row has a target of one run at least)
+        return only.what
+    if a.what == b.what or not a.row:
+        return a.what
+    return a.row.format(other=f"{a.other}; on {python}: {b.other}")
+
+
 def targets_table(mine: Sequence[Target], theirs: Handoff) -> list[str]:
-    """The targets of both runs, a row per target (matched by what it measures), each
-    run's measure, goal and verdict side by side; a target only one run has shows
-    dashes in the other's cells."""
+    """The targets of both runs, a row per target (matched by what it measures, even
+    where the two runs' fastest peers differ), each run's measure, goal and verdict side
+    by side; a target only one run has shows dashes in the other's cells."""
     here = this_python()
-    other = {t.what: t for t in theirs.targets}
-    rows: list[tuple[str, Target | None, Target | None]] = [
-        (t.what, t, other.pop(t.what, None)) for t in mine
+    other = {t.row or t.what: t for t in theirs.targets}
+    rows: list[tuple[Target | None, Target | None]] = [
+        (t, other.pop(t.row or t.what, None)) for t in mine
     ]
-    rows += [(what, None, t) for what, t in other.items()]
+    rows += [(None, t) for t in other.values()]
     header = [
         "target",
         f"{here}: measured",
@@ -129,8 +140,9 @@ def targets_table(mine: Sequence[Target], theirs: Handoff) -> list[str]:
         "result",
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    for what, a, b in rows:
-        lines.append("| " + " | ".join([what, *_cell(a), *_cell(b)]) + " |")
+    for a, b in rows:
+        label = _label(a, b, theirs.python)
+        lines.append("| " + " | ".join([label, *_cell(a), *_cell(b)]) + " |")
     return lines
 
 

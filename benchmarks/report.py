@@ -45,6 +45,10 @@ class Target:
     goal: str
     met: bool | None  # None: no verdict (nothing to compare with)
     must: bool = False  # a correctness must, not a speed target
+    # What ``what`` was made from (``{other}`` where the run's fastest peer's name went),
+    # and that name: one row for the target of runs whose fastest peers differ.
+    row: str = ""
+    other: str = ""
 
     @property
     def verdict(self) -> str:
@@ -127,17 +131,18 @@ def _compare(
     """``me``'s value (flightgroup's) ÷ ``other``'s, against ``goal`` (None: for
     information). ``what`` may hold ``{other}``, replaced by the name of the one
     compared with."""
-    what = what.format(other=other or "none usable")
+    row, name = what, other or "none usable"
+    what = row.format(other=name)
     mine = results.get(me)
     theirs = None if other is None else results.get(other)
     if mine is None or theirs is None or not _usable(mine) or not _usable(theirs):
-        return Target(what, "—", "—", None)
+        return Target(what, "—", "—", None, row=row, other=name)
     ratio = mine.value / theirs.value
     if goal is None:
-        return Target(what, f"{ratio:.2f}×", "information", None)
+        return Target(what, f"{ratio:.2f}×", "information", None, row=row, other=name)
     met = ratio < goal if strict else ratio <= goal
     sign = "<" if strict else "≤"
-    return Target(what, f"{ratio:.2f}×", f"{sign} {goal:.2f}×", met)
+    return Target(what, f"{ratio:.2f}×", f"{sign} {goal:.2f}×", met, row=row, other=name)
 
 
 def targets(report: Report) -> list[Target]:

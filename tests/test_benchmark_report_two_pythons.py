@@ -54,6 +54,22 @@ def test_both_runs_targets_stand_side_by_side_and_the_others_tables_follow() -> 
 
 
 @pytest.mark.timeout(10)
+def test_a_target_against_each_runs_own_fastest_peer_is_one_row() -> None:
+    row = "(e) threads: total time ÷ the fastest thread peer's ({other})"
+    mine = [Target(row.format(other="singleflight"), "1.01×", "≤ 1.00×", False, row=row,
+                   other="singleflight")]
+    theirs = [Target(row.format(other="coalescer"), "0.98×", "≤ 1.00×", True, row=row,
+                     other="coalescer")]
+    handoff = pythons.Handoff("CPython 3.11.7", theirs, _report(theirs, "(e) Threads"), ok=True)
+    lines = pythons.merge(_report(mine, "(e) Threads"), mine, handoff).splitlines()
+    rows = [line for line in lines if line.startswith("| (e) threads")]
+    assert rows == [
+        "| (e) threads: total time ÷ the fastest thread peer's (singleflight; on CPython "
+        "3.11.7: coalescer) | 1.01× | ≤ 1.00× | MISS | 0.98× | ≤ 1.00× | PASS |"
+    ]
+
+
+@pytest.mark.timeout(10)
 def test_the_handoff_survives_its_file(tmp_path: Path) -> None:
     found = [
         Target("(f) memory", "1.30×", "≤ 1.00×", False),
