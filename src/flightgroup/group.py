@@ -40,6 +40,7 @@ from .decorator import BoundCoalesced as BoundCoalesced
 from .decorator import Coalesced as Coalesced
 from .decorator import _Coalesce, make_coalesce
 from .engine.attempts import Attempts
+from .engine.eager import current_task_of
 from .engine.flight import (
     CLOSED,
     JOIN,
@@ -250,7 +251,7 @@ class FlightGroup(Operations):
         elif not callable(work):
             check_call(work, None, None, False)
         loop = events.get_running_loop()
-        task = asyncio.current_task(loop)
+        task = current_task_of(loop)
         if task is not None and task.cancelling():
             raise asyncio.CancelledError()
         table = self._table
@@ -308,7 +309,7 @@ class FlightGroup(Operations):
                 raise
             if signal is SETTLED:
                 # The joiners' one Result, once the first of them made it (_deliver)
-                result: Result[Any] | None = vars(flight).get("joined_result")
+                result: Result[Any] | None = flight.joined_result
                 if result is not None and not flight.closed:
                     return result
                 return self._deliver(flight, False)

@@ -13,6 +13,7 @@ from asyncio import events
 from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING, TypeVar, cast
 
+from .engine.eager import current_task_of
 from .engine.flight import (
     KEPT,
     LEAD,
@@ -48,7 +49,7 @@ class Operations(Waiting):
         if self._closed:
             raise self._closed_error()
         loop = events.get_running_loop()
-        task = asyncio.current_task(loop)
+        task = current_task_of(loop)
         if task is not None and task.cancelling():
             raise asyncio.CancelledError()
         current = _CURRENT.get()
@@ -90,7 +91,7 @@ class Operations(Waiting):
         if timeout is not None and timeout <= 0:
             raise TimeoutError(f"timeout of 0 s for {key!r}: the call neither led nor joined")
         loop = events.get_running_loop()
-        task = asyncio.current_task(loop)
+        task = current_task_of(loop)
         if task is not None and task.cancelling():
             raise asyncio.CancelledError()
         current = _CURRENT.get()

@@ -272,6 +272,34 @@ def test_joiner_cancelled_withdraws_only_itself() -> None:
     run(main())
 
 
+def test_joiner_cancelled_in_the_turn_its_flight_settles_is_skipped_by_the_wake_up() -> None:
+    """The flight settles before the cancelled joiner's task could withdraw it: the
+    wake-up passes over its cancelled wait, it raises CancelledError, the others get the
+    value."""
+
+    async def main() -> None:
+        g = FlightGroup()
+        loop = asyncio.get_running_loop()
+        gate: asyncio.Future[str] = loop.create_future()
+
+        async def work() -> str:
+            return await gate
+
+        leader = asyncio.create_task(g.run("k", work))
+        await until(lambda: g.stats().in_flight == 1)
+        quitter = asyncio.create_task(g.run("k", work))
+        stayer = asyncio.create_task(g.run("k", work))
+        await until(lambda: g.stats().joins == 2)
+        gate.set_result("v")  # the work's task steps first in the next turn: it settles
+        quitter.cancel()  # its wait is cancelled now; its task withdraws it only after
+        results = await asyncio.gather(leader, quitter, stayer, return_exceptions=True)
+        assert isinstance(results[1], asyncio.CancelledError)
+        assert [r.value for r in (results[0], results[2])] == ["v", "v"]  # type: ignore[union-attr]
+        assert g.stats().in_flight == 0
+
+    run(main())
+
+
 def test_timeout_withdraws_the_caller_with_builtin_timeout_error_and_the_flight_goes_on() -> None:
     async def main() -> None:
         g = FlightGroup()

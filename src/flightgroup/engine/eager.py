@@ -1,4 +1,5 @@
-"""A task whose first step runs at once, in its caller's thread, on every Python.
+"""A task whose first step runs at once, in its caller's thread, on every Python; and
+the cheapest read of a loop's current task on each Python (``current_task_of``).
 
 A leader's work runs in a task of its own (ADR 0002); started eagerly, a work that
 finishes without suspending costs no trip through the event loop and its leader never
@@ -23,13 +24,17 @@ import asyncio
 import contextvars
 import sys
 import types
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Final
 
-__all__ = ["start_eagerly"]
+__all__ = ["current_task_of", "start_eagerly"]
 
 
 if sys.version_info >= (3, 12):
+    current_task_of: Callable[[asyncio.AbstractEventLoop], asyncio.Task[Any] | None] = (
+        asyncio.current_task
+    )
+    """The task running on ``loop`` now, or None (``asyncio.current_task(loop)``)."""
 
     def start_eagerly(
         coro: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop
@@ -42,10 +47,11 @@ else:  # pragma: no cover - the 3.11 run covers it
     from asyncio.tasks import _enter_task, _leave_task
 
     # The loop -> task dict that asyncio.current_task reads (C's, on 3.11), read directly:
-    # a quarter of that Python function's cost, on every miss.
+    # a quarter of that Python function's cost, on every call.
     _current_tasks: dict[asyncio.AbstractEventLoop, asyncio.Task[Any]] = vars(asyncio.tasks)[
         "_current_tasks"
     ]
+    current_task_of = _current_tasks.get
 
     class _Raised:
         """The coroutine's first step raised ``error``: its task ends with it."""
@@ -122,7 +128,7 @@ else:  # pragma: no cover - the 3.11 run covers it
         runner.send(None)
         context = contextvars.copy_context()
         task: asyncio.Task[None] = asyncio.Task(runner, loop=loop, context=context)
-        caller = _current_tasks.get(loop)
+        caller = current_task_of(loop)
         if caller is not None:
             _leave_task(loop, caller)
         _enter_task(loop, task)

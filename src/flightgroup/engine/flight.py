@@ -304,6 +304,7 @@ class Flight:
     error: BaseException | None = None
     data: bytes | None = None  # the encoded value, with a codec
     failure: tuple[str, str, str, str] | None = None  # made once for all joiners
+    joined_result: Result[Any] | None = None  # made once for all joiners (_deliver)
     parent: Flight | None = None  # the flight whose work made this call (I6)
     attempt: Attempt | None = None  # the running (or last) attempt
     policy: FlightPolicy = NO_POLICY  # the leader's, for the flight's whole life
@@ -421,8 +422,10 @@ def wake(waiters: Iterable[Waiter], signal: Signal | Flight) -> None:
         fut: asyncio.Future[Any] = waiter  # type: ignore[assignment, unused-ignore]
         loop = fut.get_loop()
         if loop is running:
-            if not fut.done():
+            try:
                 fut.set_result(signal)
+            except asyncio.InvalidStateError:  # cancelled: its caller withdraws it
+                continue
         else:
             if batches is None:
                 batches = {}
