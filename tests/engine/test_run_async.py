@@ -279,18 +279,13 @@ def test_joiner_cancelled_in_the_turn_its_flight_settles_is_skipped_by_the_wake_
 
     async def main() -> None:
         g = FlightGroup()
-        loop = asyncio.get_running_loop()
-        gate: asyncio.Future[str] = loop.create_future()
-
-        async def work() -> str:
-            return await gate
-
-        leader = asyncio.create_task(g.run("k", work))
-        await until(lambda: g.stats().in_flight == 1)
-        quitter = asyncio.create_task(g.run("k", work))
-        stayer = asyncio.create_task(g.run("k", work))
+        gate = Gate("v")
+        leader = asyncio.create_task(g.run("k", gate))
+        await gate.started.wait()
+        quitter = asyncio.create_task(g.run("k", gate))
+        stayer = asyncio.create_task(g.run("k", gate))
         await until(lambda: g.stats().joins == 2)
-        gate.set_result("v")  # the work's task steps first in the next turn: it settles
+        gate.release.set()  # the work's task steps first in the next turn: it settles
         quitter.cancel()  # its wait is cancelled now; its task withdraws it only after
         results = await asyncio.gather(leader, quitter, stayer, return_exceptions=True)
         assert isinstance(results[1], asyncio.CancelledError)
