@@ -252,30 +252,11 @@ def test_leader_alone_cancelled_lets_the_work_finish_owned_by_the_group() -> Non
     run(main())
 
 
-def test_joiner_cancelled_withdraws_only_itself() -> None:
-    async def main() -> None:
-        g = FlightGroup()
-        gate = Gate("v")
-        leader = asyncio.create_task(g.run("k", gate))
-        await gate.started.wait()
-        quitter = asyncio.create_task(g.run("k", gate))
-        stayer = asyncio.create_task(g.run("k", gate))
-        await until(lambda: g.stats().joins == 2)
-        quitter.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await quitter
-        assert waiting_on(g, "k") == 2  # the leader and the stayer
-        gate.release.set()
-        assert (await leader).value == "v"
-        assert (await stayer).joined
-
-    run(main())
-
-
-def test_joiner_cancelled_in_the_turn_its_flight_settles_is_skipped_by_the_wake_up() -> None:
-    """The flight settles before the cancelled joiner's task could withdraw it: the
-    wake-up passes over its cancelled wait, it raises CancelledError, the others get the
-    value."""
+@pytest.mark.parametrize("when", ["while it waits", "in the turn its flight settles"])
+def test_joiner_cancelled_withdraws_only_itself(when: str) -> None:
+    """A cancelled joiner raises CancelledError and the others get the value; also when
+    the flight settles before the joiner's task could withdraw it (the wake-up passes
+    over its cancelled wait)."""
 
     async def main() -> None:
         g = FlightGroup()
@@ -285,11 +266,19 @@ def test_joiner_cancelled_in_the_turn_its_flight_settles_is_skipped_by_the_wake_
         quitter = asyncio.create_task(g.run("k", gate))
         stayer = asyncio.create_task(g.run("k", gate))
         await until(lambda: g.stats().joins == 2)
-        gate.release.set()  # the work's task steps first in the next turn: it settles
-        quitter.cancel()  # its wait is cancelled now; its task withdraws it only after
+        if when == "while it waits":
+            quitter.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await quitter
+            assert waiting_on(g, "k") == 2  # the leader and the stayer
+            gate.release.set()
+        else:
+            gate.release.set()  # the work's task steps first in the next turn: it settles
+            quitter.cancel()  # its wait is cancelled now; its task withdraws it only after
         results = await asyncio.gather(leader, quitter, stayer, return_exceptions=True)
         assert isinstance(results[1], asyncio.CancelledError)
-        assert [r.value for r in (results[0], results[2])] == ["v", "v"]  # type: ignore[union-attr]
+        assert (results[0].value, results[2].value) == ("v", "v")  # type: ignore[union-attr]
+        assert results[2].joined  # type: ignore[union-attr]
         assert g.stats().in_flight == 0
 
     run(main())
