@@ -106,11 +106,18 @@ class _Run:
         # on_signal is SIGINT's handler (the main thread runs the call): a joiner whose
         # reader went away may withdraw by sending it SIGINT.
         self.handles_sigint = False
+        # Started with SIGINT ignored (a background job, nohup): it stays ignored for
+        # CMD and from outside; a joiner handles it only to withdraw (``withdrawing``).
+        self.sigint_ignored = False
+        self.withdrawing = False
+        self.signals: dict[int, Any] = {}  # the handlers run_command restores
 
     # -- signals ---------------------------------------------------------------
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
         """SIGINT/SIGTERM: the leader forwards them to CMD; a joiner withdraws."""
+        if signum == signal.SIGINT and self.sigint_ignored and not self.withdrawing:
+            return  # ignored from outside, as when it started
         if not self.leading:
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt
@@ -165,6 +172,15 @@ class _Run:
             self.done.set()
 
     def _execute(self, sink: SpoolWriter | Capture) -> int:
+        if (
+            signal.SIGINT in self.signals
+            and self.sigint_ignored
+            and threading.current_thread() is threading.main_thread()
+        ):
+            # (A joiner that now leads, by a takeover) CMD inherits SIGINT ignored, as
+            # this process started: a handled signal would be reset to its default.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            self.handles_sigint = False
         try:
             proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except OSError as exc:
@@ -250,6 +266,15 @@ class _Run:
             self.leader_unknown = True
             line += f" (leader unknown: {why})"
         say(line)
+        if (
+            self.sigint_ignored
+            and signal.SIGINT not in self.signals
+            and threading.current_thread() is threading.main_thread()
+        ):
+            # A joiner runs no CMD that would inherit the handler: it may take SIGINT
+            # for its own withdrawal, and still ignores it from outside (on_signal).
+            self.signals[signal.SIGINT] = signal.signal(signal.SIGINT, self.on_signal)
+            self.handles_sigint = True
         self.follower = Follower(self.key, path, age, leader, self.withdraw_now)
         self.follower.start()
 
@@ -260,6 +285,7 @@ class _Run:
         (cli.main called off the main thread): the joiner then follows to the end."""
         main = threading.main_thread()
         if self.handles_sigint and main.ident is not None:
+            self.withdrawing = True
             signal.pthread_kill(main.ident, signal.SIGINT)
 
     def _flight(self) -> tuple[dict[str, Any] | None, str]:
@@ -322,7 +348,8 @@ def run_command(
     group = open_group(scope)
     assert group is not None
     run = _Run(group, scope, key, cmd)
-    old = _install(run.on_signal)
+    run.sigint_ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    old = run.signals = _install(run.on_signal)
     run.handles_sigint = signal.SIGINT in old
     try:
         return _run_in(run, group, timeout, fresh)

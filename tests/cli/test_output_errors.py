@@ -16,6 +16,7 @@ import array
 import fcntl
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import termios
@@ -155,22 +156,37 @@ print("done", flush=True)
 """
 
 
-def test_a_joiners_reader_going_away_ends_that_joiner_only(place: Path) -> None:
+def _sigint_ignored() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell starts a background job
+
+
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_a_joiners_reader_going_away_ends_that_joiner_only(place: Path, sigint: str) -> None:
     """`flightgroup run ... | head -1` as a joiner: it exits 141 quietly at its next
-    write, while the run goes on for the leader (it does not follow the whole run)."""
+    write, while the run goes on for the leader (it does not follow the whole run). Also
+    when it was started with SIGINT ignored (a background job, nohup, some CI runners):
+    a SIGINT from outside is still ignored, its own withdrawal is not."""
     go = place / "go"
     cmd = _run(place, PY, "-c", TICKS, str(go))
+    started = _sigint_ignored if sigint == "ignored" else None
     leader = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+        preexec_fn=started,
     )
     assert leader.stdout is not None
     assert leader.stdout.readline() == b"tick\n"  # the leader runs CMD
     joiner = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        preexec_fn=started,
     )
     try:
         assert joiner.stdout is not None
         assert joiner.stdout.readline() == b"tick\n"  # the joiner follows its output
+        if sigint == "ignored":
+            joiner.send_signal(signal.SIGINT)  # ignored, as it was when it started
+            for _ in range(3):
+                assert joiner.stdout.readline() == b"tick\n"  # it follows on
+            assert joiner.poll() is None
         joiner.stdout.close()
         assert joiner.wait(WAIT) == 141
         assert joiner.stderr is not None
