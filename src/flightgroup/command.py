@@ -106,7 +106,7 @@ class _Run:
         # on_signal is SIGINT's handler (the main thread runs the call): a joiner whose
         # reader went away may withdraw by sending it SIGINT.
         self.handles_sigint = False
-        # Started with SIGINT ignored (a background job, nohup): it stays ignored for
+        # Started with SIGINT ignored (a background job of a script): it stays ignored for
         # CMD and from outside; a joiner handles it only to withdraw (``withdrawing``).
         self.sigint_ignored = False
         self.withdrawing = False

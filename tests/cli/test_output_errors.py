@@ -164,7 +164,7 @@ def _sigint_ignored() -> None:
 def test_a_joiners_reader_going_away_ends_that_joiner_only(place: Path, sigint: str) -> None:
     """`flightgroup run ... | head -1` as a joiner: it exits 141 quietly at its next
     write, while the run goes on for the leader (it does not follow the whole run). Also
-    when it was started with SIGINT ignored (a background job, nohup, some CI runners):
+    when it was started with SIGINT ignored (a background job of a script):
     a SIGINT from outside is still ignored, its own withdrawal is not."""
     go = place / "go"
     cmd = _run(place, PY, "-c", TICKS, str(go))
