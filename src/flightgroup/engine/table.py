@@ -200,10 +200,16 @@ class FlightTable(FreshCallers[F], TakeOvers[F], KeptOutcomes[F]):
         fresh callers of the flight before it (they join it once they wake, and are
         never refused then) count, its leader not."""
         limits = flight.policy.limits
-        if limits is not None and limits.max_waiters is not None:
-            waiting = len(flight.waiters) + len(flight.fresh or ()) + flight.claims
-            if waiting >= limits.max_waiters:
-                raise TooManyWaitersError(flight.key, limits.max_waiters)
+        if (
+            limits is not None
+            and limits.max_waiters is not None
+            and self._waiting(flight) >= limits.max_waiters
+        ):
+            raise TooManyWaitersError(flight.key, limits.max_waiters)
+
+    def _waiting(self, flight: F) -> int:
+        """(Under the lock) the callers of ``flight`` that count against max_waiters."""
+        return len(flight.waiters) + len(flight.fresh or ()) + flight.claims
 
     def give_up(self, flight: F, waiter: Waiter) -> None:
         """A caller stops waiting on ``flight`` (cancelled, interrupted): its waiter is

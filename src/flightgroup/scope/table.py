@@ -35,7 +35,7 @@ from ..engine.flight import (
     _calls_itself,
 )
 from ..engine.table import FlightTable
-from ..errors import FlightInterruptedError, TooManyWaitersError
+from ..errors import FlightInterruptedError
 from ..policy import NO_POLICY, FlightPolicy
 from . import kin
 from .answers import ScopeAnswers
@@ -133,24 +133,19 @@ class WideTable(FlightTable[WideFlight], ScopeAnswers):
             # block the work it waits for.
             raise _blocks_its_loop(key)
 
-    def _check_waiters(self, flight: WideFlight) -> None:
+    def _waiting(self, flight: WideFlight) -> int:
         """FlightTable's count, and the leading caller as a joiner unless the scope
         let the work run here (``led_here``) or that caller stopped waiting: a flight
         joined elsewhere has no leader in this process, and until the scope answers
         the leading caller may turn out to be a joiner (ADR 0037). So no more than
         ``max_waiters`` callers ever wait here as joiners of a flight led elsewhere,
         and no admitted caller is failed when the answer comes."""
-        limits = flight.policy.limits
-        if limits is not None and limits.max_waiters is not None:
-            waiting = len(flight.waiters) + len(flight.fresh or ()) + flight.claims
-            if not flight.led_here and not flight.leader_left:
-                waiting += 1
-            if waiting >= limits.max_waiters:
-                raise TooManyWaitersError(flight.key, limits.max_waiters)
+        leading = not flight.led_here and not flight.leader_left
+        return super()._waiting(flight) + leading
 
     def withdraw(self, flight: WideFlight, waiter: Waiter) -> bool:
         """FlightTable.withdraw; the leading caller's withdrawal is noted: it no longer
-        counts against max_waiters (``_check_waiters``)."""
+        counts against max_waiters (``_waiting``)."""
         with self.lock:
             if waiter is flight.leader_waiter or waiter is flight.rejoining:
                 flight.leader_left = True
