@@ -103,9 +103,6 @@ class _Run:
         # Writing CMD's output to our own stdout or stderr failed (ENOSPC, EIO, ...):
         # the leader says so and exits 1 if CMD succeeded; its joiners are not affected.
         self.write_failed = False
-        # on_signal is SIGINT's handler (the main thread runs the call): a joiner whose
-        # reader went away may withdraw by sending it SIGINT.
-        self.handles_sigint = False
         # Started with SIGINT ignored (a background job of a script): it stays ignored for
         # CMD and from outside; a joiner handles it only to withdraw (``withdrawing``).
         self.sigint_ignored = False
@@ -173,14 +170,13 @@ class _Run:
 
     def _execute(self, sink: SpoolWriter | Capture) -> int:
         if (
-            signal.SIGINT in self.signals
-            and self.sigint_ignored
+            self.sigint_ignored
+            and self.handles_sigint()
             and threading.current_thread() is threading.main_thread()
         ):
             # (A joiner that now leads, by a takeover) CMD inherits SIGINT ignored, as
             # this process started: a handled signal would be reset to its default.
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-            self.handles_sigint = False
         try:
             proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except OSError as exc:
@@ -274,9 +270,13 @@ class _Run:
             # A joiner runs no CMD that would inherit the handler: it may take SIGINT
             # for its own withdrawal, and still ignores it from outside (on_signal).
             self.signals[signal.SIGINT] = signal.signal(signal.SIGINT, self.on_signal)
-            self.handles_sigint = True
         self.follower = Follower(self.key, path, age, leader, self.withdraw_now)
         self.follower.start()
+
+    def handles_sigint(self) -> bool:
+        """on_signal is SIGINT's handler now (the main thread runs the call): a joiner
+        whose reader went away may withdraw by sending it SIGINT."""
+        return bool(signal.getsignal(signal.SIGINT) == self.on_signal)
 
     def withdraw_now(self) -> None:
         """(The follow thread) our reader went away: the joiner withdraws at once, as
@@ -284,7 +284,7 @@ class _Run:
         signal: only one wakes a blocked wait). Not when something else handles SIGINT
         (cli.main called off the main thread): the joiner then follows to the end."""
         main = threading.main_thread()
-        if self.handles_sigint and main.ident is not None:
+        if self.handles_sigint() and main.ident is not None:
             self.withdrawing = True
             signal.pthread_kill(main.ident, signal.SIGINT)
 
@@ -350,7 +350,6 @@ def run_command(
     run = _Run(group, scope, key, cmd)
     run.sigint_ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     old = run.signals = _install(run.on_signal)
-    run.handles_sigint = signal.SIGINT in old
     try:
         return _run_in(run, group, timeout, fresh)
     except KeyboardInterrupt:
