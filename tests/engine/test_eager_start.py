@@ -1,11 +1,12 @@
 """A leader's work starts eagerly on every Python (engine/eager.py, ADR 0052): its first
 step runs inside the call, as the work's own task. Python 3.12+ does it itself; on 3.11
-the group does it by hand, and the suite's run on 3.11 is what checks that path."""
+the group does it by hand, and the suite's run on 3.11 is what checks that path. (That the
+work is its own task from its first line, in every scope: tests/contract/every_scope/
+test_work_task.py.)"""
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 from typing import Any
 
 import pytest
@@ -15,9 +16,6 @@ from flightgroup import FlightGroup, FlightInterruptedError
 from ..support import run
 
 pytestmark = pytest.mark.timeout(20)
-
-_SEEN: contextvars.ContextVar[str] = contextvars.ContextVar("seen", default="unset")
-
 
 def test_a_work_that_never_suspends_ends_inside_the_call() -> None:
     async def main() -> None:
@@ -34,47 +32,6 @@ def test_a_work_that_never_suspends_ends_inside_the_call() -> None:
         assert turned == []
         assert (result.value, result.joined) == ("v", False)
         assert g.stats().in_flight == 0
-
-    run(main())
-
-
-def test_the_work_runs_as_its_own_task_from_its_first_line() -> None:
-    async def main() -> None:
-        g = FlightGroup()
-        seen: list[asyncio.Task[Any] | None] = []
-
-        async def work() -> str:
-            seen.append(asyncio.current_task())  # the eager first step
-            await asyncio.sleep(0)  # a bare yield: the task's own scheduled step goes on
-            seen.append(asyncio.current_task())
-            await asyncio.sleep(0.001)  # a future
-            seen.append(asyncio.current_task())
-            return "v"
-
-        caller = asyncio.current_task()
-        assert (await g.run("k", work)).value == "v"
-        first = seen[0]
-        assert isinstance(first, asyncio.Task)
-        assert first is not caller and seen == [first, first, first]
-        # The caller is its own task again once the call returned.
-        assert asyncio.current_task() is caller
-
-    run(main())
-
-
-def test_the_work_sees_the_callers_context_and_its_changes_stay_its_own() -> None:
-    async def main() -> None:
-        g = FlightGroup()
-
-        async def work() -> str:
-            before = _SEEN.get()
-            _SEEN.set("work")
-            await asyncio.sleep(0)
-            return f"{before}/{_SEEN.get()}"
-
-        _SEEN.set("caller")
-        assert (await g.run("k", work)).value == "caller/work"
-        assert _SEEN.get() == "caller"
 
     run(main())
 
