@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .report import Target
+from .report import Target, this_python
 
 
 @dataclass(frozen=True)
@@ -52,13 +52,6 @@ class Handoff:
             text=data["text"],
             ok=data["ok"],
         )
-
-
-def this_python() -> str:
-    """The interpreter's name as a column header: ``CPython 3.13.0``."""
-    import platform
-
-    return f"{platform.python_implementation()} {platform.python_version()}"
 
 
 ONLY_HERE = ("--write", "--update", "--also-on", "--handoff")

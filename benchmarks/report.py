@@ -381,10 +381,15 @@ def engine() -> str:
     return f"{head} with uncommitted changes to {', '.join(line[3:] for line in changed)}"
 
 
+def this_python() -> str:
+    """The interpreter that runs the report, as it names it: ``CPython 3.13.0``."""
+    return f"{platform.python_implementation()} {platform.python_version()}"
+
+
 def _environment(source: str) -> list[str]:
     return [
-        f"- Python: {platform.python_implementation()} {platform.python_version()} "
-        f"({platform.system()} {platform.machine()}), {os.cpu_count()} cores",
+        f"- Python: {this_python()} ({platform.system()} {platform.machine()}), "
+        f"{os.cpu_count()} cores",
         f"- Libraries: {_versions()}",
         f"- flightgroup source: {source}",
     ]
