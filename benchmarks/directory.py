@@ -102,9 +102,17 @@ EXCHANGE_OWN = (
     "landing) against the same coordinator, every answer read on the caller's loop from a "
     "connection of its own"
 )
+EXCHANGE_ACKED = (
+    "for comparison: the same exchange on the caller's loop, its landing's ack (or `taken`) "
+    "awaited as a leader's call now does (ADR 0040)"
+)
 EXCHANGE_THREAD = (
     "for comparison: the same exchange, every answer read by another thread's loop and "
     "handed to the caller's (where the group reads them: its thread)"
+)
+EXCHANGE_THREAD_ACKED = (
+    "for comparison: the same exchange read by another thread's loop, its landing's ack "
+    "awaited (the group's messages and threads, without the group)"
 )
 CPU_CALLER = "the caller's thread (the measuring process's main thread)"
 CPU_BACKGROUND = "the measuring process's group thread (reads the coordinator's answers)"
@@ -116,6 +124,7 @@ TASKS_CONCURRENT = 16
 T = TypeVar("T")
 
 LATENCY_GOAL_US = 150.0
+EXCHANGE_GOAL = 1.25  # lead-or-join p50 ÷ the exchange read on the caller's loop (issue 31)
 
 
 @dataclass(frozen=True)
@@ -391,11 +400,18 @@ class _Worker:
     ) -> list[int]:
         """ns per lead made with the directory protocol by hand, no group: what a lead costs
         when the answers are read on the caller's loop (``reader="caller"``) or by another
-        thread's loop (``"thread"``), as the group does."""
-        if reader != "thread":
-            return self.runner.run(_exchange(directory, prefix, calls, warm, None))
+        thread's loop (``"thread"``), as the group does; with ``-acked`` (``"caller-acked"``,
+        ``"thread-acked"``) the lead also waits for its landing's ack, as a leader's call
+        does."""
+        where, _, acked = reader.partition("-")
+        if where != "thread":
+            return self.runner.run(
+                _exchange(directory, prefix, calls, warm, None, acked=bool(acked))
+            )
         with _other_loop() as other:
-            return self.runner.run(_exchange(directory, prefix, calls, warm, other))
+            return self.runner.run(
+                _exchange(directory, prefix, calls, warm, other, acked=bool(acked))
+            )
 
     def floor_epoch(self, directory: str) -> int:
         """ns for what a new coordinator writes first: the next epoch, durably."""
@@ -698,7 +714,8 @@ async def _floor_hop(other: asyncio.AbstractEventLoop, calls: int) -> list[int]:
 
 class _Exchange:
     """A connection of the directory protocol, read on ``loop``: a lead's answer resolves
-    its future (on the caller's loop), an ack frees the lead's key lock."""
+    its future (on the caller's loop), an ack frees the lead's key lock, and the first of
+    a landing's ``taken`` and ack resolves the landing's future, if it has one."""
 
     def __init__(self, sock: Any, loop: asyncio.AbstractEventLoop) -> None:
         from flightgroup.directory import wire
@@ -708,6 +725,7 @@ class _Exchange:
         self.buffer = memoryview(bytearray(wire.READ_SIZE))
         self.answers: dict[int, asyncio.Future[Any]] = {}
         self.leads: dict[int, int] = {}  # request id -> the key lock's descriptor
+        self.landings: dict[int, asyncio.Future[Any]] = {}  # request id -> its ack awaited
         self.loop = loop
         loop.call_soon_threadsafe(loop.add_reader, sock.fileno(), self._readable)
 
@@ -717,8 +735,16 @@ class _Exchange:
         size = self.sock.recv_into(self.buffer)
         for header, payload in self.splitter.feed(bytes(self.buffer[:size])):
             answer = wire.parse_answer_frame(header, payload)
-            if isinstance(answer, wire.Ack):
-                os.close(self.leads.pop(answer.id))
+            if isinstance(answer, (wire.Ack, wire.Taken)):
+                if isinstance(answer, wire.Ack):
+                    os.close(self.leads.pop(answer.id))
+                landed = self.landings.pop(answer.id, None)
+                if landed is None:
+                    continue
+                if landed.get_loop() is self.loop:
+                    landed.set_result(answer)
+                else:
+                    landed.get_loop().call_soon_threadsafe(landed.set_result, answer)
                 continue
             fut = self.answers.pop(answer.id or 0)  # (an error without an id: a KeyError)
             if fut.get_loop() is self.loop:
@@ -744,7 +770,13 @@ class _Exchange:
 
 
 async def _exchange(
-    directory: str, prefix: str, calls: int, warm: int, other: asyncio.AbstractEventLoop | None
+    directory: str,
+    prefix: str,
+    calls: int,
+    warm: int,
+    other: asyncio.AbstractEventLoop | None,
+    *,
+    acked: bool = False,
 ) -> list[int]:
     import fcntl
     import socket
@@ -777,7 +809,12 @@ async def _exchange(
         conn.leads[id] = fd
         data = JSON.encode(await _one())
         assert isinstance(data, bytes)
-        sock.send(wire.land_frame(id, got.token, wire.Value(data)))
+        if not acked:
+            sock.send(wire.land_frame(id, got.token, wire.Value(data)))
+            return
+        landed = conn.landings[id] = loop.create_future()
+        sock.send(wire.land_frame(id, got.token, wire.Value(data), taken=True))
+        await landed
 
     try:
         for i in range(warm):
@@ -1037,7 +1074,10 @@ def _measure_latency(
         for name, (command, *args) in floors.items():
             out.latency[name] = [ns / 1e3 for ns in measuring_other.ask(command, *args)]
         # The lead's exchange by hand: what the reading thread costs, apart from the group.
-        exchanges = {EXCHANGE_OWN: "caller", EXCHANGE_THREAD: "thread"}
+        exchanges = {
+            EXCHANGE_OWN: "caller", EXCHANGE_ACKED: "caller-acked", EXCHANGE_THREAD: "thread",
+            EXCHANGE_THREAD_ACKED: "thread-acked",
+        }
         for r, name in _rotations(list(exchanges), sizes.latency_rounds):
             out.latency.setdefault(name, []).extend(
                 ns / 1e3
@@ -1252,6 +1292,28 @@ def targets(out: DirectoryReport) -> list[Target]:
                 p50 <= LATENCY_GOAL_US,
             )
         )
+        # Issue 31: against the lead's exchange by hand in the same run; the acked one is
+        # what a leader's call must wait for since ADR 0040.
+        # The thread-read acked one has the group's messages and threads: what is left
+        # above it is the group's own work.
+        for name, what, goal in (
+            (EXCHANGE_OWN, "read on the caller's loop", EXCHANGE_GOAL),
+            (EXCHANGE_ACKED, "read on the caller's loop, its landing's ack awaited", None),
+            (EXCHANGE_THREAD_ACKED, "read by another thread, its landing's ack awaited", None),
+        ):
+            exchange = out.latency.get(name)
+            if not exchange:
+                continue
+            over = p50 / _pct(exchange, 50)
+            found.append(
+                Target(
+                    f"directory (1): lead-or-join p50 ÷ the lead's exchange by hand {what} "
+                    f"({_pct(exchange, 50):,.0f} µs)",
+                    f"{over:.2f}×",
+                    "information" if goal is None else f"≤ {goal:.2f}×",
+                    None if goal is None else over <= goal,
+                )
+            )
     herd = out.herd.get(FLIGHTGROUP)
     found.append(
         Target(

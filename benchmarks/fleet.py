@@ -94,6 +94,7 @@ PEER_MODULES = {CASHEWS: "cashews", DOGPILE: "dogpile.cache"}
 NAMESPACE = "bench"
 LEADER_GOAL = 2
 JOINER_GOAL = 2
+WAKE_GOAL = 1.3  # joiner wake-up p50 ÷ its floor's, read in the same rounds (issue 31)
 
 
 @dataclass(frozen=True)
@@ -971,6 +972,26 @@ def targets(out: FleetReport) -> list[Target]:
             "information",
             None,
         ))
+    if r.wake and r.floor:
+        # Issue 31: against the floor read in the same rounds; the XREAD's own return (on
+        # the group's thread) shows what comes before the group's part in this process.
+        floor = _pct(r.floor, 50)
+        over = _pct(r.wake, 50) / floor
+        found.append(Target(
+            "fleet (2): joiner wake-up p50 ÷ its floor's (redis-py alone, XADD → XREAD "
+            "BLOCK on the caller's loop)",
+            f"{over:.2f}×",
+            f"≤ {WAKE_GOAL:.2f}×",
+            over <= WAKE_GOAL,
+        ))
+        if r.wake_read:
+            found.append(Target(
+                "fleet (2): COMPLETE sent → the joiner's XREAD returned (its group's thread), "
+                "p50 ÷ the floor's",
+                f"{_pct(r.wake_read, 50) / floor:.2f}×",
+                "information",
+                None,
+            ))
     herd = out.herds.get(FG_ASYNC)
     found.append(Target(
         f"fleet (3): herd of {s.processes} processes × {s.herd_callers:,} tasks: runs per "

@@ -10,6 +10,7 @@ assert wall-clock times."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -127,18 +128,29 @@ def _assert_cpu_table(out: str) -> None:
 
 
 def _assert_exchange_rows(out: str) -> None:
-    """(1) times the lead's exchange by hand both ways (answers read on the caller's loop,
-    and by another thread's), as many leads each, every one led by the coordinator."""
-    from benchmarks.directory import EXCHANGE_OWN, EXCHANGE_THREAD
+    """(1) times the lead's exchange by hand four ways (answers read on the caller's
+    loop or by another thread's, each with and without the landing's ack awaited), as
+    many leads each, every one led by the coordinator; the targets compare the call to
+    three of them."""
+    from benchmarks.directory import (
+        EXCHANGE_ACKED,
+        EXCHANGE_OWN,
+        EXCHANGE_THREAD,
+        EXCHANGE_THREAD_ACKED,
+    )
 
+    exchanges = (EXCHANGE_OWN, EXCHANGE_ACKED, EXCHANGE_THREAD, EXCHANGE_THREAD_ACKED)
     samples: dict[str, int] = {}
     for line in out.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if len(cells) == 5 and cells[0] in (EXCHANGE_OWN, EXCHANGE_THREAD):
+        if len(cells) == 5 and cells[0] in exchanges:
             samples[cells[0]] = int(cells[1].replace(",", ""))
             assert float(cells[2].replace(",", "")) > 0, line
-    assert set(samples) == {EXCHANGE_OWN, EXCHANGE_THREAD}, out[-3000:]
-    assert samples[EXCHANGE_OWN] == samples[EXCHANGE_THREAD] > 0, samples
+    assert set(samples) == set(exchanges), out[-3000:]
+    assert len(set(samples.values())) == 1 and samples[EXCHANGE_OWN] > 0, samples
+    ratios = [line for line in out.splitlines() if "÷ the lead's exchange by hand" in line]
+    assert len(ratios) == 3, out[-3000:]
+    assert all(re.search(r"\| \d+\.\d\d× \|", line) for line in ratios), ratios
 
 
 def test_a_written_report_keeps_the_files_history_section(tmp_path: Path) -> None:
