@@ -1,6 +1,7 @@
 """What the wide scopes share (flightgroup.scope): the kept failures' causes, kept across
 the groups of one scope in a process; the bridge's sync leading caller, which withdraws
-alone; the background loop, which leaves no task pending when it stops; and a wide group's
+alone; the background loop, which starts a posted task in the turn it comes and leaves no
+task pending when it stops; and a wide group's
 end (closed or dropped), which lets go of its threads, connections and remembered errors."""
 
 from __future__ import annotations
@@ -220,6 +221,50 @@ def test_a_stopped_group_loop_cancels_the_tasks_its_tasks_start_as_they_end() ->
     thread.join(10)
     assert not thread.is_alive() and loop.is_closed()
     assert ended == ["first", "second"]
+
+
+def test_a_task_posted_to_a_group_loop_takes_its_first_step_in_the_turn_it_comes() -> None:
+    """A landing or an ACQUIRE posted to the group's loop sends its request at once
+    (``post_task``): its first step runs in the loop turn its post arrives, ahead of what
+    was posted after it, not one turn later; the task is then held until it ends."""
+    import asyncio
+
+    from flightgroup.scope.loop import BackgroundLoop
+
+    class Owner:
+        def forked(self, why: str, inherited: BackgroundLoop) -> None: ...
+
+    owner = Owner()
+    background = BackgroundLoop("test", owner.forked)
+    background.ensure_started(lambda loop: None, check=lambda: None)
+    order: list[str] = []
+    hold, held_now, go = threading.Event(), threading.Event(), asyncio.Event()
+
+    async def request() -> None:
+        order.append("first step")
+        await go.wait()
+        order.append("ended")
+
+    def block() -> None:  # the loop runs nothing else until the three are all queued
+        held_now.set()
+        hold.wait(10)
+
+    try:
+        assert background.post(block)
+        assert held_now.wait(10)
+        assert background.post_task(request())
+        assert background.post(order.append, "posted after it")
+        hold.set()
+        wait_until(lambda: len(order) == 2, "the loop ran what was posted")
+        assert order == ["first step", "posted after it"]
+        [task] = background.tasks  # held while it waits
+        assert background.post(go.set)
+        wait_until(task.done, "the task ended")
+        assert order[-1] == "ended"
+        wait_until(lambda: not background.tasks, "the ended task was let go")
+    finally:
+        hold.set()
+        background.stop()
 
 
 def test_a_closing_directory_group_leaves_no_task_pending_on_its_loop(

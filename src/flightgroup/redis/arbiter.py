@@ -356,7 +356,7 @@ class RedisArbiter:
             call.inbox.put(Refused(GroupClosedError()))
             return
         self._calls.add(call)
-        call.task = asyncio.get_running_loop().create_task(acquire(self, call))
+        call.task = self._background.spawn(acquire(self, call), now=True)  # (sent in this turn)
         call.task.add_done_callback(lambda task: self._acquire_ended(call, task))
 
     def _acquire_ended(self, call: FleetCall, task: asyncio.Task[None]) -> None:

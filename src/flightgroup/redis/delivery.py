@@ -16,7 +16,6 @@ beside its mailbox, which a joiner that asked for it reads too.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
@@ -169,22 +168,23 @@ async def _bounded(read: Coroutine[Any, Any, Any], *, limit: float, extra: float
     is given up (TimeoutError). The limit's timer may fire in the same loop turn as the
     reply's bytes come, or before the read parsed them: a process stopped past the
     limit (SIGSTOP) while its leader landed has the reply in its socket already, and
-    reads it rather than time it out (and then find the mailbox expired). The read runs
-    as a task of its own, cancelled only once given up (redis-py then drops its
-    connection, never reused with a reply pending)."""
-    task = asyncio.ensure_future(read)
+    reads it rather than time it out (and then find the mailbox expired). So the limit
+    only starts the ``extra`` window, counted from when its timer runs; the read is
+    cancelled once that passes (redis-py then drops its connection, never reused with
+    a reply pending). Awaited in this task, with no task of its own: the reply resumes
+    the caller in the turn it is parsed."""
+    loop = asyncio.get_running_loop()
+    window = asyncio.timeout(None)  # no deadline until the limit's timer runs
+    limited = loop.call_later(limit, lambda: window.reschedule(loop.time() + extra))
     try:
-        done, _ = await asyncio.wait((task,), timeout=limit)
-        if not done:  # what the socket holds is read within a few loop turns
-            done, _ = await asyncio.wait((task,), timeout=extra)
-        if not done:
-            raise TimeoutError(f"no reply within {limit + extra:g} s")
-        return task.result()
+        async with window:
+            return await read
+    except TimeoutError:
+        if window.expired():
+            raise TimeoutError(f"no reply within {limit + extra:g} s") from None
+        raise
     finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        limited.cancel()
 
 
 def fields_of(flat: Sequence[Any]) -> dict[bytes, bytes]:

@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from ..engine.eager import start_eagerly
 from ..errors import GroupClosedError
 
 # Imported, so its at-fork handler is registered, before this module's own: in a forked
@@ -181,22 +182,28 @@ class BackgroundLoop:
         (never started, or closed)."""
         return post(self.loop, fn, *args)
 
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    def spawn(self, coro: Coroutine[Any, Any, None], *, now: bool = False) -> asyncio.Task[None]:
         """(On the loop) run ``coro`` as a task, held in ``tasks`` until done: the loop
-        keeps only a weak reference to its tasks."""
+        keeps only a weak reference to its tasks. ``now``: its first step runs at once
+        (a request goes out in this turn, not the next), before the task is in ``tasks``
+        or returned: the caller must not need either until that step suspends."""
         assert self.loop is not None
-        task = self.loop.create_task(coro)
+        task = start_eagerly(coro, self.loop) if now else self.loop.create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return task
 
     def post_task(self, coro: Coroutine[Any, Any, None]) -> bool:
-        """Run ``coro`` on the loop as a task (from any thread); False (``coro`` closed,
-        never run) if the loop is not running."""
-        if self.post(self.spawn, coro):
+        """Run ``coro`` on the loop as a task (from any thread), its first step in the
+        turn it comes (``spawn(now=True)``); False (``coro`` closed, never run) if the
+        loop is not running."""
+        if self.post(self._spawn_now, coro):
             return True
         coro.close()
         return False
+
+    def _spawn_now(self, coro: Coroutine[Any, Any, None]) -> None:
+        self.spawn(coro, now=True)
 
     def stop(self) -> None:
         """Stop the loop (its tasks are cancelled and awaited, then it closes) and wait
