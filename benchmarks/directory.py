@@ -1307,9 +1307,8 @@ def targets(out: DirectoryReport) -> list[Target]:
             over = p50 / _pct(exchange, 50)
             found.append(
                 Target(
-                    f"directory (1): lead-or-join p50 ÷ the lead's exchange by hand {what} "
-                    f"({_pct(exchange, 50):,.0f} µs)",
-                    f"{over:.2f}×",
+                    f"directory (1): lead-or-join p50 ÷ the lead's exchange by hand {what}",
+                    f"{over:.2f}× (the exchange: {_pct(exchange, 50):,.0f} µs)",
                     "information" if goal is None else f"≤ {goal:.2f}×",
                     None if goal is None else over <= goal,
                 )

@@ -150,7 +150,8 @@ def _assert_exchange_rows(out: str) -> None:
     assert len(set(samples.values())) == 1 and samples[EXCHANGE_OWN] > 0, samples
     ratios = [line for line in out.splitlines() if "÷ the lead's exchange by hand" in line]
     assert len(ratios) == 3, out[-3000:]
-    assert all(re.search(r"\| \d+\.\d\d× \|", line) for line in ratios), ratios
+    assert all(re.search(r"\| \d+\.\d\d× \(the exchange: [\d,]+ µs\) \|", line)
+               for line in ratios), ratios
 
 
 def test_a_written_report_keeps_the_files_history_section(tmp_path: Path) -> None:
