@@ -404,11 +404,8 @@ class _Worker:
         ``"thread-acked"``) the lead also waits for its landing's ack, as a leader's call
         does."""
         where, _, acked = reader.partition("-")
-        if where != "thread":
-            return self.runner.run(
-                _exchange(directory, prefix, calls, warm, None, acked=bool(acked))
-            )
-        with _other_loop() as other:
+        reading = _other_loop() if where == "thread" else contextlib.nullcontext()
+        with reading as other:
             return self.runner.run(
                 _exchange(directory, prefix, calls, warm, other, acked=bool(acked))
             )
@@ -739,18 +736,18 @@ class _Exchange:
                 if isinstance(answer, wire.Ack):
                     os.close(self.leads.pop(answer.id))
                 landed = self.landings.pop(answer.id, None)
-                if landed is None:
-                    continue
-                if landed.get_loop() is self.loop:
-                    landed.set_result(answer)
-                else:
-                    landed.get_loop().call_soon_threadsafe(landed.set_result, answer)
+                if landed is not None:
+                    self._tell(landed, answer)
                 continue
-            fut = self.answers.pop(answer.id or 0)  # (an error without an id: a KeyError)
-            if fut.get_loop() is self.loop:
-                fut.set_result(answer)
-            else:
-                fut.get_loop().call_soon_threadsafe(fut.set_result, answer)
+            # (an error without an id: a KeyError)
+            self._tell(self.answers.pop(answer.id or 0), answer)
+
+    def _tell(self, fut: asyncio.Future[Any], answer: Any) -> None:
+        """Resolve ``fut`` on its own loop, from this connection's reading loop."""
+        if fut.get_loop() is self.loop:
+            fut.set_result(answer)
+        else:
+            fut.get_loop().call_soon_threadsafe(fut.set_result, answer)
 
     def close(self) -> None:
         done = threading.Event()
@@ -1292,10 +1289,9 @@ def targets(out: DirectoryReport) -> list[Target]:
                 p50 <= LATENCY_GOAL_US,
             )
         )
-        # Issue 31: against the lead's exchange by hand in the same run; the acked one is
-        # what a leader's call must wait for since ADR 0040.
-        # The thread-read acked one has the group's messages and threads: what is left
-        # above it is the group's own work.
+        # Against the lead's exchange by hand in the same run: the acked ones wait as a
+        # leader's call must (ADR 0040), and above the one read by another thread is the
+        # group's own work alone.
         for name, what, goal in (
             (EXCHANGE_OWN, "read on the caller's loop", EXCHANGE_GOAL),
             (EXCHANGE_ACKED, "read on the caller's loop, its landing's ack awaited", None),
