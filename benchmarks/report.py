@@ -23,6 +23,7 @@ from .peers import (
     TTLCACHE,
     kept_retention,
 )
+from .rule_floor import RULE_FLOOR
 from .scenarios import BARE, FLOOR, HIT_WARM, TASK, Report, Results, Series
 
 PACKAGES = (
@@ -146,7 +147,7 @@ def _compare(
 
 
 def targets(report: Report) -> list[Target]:
-    peers = set(report.miss) - {FLIGHTGROUP, BARE, TASK}
+    peers = set(report.miss) - {FLIGHTGROUP, BARE, TASK, RULE_FLOOR}
     thread_peers = set(report.threads) - {FLIGHTGROUP, NO_COALESCING}
 
     def once(series: Series) -> bool:
@@ -172,6 +173,12 @@ def targets(report: Report) -> list[Target]:
             "(a) miss ÷ one task per call", report.miss, TASK, None if eager else 1.5
         ),
         _compare("(a) miss ÷ a bare `await fn()`", report.miss, BARE, None),
+        _compare(
+            "(a) miss ÷ the rule's floor (what its bookkeeping costs above the rule itself)",
+            report.miss,
+            RULE_FLOOR,
+            None,
+        ),
         _compare(
             "(b) herd: joiner cost ÷ the fastest peer's ({other})",
             report.herd,
@@ -257,12 +264,31 @@ def targets(report: Report) -> list[Target]:
             me=POLICY_KEPT,
         ),
     ]
+    leanest = _fastest(report.memory, set(report.memory) - {FLIGHTGROUP, NO_COALESCING, RULE_FLOOR})
     out.append(
         _compare(
             "(f) memory per in-flight key ÷ the leanest peer's ({other})",
             report.memory,
-            _fastest(report.memory, set(report.memory) - {FLIGHTGROUP, NO_COALESCING}),
+            leanest,
             1.0,
+        )
+    )
+    out.append(
+        _compare(
+            "(f) memory per in-flight key ÷ the rule's floor (what its bookkeeping holds "
+            "above the rule itself)",
+            report.memory,
+            RULE_FLOOR,
+            None,
+        )
+    )
+    out.append(
+        _compare(
+            "(f) the rule's floor per in-flight key ÷ the leanest peer's ({other})",
+            report.memory,
+            leanest,
+            None,
+            me=RULE_FLOOR,
         )
     )
     herd, storm = report.herd.get(FLIGHTGROUP), report.storm.get(FLIGHTGROUP)
@@ -518,7 +544,10 @@ def render(
         "tracemalloc, bytes held while every key's work waits on one event (one turn of "
         "the loop after the last work started), ÷ keys. The "
         "callers' own tasks are counted for every library alike; `no coalescing` (each task "
-        "awaits fn itself) is that floor.",
+        "awaits fn itself) is that floor. The rule's floor is the least that keeps "
+        "flightgroup's rules (benchmarks/rule_floor.py: the work in a task of its own, a "
+        "future for each caller that waits, a dict behind a lock); what flightgroup holds "
+        "above it is its bookkeeping.",
         "",
         *_memory_table(report.memory),
         "",

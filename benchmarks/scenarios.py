@@ -37,6 +37,7 @@ from .peers import (
     ttlcache_installed,
 )
 from .procs import WAIT
+from .rule_floor import RULE_FLOOR, RULE_FLOOR_LIB
 
 if TYPE_CHECKING:
     from flightgroup import FlightGroup
@@ -840,8 +841,10 @@ def _progress(message: str) -> None:
 
 
 async def _run_async(libs: Libs, none: Lib[Work, AsyncCall], sizes: Sizes) -> tuple[Results, ...]:
+    # The rule's floor beside the libraries where it is one: a miss, and a key's memory.
+    floor = {RULE_FLOOR: RULE_FLOOR_LIB}
     _progress("(a) miss")
-    a = await miss(libs, sizes)
+    a = await miss({**libs, **floor}, sizes)
     _progress("(b) herd")
     b = await herd(libs, sizes)
     _progress("(c) many keys")
@@ -849,7 +852,7 @@ async def _run_async(libs: Libs, none: Lib[Work, AsyncCall], sizes: Sizes) -> tu
     _progress("(d) failure storm")
     d = await storm(libs, sizes)
     _progress("(f) memory per in-flight key")
-    f = await memory({**libs, NO_COALESCING: none}, sizes)
+    f = await memory({**libs, **floor, NO_COALESCING: none}, sizes)
     _progress("(g) kept-outcome hit")
     g = await kept_hit(sizes)
     return a, b, c, d, f, g
@@ -876,6 +879,7 @@ def run(
     e_wall, e_cpu = threads_cpu({**tlibs, NO_COALESCING: none_sync}, sizes)
     how = {f"{lib.name} (async)": lib.how for lib in libs.values()}
     how |= {f"{lib.name} (threads)": lib.how for lib in tlibs.values()}
+    how[f"{RULE_FLOOR} (a), (f)"] = RULE_FLOOR_LIB.how
     if ttlcache_installed():
         how[f"{TTLCACHE} (g)"] = TTLCACHE_HOW
     how |= {f"{name} (h)": text for name, text in POLICY_HOW.items()}

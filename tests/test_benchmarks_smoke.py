@@ -46,6 +46,9 @@ def test_quick_benchmark_runs_and_its_must_checks_pass() -> None:
                   "raised | 1; yes | 1; yes | PASS"):
         assert check in out, out[:3000]
     assert "| table entries | 0 |" in out
+    # (a) and (f) are also read against the rule's floor, measured beside them.
+    for row in ("(a) miss ÷ the rule's floor", "(f) memory per in-flight key ÷ the rule's floor"):
+        assert re.search(re.escape(row) + r"[^|]*\| [0-9.]+× \|", out), out[:3000]
     assert "1; 1; yes | PASS" in out and "yes; 0; 10,000 | PASS" in out, out[:3000]
     # The directory scope: 8 processes share one run of each herd, and nothing failed.
     assert "## Directory scope" in out, out[-3000:]
