@@ -629,7 +629,8 @@ def _policy_section(report: Report) -> list[str]:
         "every key new; the last variant's store is filled to its max_items "
         f"({kept_retention().max_items:,}) before the first timing, so every timed call "
         f"keeps its outcome and evicts the least recently used one. {s.policy_rounds} rounds "
-        f"of {s.policy_calls:,} calls, the variants' order rotating, best round kept; before "
+        f"of {s.policy_calls:,} calls, the variants' order rotating, best round kept (async); "
+        "before "
         "each async timing the event loop turns once, so the cancelled deadline timers are "
         "dropped as a serving loop would drop them. Ratios are each variant ÷ "
         "`FlightGroup()`. Kept outcomes after the rounds: "
@@ -642,7 +643,10 @@ def _policy_section(report: Report) -> list[str]:
         "",
         f"Sync, `g.run_sync(key, fn)`, {s.policy_sync_calls:,} calls per round (a sync work "
         "with a deadline runs each attempt on one of the group's kept threads, so every call "
-        "of the configured variants hands its work to another thread and waits for it):",
+        "of the configured variants hands its work to another thread and waits for it); the "
+        "median round, as for (e): a hand-over takes a few µs when the scheduler keeps the two "
+        "threads on one CPU and tens of µs when it wakes another, and the best round would "
+        "show the rare first kind:",
         "",
         *_table(report.policy_sync, "µs per call", 2, versus=POLICY_NONE),
         "",
