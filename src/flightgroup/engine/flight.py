@@ -227,6 +227,30 @@ def new_thread_waiter() -> LockType:
 Waiter = asyncio.Future[Any] | LockType
 
 
+def _share_fields(cls: type[object], *set_by_init: str) -> None:
+    """Let every instance of ``cls`` hold its fields beside it, without a dict of its
+    own, whichever of them it writes and in whatever order.
+
+    CPython (3.11+) stores an object's attributes by the names in its class's shared
+    keys, and a class stops taking new names there once a few dozen instances were made;
+    an instance that then writes a name not among them gets a dict of its own (300-450 B).
+    Some fields are written on some paths only (a leader's waiter once its work
+    suspended, an attempt's timer under a deadline, its lease when the work asks), so a
+    process whose first flights took other paths held such a dict for every in-flight
+    key ever after. One throwaway instance that writes each field as the class is made
+    puts them all among the shared keys (the first 30 of them: CPython's limit)."""
+    fields = [
+        name
+        for name, value in vars(cls).items()
+        if not name.startswith("__")
+        and not callable(value)
+        and not isinstance(value, (property, classmethod, staticmethod))
+    ]
+    probe = object.__new__(cls)
+    for name in (*set_by_init, *fields):
+        object.__setattr__(probe, name, getattr(cls, name, None))
+
+
 class Attempt:
     """One attempt of a flight's work: its fencing token and its lease.
 
@@ -268,6 +292,8 @@ class Attempt:
         if self.lease is not None:
             self.lease._lose_in_child()
 
+
+_share_fields(Attempt, "flight", "token")
 
 class Flight:
     """One run of the work for one key, from its start to its outcome.
@@ -348,6 +374,8 @@ class Flight:
     def __repr__(self) -> str:
         return f"<Flight key={self.key!r} token={self.token} {self.state.value}>"
 
+
+_share_fields(Flight, "tkey", "key", "token", "state")
 
 def _blocks_its_loop(key: str) -> RuntimeError:
     return RuntimeError(
