@@ -238,7 +238,7 @@ def _share_fields(cls: type[object], *set_by_init: str) -> None:
     suspended, an attempt's timer under a deadline, its lease when the work asks), so a
     process whose first flights took other paths held such a dict for every in-flight
     key ever after. One throwaway instance that writes each field as the class is made
-    puts them all among the shared keys (the first 30 of them: CPython's limit)."""
+    puts them all among the shared keys (29 at most: CPython's limit is 30)."""
     fields = [
         name
         for name, value in vars(cls).items()
@@ -246,8 +246,11 @@ def _share_fields(cls: type[object], *set_by_init: str) -> None:
         and not callable(value)
         and not isinstance(value, (property, classmethod, staticmethod))
     ]
+    names = (*set_by_init, *fields)
+    # CPython keeps 30 names per class, the throwaway instance's own making takes one.
+    assert len(names) <= 29, f"{cls.__name__} has {len(names)} fields: some would need a dict"
     probe = object.__new__(cls)
-    for name in (*set_by_init, *fields):
+    for name in names:
         object.__setattr__(probe, name, getattr(cls, name, None))
 
 
