@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import redis
@@ -19,11 +20,12 @@ from flightgroup import (
     UnavailableError,
     current_lease,
 )
+from flightgroup.redis.breaker import Breaker
 from flightgroup.redis.names import Names
 
 from ..infleet import fleet_group, fleet_of, never_runs
 from ..redisproc import RedisServer
-from ..support import in_thread, once_reachable, refused_by_an_outage, wait_until
+from ..support import in_thread, once_reachable, refused_by_an_outage, until, wait_until
 
 
 def _blocked_clients(server: RedisServer) -> int:
@@ -275,3 +277,42 @@ def test_under_local_a_lease_redis_took_away_still_fails_its_leader(
         assert isinstance(led.get("error"), LeaseLostError), led
     finally:
         g.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_probe_that_fails_after_a_call_closed_the_breaker_opens_a_new_outage() -> None:
+    """The probe's PING was on its way when a call's answer closed the breaker, and then
+    failed (Redis went away again): the breaker opens as for a new outage, as a call that
+    found it would open it: what waits for Redis waits for the probe again, and a refused
+    call is told how long this outage has lasted, not the one before. (A stand-in for
+    the group's client holds the PING: no real server lets a test choose when its
+    answer comes relative to another call's.)"""
+
+    async def main() -> None:
+        pings: asyncio.Queue[asyncio.Future[bool]] = asyncio.Queue()
+
+        class Client:
+            async def ping(self) -> bool:
+                answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+                await pings.put(answer)
+                return await answer
+
+        arbiter = SimpleNamespace(
+            _closing=False, _timeout=5.0, _blocking=Client(), _where=lambda: "redis://stand-in"
+        )
+        breaker = Breaker(arbiter)  # type: ignore[arg-type]
+        breaker.saw(redis.ConnectionError("refused"))  # the first outage
+        first = breaker.opened
+        try:
+            ping = await asyncio.wait_for(pings.get(), 5)  # the probe asks
+            breaker.answered()  # a call's answer came first: Redis is back
+            assert breaker.refusal() is None and breaker.reachable.is_set()
+            ping.set_exception(redis.ConnectionError("reset"))  # and it is gone again
+            await until(lambda: breaker.refusal() is not None, "the breaker open again")
+            assert not breaker.reachable.is_set()
+            assert breaker.opened > first
+            assert "out of reach for 0.0 s" in str(breaker.refusal())
+        finally:
+            breaker.stop()
+
+    asyncio.run(main())

@@ -127,7 +127,9 @@ class Breaker:
                 await asyncio.wait_for(_ping(arbiter), arbiter._timeout)
             except Exception as exc:
                 if out_of_reach(exc):
-                    self.error = exc
+                    # (A call's answer may have closed it while this PING was out: then
+                    # this is a new outage, opened as a call would open it.)
+                    self.saw(exc)
                     continue
                 # Any other error (a ResponseError, NOAUTH): Redis answered.
             self.answered()
