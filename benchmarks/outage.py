@@ -74,7 +74,7 @@ class Calls:
     one_key: list[float] = field(default_factory=list)
     distinct: list[float] = field(default_factory=list)
     unavailable: int = 0  # calls (the first ones too) that raised UnavailableError
-    at_once: int = 0  # of them, refused at once (their text holds ``refused_as``)
+    at_once: int = 0  # of the later ones, refused at once (their text holds ``refused_as``)
     refused_as: str = "out of reach for"  # the fleet breaker's text
     other: str = ""  # the first outcome that was not UnavailableError
 
@@ -113,7 +113,9 @@ def _timed(group: Any, key: str, into: list[float], calls: Calls) -> None:
     except UnavailableError as exc:
         into.append(time.perf_counter() - start)
         calls.unavailable += 1
-        calls.at_once += calls.refused_as in str(exc)
+        # (The first call of an outage may find the breaker open already: a step of the
+        # group's own, a probe's PING or an undo, heard the outage before it.)
+        calls.at_once += into is not calls.first and calls.refused_as in str(exc)
         return
     except Exception as exc:
         into.append(time.perf_counter() - start)
