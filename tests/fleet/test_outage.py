@@ -310,8 +310,7 @@ def test_a_probe_that_fails_after_a_call_closed_the_breaker_opens_a_new_outage()
             ping.set_exception(redis.ConnectionError("reset"))  # and it is gone again
             await until(lambda: breaker.refusal() is not None, "the breaker open again")
             assert not breaker.reachable.is_set()
-            assert breaker.opened > first
-            assert "out of reach for 0.0 s" in str(breaker.refusal())
+            assert breaker.opened > first  # (what a refusal tells: out of reach since then)
         finally:
             breaker.stop()
 
