@@ -3,12 +3,15 @@
 Issue 31 holds flightgroup to floors "that its guarantees leave", measured in the same
 run. One task per call is the floor of the work's own task alone; this is the floor of
 the whole rule, as code: a table that is a dict behind a lock (DESIGN.md rule 3: the
-table is thread-safe), a leader whose work runs in a task of its own, started eagerly
-where the loop can (ADR 0002, 0052: the leader's cancel does not cancel the work, and
-``asyncio.current_task()`` in the work is the work's own), a leader that waits on a
-future of its own only when the work suspended, and joiners that each wait on one. It
-keeps nothing else: no fencing token or attempt, no lease in the work's context, no
-stats, no policy, no containment of a BaseException, no re-entrancy check. What
+table is thread-safe), a leader whose work runs in a task of its own (ADR 0002: the
+leader's cancel does not cancel the work, and ``asyncio.current_task()`` in the work is
+the work's own), started eagerly on 3.12+ (on 3.11 through the loop: flightgroup's own
+eager start there, ADR 0052, is more than a floor should hold), a leader that waits on a
+future of its own only when the work suspended, and joiners that each wait on one, woken
+however the work ended, a cancelled waiter skipped. It keeps nothing else: callers on one
+event loop only (no wake-up across loops or threads), no fencing token or attempt, no
+lease in the work's context, no stats, no policy, no re-entrancy check, and the work's
+error raised as it is in every caller (no FlightFailedError of each joiner's own). What
 flightgroup costs above it, in (a) and (f), is that bookkeeping.
 """
 
@@ -30,15 +33,17 @@ _EAGER = sys.version_info >= (3, 12)
 
 
 class _Flight:
-    """One key's run: its work's task, its waiters, and its outcome once it ended."""
+    """One key's run: its work's task, its leader's waiter and its joiners' (neither made
+    until needed), and its outcome once it ended."""
 
-    __slots__ = ("done", "error", "task", "value", "waiters")
+    __slots__ = ("done", "error", "joiners", "leader", "task", "value")
 
     def __init__(self) -> None:
         self.done = False
         self.value: Any = None
-        self.error: Exception | None = None
-        self.waiters: list[asyncio.Future[None]] = []
+        self.error: BaseException | None = None
+        self.leader: asyncio.Future[None] | None = None
+        self.joiners: list[asyncio.Future[None]] | None = None
         self.task: asyncio.Task[None] | None = None
 
 
@@ -61,20 +66,18 @@ class RuleFloor:
                 waiter = None
             else:
                 waiter = loop.create_future()
-                flight.waiters.append(waiter)
+                if flight.joiners is None:
+                    flight.joiners = [waiter]
+                else:
+                    flight.joiners.append(waiter)
         if waiter is None:  # this call leads
             coro = self._drive(key, flight, work)
             if _EAGER:
                 flight.task = asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg, unused-ignore]
             else:
                 flight.task = loop.create_task(coro)
-            if not flight.done:
-                waiter = loop.create_future()
-                with self._lock:
-                    if not flight.done:  # (else it ended meanwhile: no wait)
-                        flight.waiters.append(waiter)
-                    else:
-                        waiter = None
+            if not flight.done:  # it suspended: it cannot end before this call awaits
+                waiter = flight.leader = loop.create_future()
         if waiter is not None:
             await waiter
         if flight.error is not None:
@@ -86,14 +89,18 @@ class RuleFloor:
     ) -> None:
         try:
             flight.value = await work()
-        except Exception as exc:
+        except BaseException as exc:
             flight.error = exc
-        with self._lock:
-            del self._flights[key]
-            flight.done = True
-            waiters, flight.waiters = flight.waiters, []
-        for waiter in waiters:
-            waiter.set_result(None)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            with self._lock:
+                del self._flights[key]
+                flight.done = True
+                joiners, leader = flight.joiners, flight.leader
+            for waiter in (*(joiners or ()), *(() if leader is None else (leader,))):
+                if not waiter.done():  # (a cancelled caller withdrew it)
+                    waiter.set_result(None)
 
 
 def _bind(fn: Work) -> AsyncCall:

@@ -236,8 +236,8 @@ def _share_fields(cls: type[object], *set_by_init: str) -> None:
     an instance that then writes a name not among them gets a dict of its own (300-450 B).
     Some fields are written on some paths only (a leader's waiter once its work
     suspended, an attempt's timer under a deadline, its lease when the work asks), so a
-    process whose first flights took other paths held such a dict for every in-flight
-    key ever after. One throwaway instance that writes each field as the class is made
+    process whose first flights took other paths would hold such a dict for every
+    in-flight key. One throwaway instance that writes each field as the class is made
     puts them all among the shared keys (29 at most: CPython's limit is 30)."""
     fields = [
         name
@@ -249,6 +249,9 @@ def _share_fields(cls: type[object], *set_by_init: str) -> None:
     names = (*set_by_init, *fields)
     # CPython keeps 30 names per class, the throwaway instance's own making takes one.
     assert len(names) <= 29, f"{cls.__name__} has {len(names)} fields: some would need a dict"
+    # Every name its methods write is among them (3.13+ lists those names).
+    missing = set(getattr(cls, "__static_attributes__", ())) - set(names)
+    assert not missing, f"{cls.__name__} writes {sorted(missing)} without a class default"
     probe = object.__new__(cls)
     for name in names:
         object.__setattr__(probe, name, getattr(cls, name, None))
@@ -297,6 +300,7 @@ class Attempt:
 
 
 _share_fields(Attempt, "flight", "token")
+
 
 class Flight:
     """One run of the work for one key, from its start to its outcome.
@@ -379,6 +383,7 @@ class Flight:
 
 
 _share_fields(Flight, "tkey", "key", "token", "state")
+
 
 def _blocks_its_loop(key: str) -> RuntimeError:
     return RuntimeError(
