@@ -630,8 +630,7 @@ def _policy_section(report: Report) -> list[str]:
         f"({kept_retention().max_items:,}) before the first timing, so every timed call "
         f"keeps its outcome and evicts the least recently used one. {s.policy_rounds} rounds "
         f"of {s.policy_calls:,} calls, the variants' order rotating, best round kept (async); "
-        "before "
-        "each async timing the event loop turns once, so the cancelled deadline timers are "
+        "before each async timing the event loop turns once, so the cancelled deadline timers are "
         "dropped as a serving loop would drop them. Ratios are each variant ÷ "
         "`FlightGroup()`. Kept outcomes after the rounds: "
         + ", ".join(f"{name}: {count:,}" for name, count in kept.items())
