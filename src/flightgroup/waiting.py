@@ -36,6 +36,7 @@ from .engine.flight import (
     ThreadWaiter,
     Waiter,
     _expire,
+    make_result,
     new_thread_waiter,
 )
 from .engine.follow import DELIVER, START, Follower, WideRules, signal_for
@@ -235,8 +236,8 @@ class Waiting:
                 bridge = self._bridge
                 joined = not leader or (bridge is not None and bridge.ran_elsewhere(flight))
                 return Result(codec.decode(data), joined, flight.token)
-            if leader:
-                return Result(flight.value, False, flight.token)
+            if leader:  # (a sync miss's return: no Python frame of the named tuple's)
+                return make_result((flight.value, False, flight.token))
             # One Result for every joiner (ADR 0003); setdefault is atomic, so two
             # threads that both found none still return the same object.
             shared = vars(flight)

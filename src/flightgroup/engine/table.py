@@ -139,7 +139,7 @@ class FlightTable(FreshCallers[F], TakeOvers[F], KeptOutcomes[F]):
             if flight is None:
                 if self.kept is not None and not fresh and (served := self._serve_kept(tkey)):
                     return KEPT, served, None  # type: ignore[return-value]
-                if policy is not NO_POLICY:
+                if policy.limits is not None:
                     self._check_flights(key, policy)
                 stats.calls += 1
                 stats.flights += self.lead_counts

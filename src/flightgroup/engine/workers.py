@@ -88,7 +88,7 @@ class Workers:
     Fields are read and written under ``lock``: ``idle`` (threads waiting for a job),
     ``threads`` (threads alive: idle, or running a job), ``busy`` (jobs handed over whose
     work has not returned: at most ``bound``), ``left`` (those of them past their
-    deadline), ``closed``."""
+    deadline), ``queued`` (jobs waiting for room under the bound), ``closed``."""
 
     __slots__ = (
         "__weakref__",
@@ -100,6 +100,7 @@ class Workers:
         "left",
         "lock",
         "on_left",
+        "queued",
         "room",
         "threads",
     )
@@ -118,6 +119,7 @@ class Workers:
         self.threads = 0
         self.busy = 0
         self.left = 0
+        self.queued = 0
         self.closed = False
 
     def counts(self) -> tuple[int, int, int]:
@@ -138,7 +140,11 @@ class Workers:
                 if remaining <= 0:
                     job.state = GAVE_UP
                     return
-                self.room.wait(min(remaining, threading.TIMEOUT_MAX))
+                self.queued += 1
+                try:
+                    self.room.wait(min(remaining, threading.TIMEOUT_MAX))
+                finally:
+                    self.queued -= 1
             self.busy += 1  # (given back if no thread can be started for it)
             if self.idle:
                 kept = self.idle.pop()
@@ -195,7 +201,8 @@ class Workers:
                     if was_left:
                         self.left -= 1
                     self.busy -= 1
-                    self.room.notify()
+                    if self.queued:  # only a job in room.wait needs it (notify is Python)
+                        self.room.notify()
                     job.state = RETURNED
                     ending = self.closed or not ran
                     if ending:
@@ -291,6 +298,7 @@ class Workers:
         self.threads = 0
         self.busy = 0
         self.left = 0
+        self.queued = 0
 
 
 # Every pool of this process, for a forked child.
