@@ -26,7 +26,7 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import GroupClosedError, TooManyFlightsError, TooManyWaitersError
-from ..policy import NO_POLICY, FlightPolicy
+from ..policy import NO_POLICY, FlightPolicy, Limits
 from ..stats import FOLD_AT, Recorder
 from .flight import (
     DONE,
@@ -140,7 +140,7 @@ class FlightTable(FreshCallers[F], TakeOvers[F], KeptOutcomes[F]):
                 if self.kept is not None and not fresh and (served := self._serve_kept(tkey)):
                     return KEPT, served, None  # type: ignore[return-value]
                 if policy.limits is not None:
-                    self._check_flights(key, policy)
+                    self._check_flights(key, policy.limits)
                 stats.calls += 1
                 stats.flights += self.lead_counts
                 stats.in_flight += 1
@@ -185,11 +185,9 @@ class FlightTable(FreshCallers[F], TakeOvers[F], KeptOutcomes[F]):
                 flight.joined_ns += time.perf_counter_ns()
             return JOIN, flight, waiter
 
-    def _check_flights(self, key: str, policy: FlightPolicy) -> None:
-        limits = policy.limits
+    def _check_flights(self, key: str, limits: Limits) -> None:
         if (
-            limits is not None
-            and limits.max_flights is not None
+            limits.max_flights is not None
             and len(self.flights) + len(self.detached) >= limits.max_flights
         ):
             raise TooManyFlightsError(key, limits.max_flights)
