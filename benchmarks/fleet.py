@@ -19,7 +19,7 @@ process of a host shares.
    another; the leader's work waits until the joiner has joined, then 20 ms, then
    returns (a flight far shorter than lease/3). Each process counts
    the requests its arbiter sends (a wrapper around ``RedisArbiter._script`` and
-   around the blocking client's ``xread``), and the server's INFO commandstats delta
+   around its blocking clients' ``xread``), and the server's INFO commandstats delta
    over the round (every command any client sent, the benchmark's own INFO left
    out) must equal their sum: no hidden re-send, handshake or NOSCRIPT. Goal:
    leader 2 (ACQUIRE, COMPLETE), joiner 2 (ACQUIRE, XREAD).
@@ -275,7 +275,8 @@ def _script_commands() -> frozenset[str]:
 
 class _Counter:
     """What this process's arbiter sends to Redis: requests by name, and when it sent
-    its COMPLETEs and its XREADs (monotonic ns). Written on the arbiter's thread."""
+    its COMPLETEs and its XREADs (monotonic ns). Written on the arbiter's thread, and
+    on the caller's loop for the XREADs a task's joiner reads there (ADR 0056)."""
 
     def __init__(self) -> None:
         self.sent: dict[str, int] = {}
@@ -303,18 +304,27 @@ def _instrument(group: Any, counter: _Counter) -> None:
         return await script(name, keys, args)
 
     arbiter._script = counted_script
-    blocking = arbiter._blocking
-    xread = blocking.xread
 
-    async def counted_xread(*args: Any, **kwargs: Any) -> Any:
-        counter.sent["xread"] = counter.sent.get("xread", 0) + 1
-        counter.xread_at.append(_clock())
-        try:
-            return await xread(*args, **kwargs)
-        finally:
-            counter.xread_back.append(_clock())
+    def count_reads(client: Any) -> Any:
+        xread = client.xread
 
-    blocking.xread = counted_xread
+        async def counted_xread(*args: Any, **kwargs: Any) -> Any:
+            counter.sent["xread"] = counter.sent.get("xread", 0) + 1
+            counter.xread_at.append(_clock())
+            try:
+                return await xread(*args, **kwargs)
+            finally:
+                counter.xread_back.append(_clock())
+
+        client.xread = counted_xread
+        return client
+
+    # A thread's joiner reads on the group's blocking client; a task's, on a client of
+    # its own loop's, made on its first read there (ADR 0056).
+    count_reads(arbiter._blocking)
+    readers = arbiter._readers
+    make = readers._make
+    readers._make = lambda: count_reads(make())
 
 
 class _Worker:
@@ -978,7 +988,7 @@ def targets(out: FleetReport) -> list[Target]:
         ))
     if r.wake and r.floor:
         # Issue 31: against the floor read in the same rounds; the XREAD's own return (on
-        # the group's thread) shows what comes before the group's part in this process.
+        # the joiner's loop) shows what comes before the rest of the call's return.
         floor = _pct(r.floor, 50)
         over = _pct(r.wake, 50) / floor
         # A floor slower than the group's own read of the same reply measured the host's
@@ -994,8 +1004,8 @@ def targets(out: FleetReport) -> list[Target]:
         ))
         if r.wake_read:
             found.append(Target(
-                "fleet (2): COMPLETE sent → the joiner's XREAD returned (its group's thread), "
-                "p50 ÷ the floor's",
+                "fleet (2): COMPLETE sent → the joiner's XREAD returned (on its caller's "
+                "loop), p50 ÷ the floor's",
                 f"{_pct(r.wake_read, 50) / floor:.2f}×",
                 "information",
                 None,
@@ -1155,7 +1165,7 @@ def _wake_lines(out: FleetReport) -> list[str]:
     rows = [
         ("COMPLETE sent by the leader's arbiter → the joiner's `await g.run(...)` returned "
          "with the value", r.wake),
-        ("COMPLETE sent → the joiner's XREAD returned (in its arbiter's thread)", r.wake_read),
+        ("COMPLETE sent → the joiner's XREAD returned (on its caller's loop)", r.wake_read),
         ("floor: redis-py alone, XADD sent in one process → `XREAD BLOCK` returned in "
          "another", r.floor),
     ]

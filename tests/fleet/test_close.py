@@ -515,10 +515,12 @@ def test_close_waits_for_a_landing_in_flight(redis_server: RedisServer, namespac
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("joiner", ["thread", "task"])
 def test_closing_a_joiners_group_ends_its_blocked_read(
-    server: RedisServer, namespace: str
+    server: RedisServer, namespace: str, joiner: str
 ) -> None:
-    """Closing a joiner's group ends its blocked read."""
+    """Closing a joiner's group ends its blocked read: on the group's thread (a thread's
+    call), or on the call's own loop (a task's), from another thread."""
     client = server.client()
     a = fleet_group(server.url, namespace, lease=30)
     b = fleet_group(server.url, namespace, lease=30)
@@ -532,7 +534,10 @@ def test_closing_a_joiners_group_ends_its_blocked_read(
     thread, led = in_thread(a.run_sync, "k", work)
     try:
         assert started.wait(10)
-        join, got = in_thread(b.run_sync, "k", never)
+        if joiner == "thread":
+            join, got = in_thread(b.run_sync, "k", never)
+        else:
+            join, got = in_thread(asyncio.run, b.run("k", never))
         wait_until(lambda: int(client.info("clients")["blocked_clients"]) == 1, "the read")
         b.close()
         join.join(10)

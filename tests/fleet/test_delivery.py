@@ -5,6 +5,7 @@ start, so a landing made before a joiner's first read is never lost.
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import uuid
 from typing import Any
@@ -16,7 +17,7 @@ from flightgroup.redis.names import Names
 
 from ..infleet import fleet_group, fleet_of, never_runs, result_of
 from ..redisproc import RedisServer
-from ..support import in_thread
+from ..support import in_thread, wait_until
 
 
 @pytest.mark.timeout(30)
@@ -114,3 +115,154 @@ def test_the_xread_the_arbiter_sends_reads_a_mailbox_written_before_it(
     # The block is long: a reply that waited for it would fail the test's timeout.
     reply = client.xread({names.mailbox(token): b"0"}, count=1, block=15_000)
     assert reply and reply[0][1][0][1] == {b"c": b"ok", b"v": b"V"}
+
+
+def _work_until(started: threading.Event, release: threading.Event, value: Any) -> Any:
+    """A leader's work: says it started, returns ``value`` once released."""
+
+    def work() -> Any:
+        started.set()
+        assert release.wait(10)
+        return value
+
+    return work
+
+
+def _blocked(client: Any) -> int:
+    return int(client.info("clients")["blocked_clients"])
+
+
+def _held(group: Any) -> tuple[threading.Event, threading.Event]:
+    """Hold ``group``'s own thread (a step posted to its loop that waits): (it is held,
+    let it go)."""
+    held, let_go = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        held.set()
+        let_go.wait(20)
+
+    assert fleet_of(group)._background.post(hold)
+    return held, let_go
+
+
+@pytest.mark.timeout(30)
+def test_a_tasks_joiner_is_woken_on_its_own_loop_while_the_groups_thread_is_held(
+    server: RedisServer, namespace: str
+) -> None:
+    """A task's joiner reads the outcome on its own loop (ADR 0056): its call returns
+    the leader's value while its group's thread is held. A thread's joiner reads on
+    the group's thread: it waits until that thread is let go."""
+    client = server.client()
+    a, b = fleet_group(server.url, namespace), fleet_group(server.url, namespace)
+    try:
+        a.run_sync("warm-up-a", lambda: 0)
+        b.run_sync("warm-up-b", lambda: 0)
+        for joiner in ("task", "thread"):
+            key = f"k-{joiner}"
+            started, release = threading.Event(), threading.Event()
+            lead, led = in_thread(a.run_sync, key, _work_until(started, release, "v"))
+            assert started.wait(10)
+            if joiner == "task":
+                join, got = in_thread(asyncio.run, b.run(key, never_runs))
+            else:
+                join, got = in_thread(b.run_sync, key, never_runs)
+            wait_until(lambda: _blocked(client) == 1, "the joiner's read")
+            held, let_go = _held(b)
+            try:
+                assert held.wait(10)
+                release.set()
+                lead.join(10)
+                # (a thread's joiner cannot return while the thread that reads is held)
+                join.join(10 if joiner == "task" else 0.3)
+                assert join.is_alive() is (joiner == "thread")
+            finally:
+                release.set()
+                let_go.set()
+            join.join(10)
+            assert result_of(got).value == result_of(led).value == "v"
+            assert result_of(got).joined
+    finally:
+        a.close()
+        b.close()
+
+
+def _connections(client: Any) -> int:
+    gc.collect()  # a client dropped but not yet collected still holds its connection
+    return int(client.info("clients")["connected_clients"])
+
+
+@pytest.mark.timeout(40)
+def test_a_loops_joiners_share_one_connection_closed_when_the_loop_ends(
+    server: RedisServer, namespace: str
+) -> None:
+    """The joiners of one event loop read on one connection of that loop's, kept while
+    the loop runs and closed as ``asyncio.run`` ends: a loop per call (``asyncio.run``
+    per request) leaves no connection behind."""
+    client = server.client()
+    a, b = fleet_group(server.url, namespace), fleet_group(server.url, namespace)
+    try:
+        a.run_sync("warm-up-a", lambda: 0)
+        b.run_sync("warm-up-b", lambda: 0)
+        base = _connections(client)
+        counts: list[int] = []
+
+        async def joins(first: int, count: int) -> None:
+            for i in range(first, first + count):
+                started, joined = threading.Event(), threading.Event()
+                lead, led = in_thread(a.run_sync, f"k{i}", _work_until(started, joined, 7))
+                assert await asyncio.to_thread(started.wait, 10)
+                got = await b.run(f"k{i}", never_runs, on_join=joined.set)
+                await asyncio.to_thread(lead.join, 10)
+                assert got.value == result_of(led).value == 7 and got.joined
+                counts.append(_connections(client))
+
+        asyncio.run(joins(0, 3))
+        assert counts == [base + 1] * 3  # one connection for the loop's reads
+        wait_until(lambda: _connections(client) == base, "the loop's connection to close")
+        for first in (3, 4, 5):  # a loop per call
+            asyncio.run(joins(first, 1))
+            wait_until(lambda: _connections(client) == base, "each loop's connection to close")
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.timeout(40)
+def test_a_loop_that_ends_while_its_joiner_reads_leaves_no_read_behind(
+    server: RedisServer, namespace: str
+) -> None:
+    """An event loop that ends while its task's joiner reads: the call and the read end
+    (its local flight ends interrupted, as its loop stopped), the connection closes, and
+    the leader's flight lands for everyone else."""
+    client = server.client()
+    a, b = fleet_group(server.url, namespace), fleet_group(server.url, namespace)
+    started, release = threading.Event(), threading.Event()
+
+    def work() -> str:
+        started.set()
+        assert release.wait(10)
+        return "v"
+
+    try:
+        a.run_sync("warm-up-a", lambda: 0)
+        b.run_sync("warm-up-b", lambda: 0)
+        base = _connections(client)
+        lead, led = in_thread(a.run_sync, "k", work)
+        assert started.wait(10)
+
+        async def leave_while_reading() -> None:
+            asyncio.get_running_loop().create_task(b.run("k", never_runs))
+            await asyncio.to_thread(wait_until, lambda: _blocked(client) == 1, "the read")
+            # returns: asyncio.run cancels the joiner's task and the flight's own
+
+        asyncio.run(leave_while_reading())
+        wait_until(lambda: _blocked(client) == 0, "the read to end")
+        wait_until(lambda: _connections(client) == base, "the loop's connection to close")
+        release.set()
+        lead.join(10)
+        assert result_of(led).value == "v"
+        assert b.run_sync("k", lambda: "again").value == "again"  # b goes on
+    finally:
+        release.set()
+        a.close()
+        b.close()

@@ -10,6 +10,7 @@ own connections to a real redis-server. The waits are on the state the notice ch
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -32,9 +33,12 @@ def _work(runs: list[str], name: str, gate: threading.Event) -> Callable[[], str
     return body
 
 
+@pytest.mark.parametrize("caller", ["thread", "task"])
 def test_a_forget_elsewhere_detaches_the_leaders_and_the_joiners_local_flights(
-    redis_server: Any, namespace: str
+    redis_server: Any, namespace: str, caller: str
 ) -> None:
+    """The joiner's read hears the notice: on its group's thread (a thread's call) or on
+    its own loop (a task's)."""
     # A short lease: the leader's renewals (each lease/3) carry the notice to it.
     leader = fleet_group(redis_server.url, namespace, lease=0.9)
     joiner = fleet_group(redis_server.url, namespace)
@@ -45,7 +49,12 @@ def test_a_forget_elsewhere_detaches_the_leaders_and_the_joiners_local_flights(
         first = Background(lambda: leader.run_sync("k", _work(runs, "old", old_may_end)))
         wait_until(lambda: runs == ["old"], "the leader's work started")
         joined = threading.Event()
-        following = Background(lambda: joiner.run_sync("k", never, on_join=joined.set))
+        if caller == "thread":
+            following = Background(lambda: joiner.run_sync("k", never, on_join=joined.set))
+        else:
+            following = Background(
+                lambda: asyncio.run(joiner.run("k", never, on_join=joined.set))
+            )
         assert joined.wait(10)
         assert "k" in table_of(joiner).flights and "k" in table_of(leader).flights
         forgetter.forget("k")

@@ -39,6 +39,7 @@ from flightgroup import (
 from flightgroup.redis import scripts
 from flightgroup.redis.arbiter import RedisArbiter
 from flightgroup.redis.names import Names
+from flightgroup.redis.readers import LoopClients
 
 from ..infleet import fleet_of
 from ..redisproc import (
@@ -1168,9 +1169,16 @@ class Counter:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.log: list[tuple[Any, str, Any]] = []
         self.reading = threading.Event()
+        self.loop_clients: dict[int, LoopClients] = {}  # id(client) -> who made it
         original_script = RedisArbiter._script
         original_xread = aioredis.Redis.xread
+        original_client = LoopClients.client
         counter = self
+
+        async def client(self: LoopClients, loop: asyncio.AbstractEventLoop) -> Any:
+            made = await original_client(self, loop)
+            counter.loop_clients[id(made)] = self
+            return made
 
         async def script(self: RedisArbiter, name: str, keys: Any, args: Any) -> Any:
             reply = await original_script(self, name, keys, args)
@@ -1184,20 +1192,30 @@ class Counter:
 
         monkeypatch.setattr(RedisArbiter, "_script", script)
         monkeypatch.setattr(aioredis.Redis, "xread", xread)
+        monkeypatch.setattr(LoopClients, "client", client)
 
     def of(self, group: FlightGroup) -> list[str]:
+        """The requests of ``group``: its scripts, and the reads of its blocking client
+        or of a client it made for a caller's loop."""
         arbiter = scope_of(group)
         assert isinstance(arbiter, RedisArbiter)
-        return [name for who, name, _ in self.log if who is arbiter or who is arbiter._blocking]
+        return [
+            name for who, name, _ in self.log
+            if who is arbiter or who is arbiter._blocking
+            or self.loop_clients.get(id(who)) is arbiter._readers
+        ]
 
     def replies(self, group: FlightGroup, name: str) -> list[Any]:
         return [reply for who, n, reply in self.log if who is scope_of(group) and n == name]
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("joiner", ["thread", "task"])
 def test_a_short_flight_takes_two_round_trips_per_caller(
-    redis_server: RedisServer, namespace: str, monkeypatch: pytest.MonkeyPatch
+    redis_server: RedisServer, namespace: str, monkeypatch: pytest.MonkeyPatch, joiner: str
 ) -> None:
+    """A leader sends ACQUIRE and COMPLETE; a joiner ACQUIRE and one XREAD, whether it
+    reads on the group's thread (a thread's call) or on its own loop (a task's)."""
     started = threading.Event()
     with FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON, lease=3.0) as a, \
             FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON) as b:
@@ -1212,7 +1230,7 @@ def test_a_short_flight_takes_two_round_trips_per_caller(
 
         lead_thread, lead = in_thread(a.run_sync, "k", work)
         assert started.wait(10)
-        got = b.run_sync("k", never)
+        got = b.run_sync("k", never) if joiner == "thread" else asyncio.run(b.run("k", never))
         lead_thread.join(10)
         assert joined_value(lead).value == got.value == "v" and got.joined
         assert counter.of(a) == ["acquire", "complete"]

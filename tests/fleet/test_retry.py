@@ -85,8 +85,9 @@ def test_a_leaders_loop_stopping_during_a_retry_ends_the_flight_for_everyone(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("joiner", ["thread", "task"])
 def test_a_joiner_that_followed_a_retry_hears_its_leaders_death_within_the_leaders_lease(
-    redis_server: RedisServer, namespace: str
+    redis_server: RedisServer, namespace: str, joiner: str
 ) -> None:
     """A joiner that followed a retry hears its leader's death within the leader's lease.
 
@@ -115,7 +116,10 @@ def test_a_joiner_that_followed_a_retry_hears_its_leaders_death_within_the_leade
     lead, _ = in_thread(a.run_sync, "k", work)
     try:
         wait_until(lambda: bool(tokens), "the first attempt")
-        join, got = in_thread(b.run_sync, "k", never, on_join=joined.set, timeout=4.0)
+        if joiner == "thread":  # (it reads on its group's thread; a task, on its loop)
+            join, got = in_thread(b.run_sync, "k", never, on_join=joined.set, timeout=4.0)
+        else:
+            join, got = in_thread(asyncio.run, b.run("k", never, on_join=joined.set, timeout=4.0))
         assert joined.wait(10)
         fail.set()
         join.join(10)

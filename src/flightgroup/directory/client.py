@@ -158,11 +158,13 @@ class DirectoryArbiter:
         fresh: bool,
         after: int | None = None,
         on_detached: Callable[[], object] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> Call:
         """Ask the directory to lead or join ``key``; events go to the call's inbox.
         ``fresh``: only a flight that begins after the call, or after flight ``after``.
         ``on_detached``: called on the group's thread if a forget() elsewhere detaches
-        the flight this call leads or joined.
+        the flight this call leads or joined. ``loop`` is not used: a joiner's outcome
+        comes over the group's channel.
 
         The request goes out from this thread when connected. While it travels, this
         thread opens the key's lock file (creating it costs a journal write), so a

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from typing import TYPE_CHECKING
 
 from .._log import DigestOf, log
-from ..scope.events import Joined, Landed, Refused
+from ..scope.events import Follow, Joined, Landed, Refused
 from .clients import UNREACHABLE
-from .delivery import read_outcome
+from .delivery import read_here, read_outcome
 from .names import FENCE_TTL_MS, Names
 from .outcomes import decode_outcome
 from .undo import undo_later
@@ -75,6 +76,12 @@ async def acquire(arbiter: RedisArbiter, call: FleetCall) -> None:
         if kind == 2:
             age = int(reply[5]) / 1e6
             call.inbox.put(Joined(token, int(reply[3]), age, reply[4].decode()))
+            if call.loop is not None:
+                # Its driver reads the outcome on its own loop; the call stays in
+                # _calls (close() cancels that read) until the read ends.
+                read = functools.partial(read_here, arbiter, call, names, token, int(reply[2]))
+                call.inbox.put(Follow(read))
+                return
             ended = await read_outcome(arbiter, call, names, token, int(reply[2]), follow=True)
             arbiter._end(call, ended)
             return

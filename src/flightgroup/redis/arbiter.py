@@ -47,6 +47,7 @@ from .clients import MAX_BLOCK, UNREACHABLE
 from .landing import complete
 from .left import LeftThreads, left_threads
 from .names import FORGET_MEMORY_MS, Names, ms, safe_url, server_of
+from .readers import LoopClients
 from .renewal import Renewal
 from .status import running_flights
 
@@ -89,6 +90,10 @@ class RedisArbiter:
         self._background = BackgroundLoop("fleet", self._forked)
         self._client: Any = None  # Redis | RedisCluster: scripts and commands
         self._blocking: Any = None  # Redis | RedisCluster: the joiners' XREADs
+        # A single server's joiners called from an event loop read there (ADR 0056).
+        self._readers = LoopClients(
+            lambda: self._make_client(MAX_BLOCK + self._timeout, retries=0)
+        )
         self._scripts: dict[str, AsyncScript] = {}
         self._ready: asyncio.Task[None] | None = None
         self._calls: set[FleetCall] = set()
@@ -213,23 +218,25 @@ class RedisArbiter:
         fresh: bool,
         after: int | None = None,
         on_detached: Callable[[], object] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> FleetCall:
         """Ask the namespace to lead or join ``key``; events go to the call's inbox.
         ``fresh``: only a flight that begins after the call, or after flight ``after``.
-        ``on_detached``: called on the group's thread once a FORGET elsewhere parked the
-        flight this call joined (its joiners read a notice beside its mailbox) or leads
-        (its next RENEW says so)."""
+        ``on_detached``: called once a FORGET elsewhere parked the flight this call
+        joined (its joiners read a notice beside its mailbox) or leads (its next RENEW
+        says so). ``loop``: the caller's loop, where a join's outcome is then read
+        (a Follow; not with a Cluster, whose joiners read on the group's loop)."""
         if self._closing:
             raise self._closed()
         refused = self._breaker.refusal()
         if refused is not None:  # Redis is known out of reach: no call waits on it
             raise refused
-        loop = self._ensure_started()
-        call = FleetCall(key, fresh, after, on_detached)
+        group_loop = self._ensure_started()
+        call = FleetCall(key, fresh, after, on_detached, None if self._cluster else loop)
         with self._background.lock:  # in order with close(): a call posted here is seen by it
             if self._closing:
                 raise self._closed()
-            loop.call_soon_threadsafe(self._begin, call)
+            group_loop.call_soon_threadsafe(self._begin, call)
         return call
 
     def bind(self, call: FleetCall, attempt: Attempt) -> None:

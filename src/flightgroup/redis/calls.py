@@ -3,7 +3,8 @@ while this process leads it, of its lead (:class:`FleetLead`).
 
 Field ownership: their fields are written on the group's loop, except
 ``FleetLead.attempt``/``lost``/``work_done``, guarded by its lock (a work ends on its
-own thread).
+own thread), and ``FleetCall.reader``, written on the call's own loop while it reads
+its flight's outcome there (delivery.read_here).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from ..scope.events import Inbox
 from ..scope.interface import DetachedNotice, LeadState
@@ -23,7 +25,8 @@ class FleetCall(DetachedNotice):
     parked the flight it leads or joined)."""
 
     __slots__ = (
-        "after", "fresh", "inbox", "key", "lead", "nonce", "reading", "task", "withdrawn"
+        "after", "fresh", "inbox", "key", "lead", "loop", "nonce", "reader", "reading",
+        "task", "withdrawn",
     )
 
     def __init__(
@@ -32,11 +35,16 @@ class FleetCall(DetachedNotice):
         fresh: bool,
         after: int | None = None,
         on_detached: Callable[[], object] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         super().__init__(on_detached)
         self.key = key
         self.fresh = fresh
         self.after = after
+        # The loop its driver waits on, where a join's outcome is read (None: a thread,
+        # or a Cluster: read on the group's loop).
+        self.loop = loop
+        self.reader: asyncio.Task[Any] | None = None  # the task reading it there
         self.inbox = Inbox()
         self.nonce = uuid.uuid4().hex  # makes a re-sent ACQUIRE find its own flight
         self.lead: FleetLead | None = None

@@ -68,14 +68,21 @@ async def close_steps(arbiter: RedisArbiter) -> None:
     # Wait for them and for what they spawn before the loop stops: a lead won and
     # never given back would hold its joiners elsewhere for a lease.
     background = arbiter._background
-    pending = {call.task for call in arbiter._calls if call.task is not None}
-    for call in list(arbiter._calls):
+    # (A call read on its own loop leaves _calls from there: iterate over a copy.)
+    calls = list(arbiter._calls)
+    pending = {call.task for call in calls if call.task is not None}
+    for call in calls:
         if call.lead is None:
             arbiter._calls.discard(call)
             if call.reading and call.task is not None:
                 call.task.cancel()
-            call.withdrawn = True
+            call.withdrawn = True  # (before reader is read: see delivery.read_here)
+            reader = call.reader
+            if reader is not None:  # its read on its own loop ends refused, as closed
+                with contextlib.suppress(RuntimeError):  # that loop closed meanwhile
+                    reader.get_loop().call_soon_threadsafe(reader.cancel)
             call.inbox.put(Refused(GroupClosedError()))
+    arbiter._readers.close()
     for lead in list(arbiter._leads):
         if lead.landing is None and lead.lose(only_running=True):
             background.spawn(arbiter._abandon(lead, "its leader's group closed"))
@@ -107,6 +114,7 @@ def forked(arbiter: RedisArbiter, why: str, inherited: BackgroundLoop) -> None:
     arbiter._renewal = Renewal(arbiter)
     arbiter._breaker = Breaker(arbiter)
     arbiter._client = arbiter._blocking = None
+    arbiter._readers.let_go()
     arbiter._scripts = {}
     arbiter._calls, arbiter._leads = set(), set()
     arbiter._undoing, arbiter._undo_nonces = {}, {}

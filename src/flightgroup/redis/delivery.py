@@ -2,11 +2,15 @@
 
 The leader's landing (COMPLETE) appends the outcome to the flight's mailbox, a stream
 named by its token. A waiting call reads that stream from its start with a blocking
-XREAD, on a client of its own whose socket timeout exceeds the block and which never
-re-sends: the outcome is pushed, and no order of "starts reading" and "the leader
-lands" loses it. A read that ends empty past the flight's lease, or cannot reach Redis,
-asks CHECK instead: the flight is gone (its leader stopped renewing), still running
-(wait for its new lease), or ended (its mailbox entry).
+XREAD, on a client whose socket timeout exceeds the block and which never re-sends:
+the outcome is pushed, and no order of "starts reading" and "the leader lands" loses
+it. A call submitted from an event loop reads on that loop (``read_here``, with its
+loop's client from :mod:`.readers`: the reply resumes the caller with no hop between
+threads, ADR 0056); a thread's call, and a Cluster's, on the group's loop
+(``read_outcome``). Both make the same decisions (``_Reading``). A read that ends
+empty past the flight's lease, or cannot reach Redis, asks CHECK instead: the flight
+is gone (its leader stopped renewing), still running (wait for its new lease), or
+ended (its mailbox entry).
 
 A retry moves the flight to a new token: the old mailbox says ``next`` and its new
 token, and a joiner follows it. A FORGET elsewhere parks a flight and writes a notice
@@ -16,8 +20,9 @@ beside its mailbox, which a joiner that asked for it reads too.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..scope.events import Joined, Landed, NoOutcome, Refused
@@ -29,7 +34,7 @@ if TYPE_CHECKING:
     from .calls import FleetCall
     from .names import Names
 
-__all__ = ["fields_of", "read_outcome"]
+__all__ = ["fields_of", "read_here", "read_outcome"]
 
 _SLACK = 0.05  # a joiner's clock starts after the reply: wait this much past the lease
 
@@ -46,13 +51,58 @@ async def read_outcome(
     """Wait for flight ``token``'s outcome (its lease has ``pttl`` ms left): the event
     that ends ``call``. ``follow``: a retry's new token is told to the call (Joined)
     and followed. Runs on ``arbiter``'s loop, with its blocking client."""
-    return await _Reading(arbiter, call, names, token, pttl, follow).outcome()
+    joined = functools.partial(_tell_joined, call) if follow else None
+    return await _Reading(
+        arbiter, call, names, token, pttl, joined=joined, client=arbiter._blocking,
+        on_group=True,
+    ).outcome()
+
+
+async def read_here(
+    arbiter: RedisArbiter,
+    call: FleetCall,
+    names: Names,
+    token: int,
+    pttl: int,
+    joined: Callable[[int], None],
+) -> Landed | NoOutcome | Refused:
+    """(A Follow's read, on ``call``'s own loop) :func:`read_outcome` with that loop's
+    client: the reply resumes its driver there, with no hop between threads. Each
+    retry's new token is told to ``joined``. The group's close cancels the read: the
+    call then ends refused, as closed."""
+    task = asyncio.current_task()
+    call.reader = task  # (before withdrawn is read: close sets it, then cancels this)
+    try:
+        client = await arbiter._readers.client(asyncio.get_running_loop())
+        if client is None:
+            return Refused(arbiter._closed())
+        return await _Reading(
+            arbiter, call, names, token, pttl, joined=joined, client=client, on_group=False
+        ).outcome()
+    except asyncio.CancelledError:
+        if not arbiter._closing:
+            raise
+        # The group's close cancelled the read, or stopped its loop under a CHECK.
+        if task is not None and task.cancelling():
+            task.uncancel()
+        return Refused(arbiter._closed())
+    finally:
+        call.reader = None
+        arbiter._calls.discard(call)  # (a set's discard is atomic: see closing.py)
+
+
+def _tell_joined(call: FleetCall, token: int) -> None:
+    call.inbox.put(Joined(token, 0, 0.0, ""))
 
 
 class _Reading:
-    """One call's wait for one flight's outcome (see read_outcome)."""
+    """One call's wait for one flight's outcome (see read_outcome), with ``client``, on
+    the group's loop (``on_group``) or on the call's own."""
 
-    __slots__ = ("arbiter", "call", "deadline", "follow", "names", "token", "unreachable")
+    __slots__ = (
+        "arbiter", "call", "client", "deadline", "joined", "names", "on_group", "token",
+        "unreachable",
+    )
 
     def __init__(
         self,
@@ -61,13 +111,18 @@ class _Reading:
         names: Names,
         token: int,
         pttl: int,
-        follow: bool,
+        *,
+        joined: Callable[[int], None] | None,
+        client: Any,
+        on_group: bool,
     ) -> None:
         self.arbiter = arbiter
         self.call = call
         self.names = names
         self.token = token
-        self.follow = follow
+        self.joined = joined  # told a retry's new token, which is then followed
+        self.client = client
+        self.on_group = on_group
         # Past it, a read that ended empty asks CHECK: the flight's lease (then its new
         # lease, as CHECK tells) plus what the reply took to come.
         self.deadline = time.monotonic() + max(pttl, 0) / 1000 + _SLACK
@@ -78,6 +133,8 @@ class _Reading:
             if self.call.withdrawn:
                 # Withdrawn while a CHECK ran (only a read is cancelled): a read begun
                 # now would hold its connection to the flight's end, and close() wait.
+                if self.arbiter._closing:
+                    return Refused(self.arbiter._closed())
                 return NoOutcome("withdrawn")
             fields: dict[bytes, bytes] | None = None
             left = self.deadline - time.monotonic()
@@ -95,8 +152,8 @@ class _Reading:
             code = fields.get(b"c")
             if code == b"next":  # a retry: the flight goes on under a new token
                 self.token = int(fields.get(b"v", b"0"))
-                if self.follow:
-                    self.call.inbox.put(Joined(self.token, 0, 0.0, ""))
+                if self.joined is not None:
+                    self.joined(self.token)
                 # Ask CHECK first: the flight's own lease left (the leader's, not ours).
                 self.deadline = time.monotonic()
                 continue
@@ -106,31 +163,36 @@ class _Reading:
         """One blocking XREAD of the mailbox (at most ``left`` s): its entry, or None;
         and whether to read again rather than ask CHECK."""
         call, arbiter = self.call, self.arbiter
-        call.reading = True
         block = min(left, MAX_BLOCK)
         mailbox = self.names.mailbox(self.token)
         streams = {mailbox: b"0"}
         # A joiner also reads the flight's notice (a FORGET parked it), until heard.
-        notice = self.names.notice(self.token) if self.follow and call.on_detached else None
+        notice = self.names.notice(self.token) if self.joined and call.on_detached else None
         if notice is not None:
             streams[notice] = b"0"
+        if self.on_group:
+            call.reading = True  # (close and a withdrawal cancel only a read)
         try:
             # Bounded by its own block (plus a command's time), not by the client's
             # socket timeout past the longest block, so that a frozen server holds a
             # joiner no longer than the flight's lease (a stall of this process's own
             # is not counted: see _bounded).
             reply = await _bounded(
-                arbiter._blocking.xread(streams, count=1, block=max(1, round(block * 1000))),
+                self.client.xread(streams, count=1, block=max(1, round(block * 1000))),
                 limit=block + arbiter._timeout,
                 extra=arbiter._timeout,
             )
             self.unreachable = None
         except UNREACHABLE as exc:
             self.unreachable, reply = exc, None
-            arbiter._breaker.saw(exc)
+            if self.on_group:
+                arbiter._breaker.saw(exc)
+            else:
+                arbiter._background.post(arbiter._breaker.saw, exc)
             await asyncio.sleep(RETRY_PAUSE)
         finally:
-            call.reading = False
+            if self.on_group:
+                call.reading = False
         if reply:
             entries = _entries(reply)
             if notice is not None and notice in entries:
@@ -144,10 +206,11 @@ class _Reading:
         """Ask CHECK: the flight's mailbox entry, the event that ends the call, or None
         to wait again (its lease was renewed, or Redis is out of reach for now)."""
         arbiter, names, token = self.arbiter, self.names, self.token
+        check = arbiter._script(
+            "check", [names.record, names.parked(token), names.mailbox(token)], [token]
+        )
         try:
-            checked = await arbiter._script(
-                "check", [names.record, names.parked(token), names.mailbox(token)], [token]
-            )
+            checked = await (check if self.on_group else _on_group(arbiter, check))
         except UNREACHABLE as exc:
             if time.monotonic() > self.deadline + arbiter._lease:
                 return Refused(arbiter._unavailable(exc))
@@ -161,6 +224,19 @@ class _Reading:
             self.deadline = time.monotonic() + max(int(checked[1]), 0) / 1000 + _SLACK
             return None
         return fields_of(checked[1])
+
+
+async def _on_group(arbiter: RedisArbiter, step: Coroutine[Any, Any, Any]) -> Any:
+    """``step``'s result, run on the group's loop (its command client lives there)."""
+    loop = arbiter._background.loop
+    try:
+        if loop is None:
+            raise RuntimeError("no loop")
+        future = asyncio.run_coroutine_threadsafe(step, loop)
+    except RuntimeError:  # the group's loop stopped: it closed
+        step.close()
+        raise asyncio.CancelledError from None  # (read_here: the call ends as closed)
+    return await asyncio.wrap_future(future)
 
 
 async def _bounded(read: Coroutine[Any, Any, Any], *, limit: float, extra: float) -> Any:

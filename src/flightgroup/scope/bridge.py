@@ -28,7 +28,7 @@ from ..engine.eager import start_eagerly
 from ..engine.flight import JOINED, Attempt, Flight, Outcome, wake
 from ..engine.sync_attempt import start_thread
 from ..errors import FlightInterruptedError, GroupClosedError, UnavailableError
-from .events import Joined, Landed, Lead, LeaseLost, NoOutcome, Refused, ScopeEvent
+from .events import Follow, Joined, Landed, Lead, LeaseLost, NoOutcome, Refused, ScopeEvent
 from .interface import Scope, ScopeCall
 from .keys import op_scope_key, plain_scope_key, scope_key
 from .landing import Landing, as_called, from_shared, to_shared
@@ -83,23 +83,30 @@ class Bridge(Landing):
         # The request goes out now, from this call (an eager start, engine/eager.py).
         flight.task = start_eagerly(self.drive_async(flight, work), loop)
 
-    def _submit(self, flight: WideFlight) -> ScopeCall:
+    def _submit(
+        self, flight: WideFlight, loop: asyncio.AbstractEventLoop | None = None
+    ) -> ScopeCall:
         detach = functools.partial(self.table.detach, flight)
         return self.scope.submit(
-            scope_key(flight), fresh=flight.fresh_lead, after=flight.after, on_detached=detach
+            scope_key(flight), fresh=flight.fresh_lead, after=flight.after,
+            on_detached=detach, loop=loop,
         )
 
     async def drive_async(self, flight: WideFlight, work: Callable[[], Awaitable[Any]]) -> None:
         """The work task of a wide group's flight: ask the scope, then lead or follow."""
         try:
-            call = self._submit(flight)
+            call = self._submit(flight, asyncio.get_running_loop())
         except Exception as exc:  # a network directory, a refused version, closed
             if self._local(flight, exc):
                 await self.attempts.drive_async(flight, work)
             return
+        event: ScopeEvent
         try:
             while True:
                 event = await call.inbox.get()
+                if type(event) is Follow:  # (the scope's last word: no event follows)
+                    event = await event.read(functools.partial(self._joined, flight))
+                    break
                 if type(event) is not Joined:
                     break
                 self._joined(flight, event.token)

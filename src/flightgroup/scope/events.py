@@ -7,8 +7,10 @@ object, so an event read twice is still one event (``take`` compares identity).
 
 The order a call hears: any number of :class:`Joined` (its flight joined one led
 elsewhere; a failover may tell it again), then exactly one of :class:`Lead`,
-:class:`Landed`, :class:`NoOutcome` or :class:`Refused`. A lead then hears :class:`Lead`
-again for each retry's token (``Scope.retry``), or :class:`LeaseLost`.
+:class:`Landed`, :class:`NoOutcome`, :class:`Refused` or :class:`Follow` (a call
+submitted from an event loop: its driver reads the outcome there, and ``read`` gives
+one of the three that end a call). A lead then hears :class:`Lead` again for each
+retry's token (``Scope.retry``), or :class:`LeaseLost`.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import collections
 import contextlib
 import threading
 from _thread import LockType, allocate_lock
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeAlias
 
 from .outcome import SharedOutcome
 
 __all__ = [
+    "Follow",
     "Inbox",
     "Joined",
     "Landed",
@@ -86,7 +90,17 @@ class Refused:
     error: BaseException
 
 
-ScopeEvent: TypeAlias = Lead | Joined | Landed | NoOutcome | LeaseLost | Refused
+@dataclass(frozen=True, slots=True, eq=False)
+class Follow:
+    """The call joined a flight whose outcome its driver reads on its own loop (the one
+    it submitted from): ``await read(joined)`` gives the event that ends the call
+    (Landed, NoOutcome or Refused), and tells ``joined`` each retry's new token on the
+    way. The read's cancellation withdraws nothing: the driver withdraws as it would."""
+
+    read: Callable[[Callable[[int], None]], Awaitable[Landed | NoOutcome | Refused]]
+
+
+ScopeEvent: TypeAlias = Lead | Joined | Landed | NoOutcome | LeaseLost | Refused | Follow
 """Every event a call can hear."""
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    import asyncio
     from collections.abc import Hashable
 
     from ..engine.flight import Attempt
@@ -165,14 +166,17 @@ class Scope(Protocol):
         fresh: bool,
         after: int | None = None,
         on_detached: Callable[[], object] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> ScopeCall:
         """Ask the scope to lead or join ``key``; the answer comes to the call's inbox.
 
         ``fresh``: only a flight that begins after this call (or after flight ``after``,
         whose end this process's fresh callers waited for) will do. ``on_detached`` is
         called (from any thread) once a forget() elsewhere took the call's flight away
-        from its key. Raises at once (and changes nothing) when the scope cannot take
-        calls: closed, a refused version, a directory on a network file system."""
+        from its key. ``loop``: the event loop the call's driver waits on (None: a
+        thread); a scope may then answer a join with a Follow, read on that loop.
+        Raises at once (and changes nothing) when the scope cannot take calls: closed,
+        a refused version, a directory on a network file system."""
 
     def bind(self, call: Any, attempt: Attempt) -> None:
         """``attempt``'s work runs under ``call``'s lead from now on (it hears a loss)."""

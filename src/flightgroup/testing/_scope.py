@@ -15,6 +15,8 @@ from ..scope.interface import DetachedNotice, Handed, LeadState
 from ..scope.outcome import SharedOutcome
 
 if TYPE_CHECKING:
+    import asyncio
+
     from ..engine.flight import Attempt
     from ._coordinator import FakeCoordinator
     from ._table import _FakeFlight, _FakeLead
@@ -105,11 +107,13 @@ class FakeScope:
         fresh: bool,
         after: int | None = None,
         on_detached: Callable[[], object] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> FakeCall:
         """Ask the fake to lead or join ``key``: answered in the inbox before this
         returns (unless held). Raises GroupClosedError once this scope closed,
         UnavailableError while the fake is unreachable or this "process" was killed,
-        ValueError for a key over the fake's ``max_key_length``."""
+        ValueError for a key over the fake's ``max_key_length``. ``loop`` is not used:
+        the fake answers every call in its inbox."""
         return self._table.submit(self, key, fresh, after, on_detached)
 
     def bind(self, call: Any, attempt: Attempt) -> None:

@@ -1,0 +1,107 @@
+"""The clients that read joined flights' outcomes on callers' event loops (ADR 0056).
+
+redis-py's asyncio connections belong to the loop that opened them, so a fleet group
+keeps one blocking client per caller loop that read a joined flight's outcome there:
+made by the first such read, kept while the loop lives. asyncio says nothing when a
+loop ends, so each client comes with a sentinel async generator started on its loop:
+``loop.shutdown_asyncgens()`` (which ``asyncio.run`` and ``asyncio.Runner`` call as they
+end) closes it, and its ``finally`` closes the client and drops it. A loop closed
+without that loses its client when the next one is made, or at the group's close.
+
+A group's close closes the clients of the loops still running (on their loops, without
+waiting); a forked child keeps its copies of the parent's, unused and never closed: a
+connection closed from the child would unwatch the parent's socket in an epoll
+instance the two share (ADR 0018).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+
+__all__ = ["LoopClients"]
+
+
+class _Kept:
+    """One loop's client and the sentinel that closes it when the loop ends."""
+
+    __slots__ = ("client", "sentinel")
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.sentinel: AsyncGenerator[None, None] | None = None
+
+
+class LoopClients:
+    """A client per caller loop (see the module); ``make`` makes one (on its loop)."""
+
+    __slots__ = ("_closed", "_kept", "_lock", "_make")
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make = make
+        # Changed under the lock from any caller's thread and the group's; read without
+        # it (a dict's get is atomic) on the path of every read.
+        self._kept: dict[asyncio.AbstractEventLoop, _Kept] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    async def client(self, loop: asyncio.AbstractEventLoop) -> Any | None:
+        """(On ``loop``) its client, made now if it has none; None once the group closed."""
+        kept = self._kept.get(loop)
+        if kept is not None:
+            return kept.client
+        with self._lock:
+            if self._closed:
+                return None
+            for ended in [other for other in self._kept if other.is_closed()]:
+                del self._kept[ended]  # ended without closing its generators
+            kept = self._kept[loop] = _Kept(self._make())
+        sentinel = kept.sentinel = self._until_loop_ends(loop, kept)
+        # Its first step registers it with the loop (asyncio's async generator hooks)
+        # and stops at its yield: from then on the loop's shutdown closes it.
+        await sentinel.__anext__()
+        return kept.client
+
+    async def _until_loop_ends(
+        self, loop: asyncio.AbstractEventLoop, kept: _Kept
+    ) -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            with self._lock:
+                if self._kept.get(loop) is kept:
+                    del self._kept[loop]
+            with contextlib.suppress(Exception):
+                await kept.client.aclose()
+
+    def close(self) -> None:
+        """(Any thread; the group closes) no client is made from now on; each loop
+        still running closes its own, in a turn of its own (not waited for)."""
+        with self._lock:
+            self._closed = True
+            kept, self._kept = self._kept, {}
+        for loop, one in kept.items():
+            if one.sentinel is None:  # (its first read is being made: it finds closed)
+                continue
+            closing = _closing(one.sentinel)
+            try:
+                asyncio.run_coroutine_threadsafe(closing, loop)
+            except RuntimeError:  # the loop closed meanwhile: its client goes unused
+                closing.close()
+
+    def let_go(self) -> None:
+        """(In a forked child) drop the parent's clients without closing them."""
+        with self._lock:
+            _inherited.append(self._kept)
+            self._kept = {}
+
+
+async def _closing(sentinel: AsyncGenerator[None, None]) -> None:
+    await sentinel.aclose()  # (its finally closes the client)
+
+
+# Forked children's copies of their parents' clients, kept for good (see the module).
+_inherited: list[dict[asyncio.AbstractEventLoop, _Kept]] = []
