@@ -43,6 +43,7 @@ class Codec(Protocol):
 
 # Built once: json.dumps with options builds a new encoder on every call.
 _JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_JSON_DECODER = json.JSONDecoder()  # json.loads's own, without its checks of its input
 
 
 class _JSONCodec:
@@ -54,7 +55,9 @@ class _JSONCodec:
         return _JSON_ENCODER.encode(value).encode()
 
     def decode(self, data: bytes, /) -> Any:
-        return json.loads(data)
+        # What encode made is UTF-8 without a BOM: no need to sniff the encoding
+        # (json.loads of bytes does); its errors are json.loads's own.
+        return _JSON_DECODER.decode(str(data, "utf-8", "surrogatepass"))
 
     def __repr__(self) -> str:
         return "flightgroup.JSON"

@@ -272,12 +272,11 @@ def _entries(reply: Any) -> dict[str, dict[bytes, bytes]]:
     """Stream name -> the fields of its one entry, from an XREAD reply in either
     protocol's shape: RESP2 ``[[stream, [(id, fields)]], ...]``; RESP3 (a URL with
     ``?protocol=3``) a dict ``{stream: ...}`` whose entries redis-py wraps once more (8.x)."""
-    streams = reply.items() if isinstance(reply, dict) else [(s, e) for s, e in reply]
+    streams = reply.items() if isinstance(reply, dict) else reply
     found: dict[str, dict[bytes, bytes]] = {}
     for stream, node in streams:
-        while not (isinstance(node, (list, tuple)) and len(node) == 2
-                   and isinstance(node[0], (bytes, str))):
-            node = node[0]  # down to the entry, (id, fields)
+        while not isinstance(node[0], (bytes, str)):
+            node = node[0]  # down to the entry, (id, fields): only its first item is an ID
         fields = node[1]
         name = stream.decode() if isinstance(stream, bytes) else stream
         found[name] = fields if isinstance(fields, dict) else fields_of(fields)

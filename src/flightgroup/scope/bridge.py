@@ -319,9 +319,10 @@ class Bridge(Landing):
     def _end(self, flight: WideFlight, event: ScopeEvent) -> None:
         """Settle a flight whose outcome came from the scope (or that cannot go on)."""
         if type(event) is Landed:
-            if not event.kept:
+            if not event.kept and not (flight.joined_remote and flight.token == event.token):
                 # A flight's landing is a join of it, announced or not: its callers here
-                # are joiners, and their on_join is due before they read it.
+                # are joiners, and their on_join is due before they read it. (Announced:
+                # _joined ran for this token on this driver's thread.)
                 self._joined(flight, event.token)
             outcome, error, data = from_shared(flight.key, event.outcome)
             if error is not None:  # a failure a group of this process may have landed
