@@ -6,9 +6,10 @@ leads there (the work runs here, through the attempt driver, under the scope's t
 and lease), or the local flight joins a flight led elsewhere and every local caller of
 it is a joiner of that flight. The bridge drives that request (``start_async`` on the
 caller's loop, ``drive_sync`` in a thread) and turns the scope's typed events into the
-flight's settling. A flight led here is landed by the bridge's part in ``landing.py``
-(``land``: the leader's outcome handed to the scope); a flight's key in the scope is
-made in ``keys.py``.
+flight's settling; on the caller's loop it awaits a ``Follow``'s read itself, where the
+scope lets a joined flight's outcome be read there. A flight led here is landed by the
+bridge's part in ``landing.py`` (``land``: the leader's outcome handed to the scope); a
+flight's key in the scope is made in ``keys.py``.
 
 When the scope cannot be reached and the flight's policy says ``on_unavailable="local"``,
 the bridge leads the flight in this process alone instead (``_local``): the engine's
