@@ -28,6 +28,7 @@ from .renewal import Renewal
 if TYPE_CHECKING:
     from ..scope.loop import BackgroundLoop
     from .arbiter import RedisArbiter
+    from .calls import FleetCall
 
 __all__ = ["close", "close_steps", "forked"]
 
@@ -80,7 +81,7 @@ async def close_steps(arbiter: RedisArbiter) -> None:
             reader = call.reader
             if reader is not None:  # its read on its own loop ends refused, as closed
                 with contextlib.suppress(RuntimeError):  # that loop closed meanwhile
-                    reader.get_loop().call_soon_threadsafe(reader.cancel)
+                    reader.get_loop().call_soon_threadsafe(_stop_read, call, reader)
             call.inbox.put(Refused(GroupClosedError()))
     arbiter._readers.close()
     for lead in list(arbiter._leads):
@@ -96,6 +97,14 @@ async def close_steps(arbiter: RedisArbiter) -> None:
     for client in (arbiter._client, arbiter._blocking):
         with contextlib.suppress(Exception):
             await client.aclose()
+
+
+def _stop_read(call: FleetCall, reader: asyncio.Task[Any]) -> None:
+    """(On the reader's loop) cancel ``call``'s read if it still reads: a read that
+    ended meanwhile let its task go on to other steps (a flight led here alone), which
+    close() must not cancel."""
+    if call.reader is reader:
+        reader.cancel()
 
 
 def forked(arbiter: RedisArbiter, why: str, inherited: BackgroundLoop) -> None:
