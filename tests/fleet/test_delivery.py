@@ -237,17 +237,11 @@ def test_a_loop_that_ends_while_its_joiner_reads_leaves_no_read_behind(
     client = server.client()
     a, b = fleet_group(server.url, namespace), fleet_group(server.url, namespace)
     started, release = threading.Event(), threading.Event()
-
-    def work() -> str:
-        started.set()
-        assert release.wait(10)
-        return "v"
-
     try:
         a.run_sync("warm-up-a", lambda: 0)
         b.run_sync("warm-up-b", lambda: 0)
         base = _connections(client)
-        lead, led = in_thread(a.run_sync, "k", work)
+        lead, led = in_thread(a.run_sync, "k", _work_until(started, release, "v"))
         assert started.wait(10)
 
         async def leave_while_reading() -> None:
