@@ -25,6 +25,7 @@ from flightgroup import (
     current_lease,
 )
 from flightgroup.redis.names import Names
+from flightgroup.redis.readers import LoopClients
 
 from ..infleet import (
     RETRY_NOW,
@@ -517,19 +518,28 @@ def test_close_waits_for_a_landing_in_flight(redis_server: RedisServer, namespac
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("joiner", ["thread", "task"])
 def test_closing_a_joiners_group_ends_its_blocked_read(
-    server: RedisServer, namespace: str, joiner: str
+    server: RedisServer, namespace: str, joiner: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Closing a joiner's group ends its blocked read: on the group's thread (a thread's
-    call), or on the call's own loop (a task's), from another thread."""
+    call), or on the call's own loop (a task's), from another thread. A task's loop runs
+    on after its call raised, and its client is left open here: only close()'s cancel of
+    the read can end it."""
+    monkeypatch.setattr(LoopClients, "close", lambda self: None)
     client = server.client()
     a = fleet_group(server.url, namespace, lease=30)
     b = fleet_group(server.url, namespace, lease=30)
-    started, release = threading.Event(), threading.Event()
+    started, release, loop_may_end = threading.Event(), threading.Event(), threading.Event()
 
     def work() -> str:
         started.set()
         assert release.wait(10)
         return "v"
+
+    async def join_then_run_on() -> Any:
+        try:
+            return await b.run("k", never)
+        finally:  # (an ended loop would cancel the read itself)
+            await asyncio.to_thread(loop_may_end.wait, 20)
 
     thread, led = in_thread(a.run_sync, "k", work)
     try:
@@ -537,16 +547,18 @@ def test_closing_a_joiners_group_ends_its_blocked_read(
         if joiner == "thread":
             join, got = in_thread(b.run_sync, "k", never)
         else:
-            join, got = in_thread(asyncio.run, b.run("k", never))
+            join, got = in_thread(asyncio.run, join_then_run_on())
         wait_until(lambda: int(client.info("clients")["blocked_clients"]) == 1, "the read")
         b.close()
+        wait_until(lambda: int(client.info("clients")["blocked_clients"]) == 0, "no read")
+        loop_may_end.set()
         join.join(10)
         assert isinstance(outcome(got), GroupClosedError)
-        wait_until(lambda: int(client.info("clients")["blocked_clients"]) == 0, "no read")
         release.set()
         thread.join(10)
     finally:
         release.set()
+        loop_may_end.set()
         a.close()
         b.close()
     assert outcome(led).value == "v"

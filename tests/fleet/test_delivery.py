@@ -11,7 +11,9 @@ import uuid
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
+from flightgroup import UnavailableError
 from flightgroup.redis import scripts
 from flightgroup.redis.names import Names
 
@@ -256,6 +258,43 @@ def test_a_loop_that_ends_while_its_joiner_reads_leaves_no_read_behind(
         lead.join(10)
         assert result_of(led).value == "v"
         assert b.run_sync("k", lambda: "again").value == "again"  # b goes on
+    finally:
+        release.set()
+        a.close()
+        b.close()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("joiner", ["thread", "task"])
+def test_a_read_that_fails_as_no_step_expects_ends_the_joiner_as_unavailable(
+    redis_server: RedisServer, namespace: str, joiner: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error a joiner's read does not expect (not Redis's: a transport's TypeError)
+    ends its call with UnavailableError, whether it read on the group's thread or on its
+    own loop; the leader's flight is not touched."""
+    a, b = fleet_group(redis_server.url, namespace), fleet_group(redis_server.url, namespace)
+    started, release = threading.Event(), threading.Event()
+
+    async def broken(*_: Any, **__: Any) -> Any:
+        raise TypeError("a transport's bug")
+
+    try:
+        a.run_sync("warm-up-a", lambda: 0)
+        b.run_sync("warm-up-b", lambda: 0)
+        lead, led = in_thread(a.run_sync, "k", _work_until(started, release, "v"))
+        assert started.wait(10)
+        monkeypatch.setattr(aioredis.Redis, "xread", broken)  # (only b reads)
+        def join() -> Any:
+            if joiner == "thread":
+                return b.run_sync("k", never_runs)
+            return asyncio.run(b.run("k", never_runs))
+
+        with pytest.raises(UnavailableError) as raised:
+            join()
+        assert isinstance(raised.value.__cause__, TypeError)
+        release.set()
+        lead.join(10)
+        assert result_of(led).value == "v"
     finally:
         release.set()
         a.close()

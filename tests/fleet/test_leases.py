@@ -12,11 +12,13 @@ import inspect
 import itertools
 import sys
 import threading
+import time
 import uuid
 from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from flightgroup import (
     JSON,
@@ -356,3 +358,60 @@ def test_a_retention_past_the_pexpire_range_lands_for_the_leader_too(
     assert not isinstance(outcome(led), LeaseLostError), "the joiner got the value it landed"
     assert outcome(led).value == "v"
     assert left == []
+
+
+@pytest.mark.timeout(30)
+def test_a_joiners_wait_for_a_dead_leader_counts_from_its_join_not_from_its_busy_loop(
+    redis_server: RedisServer, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task's joiner reads on its own loop (ADR 0056); a loop busy past the leader's
+    lease when the join is answered does not add a read of a lease more: the joiner asks
+    CHECK at once, hears that its leader stopped, and sent no XREAD."""
+    a = fleet_group(redis_server.url, namespace, lease=1.0)
+    b = fleet_group(redis_server.url, namespace, lease=1.0)
+    started, release = threading.Event(), threading.Event()
+    sent: list[str] = []
+
+    async def no_renewal(batch: Any) -> None:
+        return None
+
+    def work() -> str:
+        started.set()
+        release.wait(20)
+        return "late"
+
+    try:
+        a.run_sync("warm-up-a", lambda: 0)
+        b.run_sync("warm-up-b", lambda: 0)
+        fleet_of(a)._renewal.renew_some = no_renewal  # type: ignore[method-assign]  # it "dies"
+        lead, _ = in_thread(a.run_sync, "k", work)
+        assert started.wait(10)
+        joiner = fleet_of(b)
+        script, xread = joiner._script, aioredis.Redis.xread
+
+        async def counted(name: str, keys: Any, args: Any) -> Any:
+            sent.append(name)
+            return await script(name, keys, args)
+
+        async def counted_xread(self: Any, *args: Any, **kwargs: Any) -> Any:
+            sent.append("xread")
+            return await xread(self, *args, **kwargs)
+
+        joiner._script = counted  # type: ignore[method-assign]
+        monkeypatch.setattr(aioredis.Redis, "xread", counted_xread)
+
+        async def join_on_a_busy_loop() -> Any:
+            call = asyncio.ensure_future(b.run("k", never))
+            await asyncio.sleep(0)  # the call is asked (its ACQUIRE is out)...
+            time.sleep(2.5)  # ...and its loop is busy past the lease while it is answered
+            return await call
+
+        with pytest.raises(FlightInterruptedError):
+            asyncio.run(join_on_a_busy_loop())
+        assert sent == ["acquire", "check"]
+        release.set()
+        lead.join(10)
+    finally:
+        release.set()
+        a.close()
+        b.close()

@@ -79,7 +79,9 @@ async def acquire(arbiter: RedisArbiter, call: FleetCall) -> None:
             if call.loop is not None:
                 # Its driver reads the outcome on its own loop; the call stays in
                 # _calls (close() cancels that read) until the read ends.
-                read = functools.partial(read_here, arbiter, call, names, token, int(reply[2]))
+                read = functools.partial(
+                    read_here, arbiter, call, names, token, int(reply[2]), time.monotonic()
+                )
                 call.inbox.put(Follow(read))
                 return
             ended = await read_outcome(arbiter, call, names, token, int(reply[2]), follow=True)

@@ -64,12 +64,14 @@ async def read_here(
     names: Names,
     token: int,
     pttl: int,
+    answered: float,
     joined: Callable[[int], None],
 ) -> Landed | NoOutcome | Refused:
     """(A Follow's read, on ``call``'s own loop) :func:`read_outcome` with that loop's
-    client: the reply resumes its driver there, with no hop between threads. Each
-    retry's new token is told to ``joined``. The group's close cancels the read: the
-    call then ends refused, as closed."""
+    client: the reply resumes its driver there, with no hop between threads. ``pttl``
+    was the lease left when ACQUIRE answered, at ``answered`` (monotonic). Each retry's
+    new token is told to ``joined``. The group's close cancels the read: the call then
+    ends refused, as closed."""
     task = asyncio.current_task()
     call.reader = task  # (before withdrawn is read: close sets it, then cancels this)
     try:
@@ -77,7 +79,8 @@ async def read_here(
         if client is None:
             return Refused(arbiter._closed())
         return await _Reading(
-            arbiter, call, names, token, pttl, joined=joined, client=client, on_group=False
+            arbiter, call, names, token, pttl, joined=joined, client=client, on_group=False,
+            since=answered,
         ).outcome()
     except asyncio.CancelledError:
         if not arbiter._closing:
@@ -86,6 +89,8 @@ async def read_here(
         if task is not None and task.cancelling():
             task.uncancel()
         return Refused(arbiter._closed())
+    except Exception as exc:  # one the steps do not expect: unavailable, as on the group
+        return Refused(arbiter._unavailable(exc))  # (see RedisArbiter._acquire_ended)
     finally:
         call.reader = None
         arbiter._calls.discard(call)  # (a set's discard is atomic: see closing.py)
@@ -115,6 +120,7 @@ class _Reading:
         joined: Callable[[int], None] | None,
         client: Any,
         on_group: bool,
+        since: float | None = None,
     ) -> None:
         self.arbiter = arbiter
         self.call = call
@@ -124,8 +130,10 @@ class _Reading:
         self.client = client
         self.on_group = on_group
         # Past it, a read that ended empty asks CHECK: the flight's lease (then its new
-        # lease, as CHECK tells) plus what the reply took to come.
-        self.deadline = time.monotonic() + max(pttl, 0) / 1000 + _SLACK
+        # lease, as CHECK tells) plus what the reply took to come, from when ``pttl``
+        # was read (``since``; a busy caller loop may start the read later).
+        start = time.monotonic() if since is None else since
+        self.deadline = start + max(pttl, 0) / 1000 + _SLACK
         self.unreachable: BaseException | None = None  # the last read's error
 
     async def outcome(self) -> Landed | NoOutcome | Refused:

@@ -6,7 +6,8 @@ made by the first such read, kept while the loop lives. asyncio says nothing whe
 loop ends, so each client comes with a sentinel async generator started on its loop:
 ``loop.shutdown_asyncgens()`` (which ``asyncio.run`` and ``asyncio.Runner`` call as they
 end) closes it, and its ``finally`` closes the client and drops it. A loop closed
-without that loses its client when the next one is made, or at the group's close.
+without that loses its client when the next one is made, or at the group's close; a loop
+stopped and never closed keeps it until the group's close.
 
 A group's close closes the clients of the loops still running (on their loops, without
 waiting); a forked child keeps its copies of the parent's, unused and never closed: a
@@ -26,13 +27,15 @@ __all__ = ["LoopClients"]
 
 
 class _Kept:
-    """One loop's client and the sentinel that closes it when the loop ends."""
+    """One loop's client and the sentinel that closes it when the loop ends (unless a
+    forked child inherited it: then nothing closes it)."""
 
-    __slots__ = ("client", "sentinel")
+    __slots__ = ("client", "inherited", "sentinel")
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self.sentinel: AsyncGenerator[None, None] | None = None
+        self.inherited = False
 
 
 class LoopClients:
@@ -71,11 +74,12 @@ class LoopClients:
         try:
             yield
         finally:
-            with self._lock:
-                if self._kept.get(loop) is kept:
-                    del self._kept[loop]
-            with contextlib.suppress(Exception):
-                await kept.client.aclose()
+            if not kept.inherited:  # (a forked child's copy of a parent's loop ending)
+                with self._lock:
+                    if self._kept.get(loop) is kept:
+                        del self._kept[loop]
+                with contextlib.suppress(Exception):
+                    await kept.client.aclose()
 
     def close(self) -> None:
         """(Any thread; the group closes) no client is made from now on; each loop
@@ -84,7 +88,7 @@ class LoopClients:
             self._closed = True
             kept, self._kept = self._kept, {}
         for loop, one in kept.items():
-            if one.sentinel is None:  # (its first read is being made: it finds closed)
+            if one.sentinel is None:  # (being made: its sentinel closes it with its loop)
                 continue
             closing = _closing(one.sentinel)
             try:
@@ -93,10 +97,13 @@ class LoopClients:
                 closing.close()
 
     def let_go(self) -> None:
-        """(In a forked child) drop the parent's clients without closing them."""
-        with self._lock:
-            _inherited.append(self._kept)
-            self._kept = {}
+        """(In a forked child) drop the parent's clients without closing them. The lock
+        is not taken: a thread of the parent may have held it at the fork."""
+        self._lock = threading.Lock()
+        kept, self._kept = self._kept, {}
+        for one in kept.values():
+            one.inherited = True
+        _inherited.append(kept)
 
 
 async def _closing(sentinel: AsyncGenerator[None, None]) -> None:
