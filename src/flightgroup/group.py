@@ -250,15 +250,16 @@ class FlightGroup(Operations):
             key = self._admit(key, work, on_join, timeout, fresh)
         elif not callable(work):
             check_call(work, None, None, False)
+        table = self._table
+        if table.kept is not None and not fresh:
+            # _kept_now's body, inline on this hot path: before the loop is looked up.
+            kept = table.take_kept(key)
+            if kept is not None:
+                return self._deliver(kept, False) if isinstance(kept, Flight) else kept
         loop = events.get_running_loop()
         task = current_task_of(loop)
         if task is not None and task.cancelling():
             raise asyncio.CancelledError()
-        table = self._table
-        if table.kept is not None and not fresh:
-            kept = table.take_kept(key)
-            if kept is not None:
-                return self._deliver(kept, False) if isinstance(kept, Flight) else kept
         current = _CURRENT.get()
         chain = None if current is None else current.flight
         plain = on_join is None and timeout is None

@@ -48,6 +48,10 @@ class Operations(Waiting):
         Result (the wrapper takes its value; a traced group reads its token)."""
         if self._closed:
             raise self._closed_error()
+        if self._table.kept is not None:  # (as run's: before the loop, even if cancelling)
+            kept = self._kept_now(tkey)
+            if kept is not None:
+                return kept
         loop = events.get_running_loop()
         task = current_task_of(loop)
         if task is not None and task.cancelling():
@@ -90,6 +94,10 @@ class Operations(Waiting):
             raise self._closed_error()
         if timeout is not None and timeout <= 0:
             raise TimeoutError(f"timeout of 0 s for {key!r}: the call neither led nor joined")
+        if self._table.kept is not None and not fresh:
+            kept = self._kept_now(tkey)
+            if kept is not None:
+                return kept
         loop = events.get_running_loop()
         task = current_task_of(loop)
         if task is not None and task.cancelling():

@@ -16,7 +16,7 @@ import math
 import threading
 import time
 import warnings
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .engine.attempts import current_flight
@@ -220,6 +220,16 @@ class Waiting:
         """The wide table's rules for a waiting call (None in the process scope)."""
         return None if self._bridge is None else self._bridge.table
 
+
+    def _kept_now(self, tkey: Hashable) -> Result[Any] | None:
+        """(A group with Retention) the Result of ``tkey``'s kept outcome if no flight
+        of it runs, counted as a join; else None. An async call asks this before
+        anything else, even before it looks up its loop (on 3.11 that costs a getpid):
+        a kept outcome waits for nothing, so a task being cancelled gets it too."""
+        kept = self._table.take_kept(tkey)
+        if kept is None:
+            return None
+        return self._deliver(kept, False) if isinstance(kept, Flight) else kept
 
     def _deliver(self, flight: Flight, leader: bool) -> Result[Any]:
         """Turn a settled flight into this caller's return value or exception."""

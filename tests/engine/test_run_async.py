@@ -20,6 +20,7 @@ from flightgroup import (
     FlightGroup,
     FlightInterruptedError,
     Result,
+    Retention,
     current_lease,
 )
 
@@ -345,6 +346,44 @@ def test_an_already_cancelled_task_neither_leads_nor_joins() -> None:
         assert gate.runs == 0 and g.stats().calls == 0
 
     run(main())
+
+
+def test_a_task_being_cancelled_is_served_an_outcome_this_process_keeps() -> None:
+    """A kept outcome waits for nothing (ADR 0057): a task already being cancelled gets
+    it from run() and from a decorated function, and its next await raises
+    CancelledError; a call of a key with nothing kept raises CancelledError at once."""
+    g = FlightGroup(retention=Retention(success=60))
+    gate = Gate()
+    gate.release.set()
+
+    @g.coalesce(key=lambda: "op")
+    async def op() -> str:
+        return "op kept"
+
+    got: list[object] = []
+
+    async def caller() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        got.append((await g.run("k", gate)).value)  # leads: its outcome is kept
+        got.append(await op())
+        task.cancel()
+        got.append((await g.run("k", gate)).value)
+        got.append(await op())
+        got.append((await op.options(on_join=lambda: None)()).value)
+        with pytest.raises(asyncio.CancelledError):
+            await g.run("nothing kept", gate)
+        got.append("after")
+        await asyncio.sleep(0)  # (the cancel is still pending: it lands here)
+        got.append("never")
+
+    async def main() -> None:
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.ensure_future(caller())
+
+    run(main())
+    assert gate.runs == 1
+    assert got == [gate.value, "op kept", gate.value, "op kept", "op kept", "after"]
 
 
 def test_on_join_runs_once_per_joiner_in_its_own_task_before_it_waits() -> None:
