@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import threading
 import uuid
 from typing import Any
@@ -188,6 +189,11 @@ def test_a_tasks_joiner_is_woken_on_its_own_loop_while_the_groups_thread_is_held
         b.close()
 
 
+def _readers(client: Any) -> int:
+    """The server's connections whose last command was an XREAD (a joiner's)."""
+    return sum(1 for c in client.client_list() if c.get("cmd") == "xread")
+
+
 def _connections(client: Any) -> int:
     gc.collect()  # a client dropped but not yet collected still holds its connection
     return int(client.info("clients")["connected_clients"])
@@ -297,5 +303,43 @@ def test_a_read_that_fails_as_no_step_expects_ends_the_joiner_as_unavailable(
         assert result_of(led).value == "v"
     finally:
         release.set()
+        a.close()
+        b.close()
+
+
+@pytest.mark.timeout(40)
+@pytest.mark.parametrize("then", ["the loop runs again", "the loop ends"])
+def test_a_group_closed_between_its_loops_runs_closes_their_connections(
+    server: RedisServer, namespace: str, caplog: pytest.LogCaptureFixture, then: str
+) -> None:
+    """A group closed while a loop that read for it is idle (an ``asyncio.Runner``
+    between two runs): the loop closes that connection when it runs again, or as it
+    ends, and asyncio logs no error (the sentinel is closed by the loop alone)."""
+    client = server.client()
+    a, b = fleet_group(server.url, namespace), fleet_group(server.url, namespace)
+    runner = asyncio.Runner()
+    try:
+        a.run_sync("warm-up-a", lambda: 0)
+        b.run_sync("warm-up-b", lambda: 0)
+        base = _connections(client)
+        started, joined = threading.Event(), threading.Event()
+        lead, led = in_thread(a.run_sync, "k", _work_until(started, joined, 7))
+        assert started.wait(10)
+        got = runner.run(b.run("k", never_runs, on_join=joined.set))
+        lead.join(10)
+        assert got.value == result_of(led).value == 7 and got.joined
+        assert _connections(client) == base + 1  # the runner's loop keeps its connection
+        assert _readers(client) == 1
+        b.close()  # (its loop idle: the close waits for the loop to run again)
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            if then == "the loop runs again":
+                runner.run(asyncio.to_thread(
+                    wait_until, lambda: _readers(client) == 0, "the loop's connection to go"
+                ))
+            runner.close()
+            wait_until(lambda: _readers(client) == 0, "the loop's connection to go")
+        assert [r for r in caplog.records if r.name == "asyncio"] == []
+    finally:
+        runner.close()
         a.close()
         b.close()

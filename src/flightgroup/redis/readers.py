@@ -27,15 +27,15 @@ __all__ = ["LoopClients"]
 
 
 class _Kept:
-    """One loop's client and the sentinel that closes it when the loop ends (unless a
-    forked child inherited it: then nothing closes it)."""
+    """One loop's client and the sentinel that closes it when the loop ends."""
 
-    __slots__ = ("client", "inherited", "sentinel")
+    __slots__ = ("client", "closed", "inherited", "sentinel")
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self.sentinel: AsyncGenerator[None, None] | None = None
-        self.inherited = False
+        self.closed = False  # (on its loop) its client's close is done
+        self.inherited = False  # a forked child's copy: not this process's to close
 
 
 class LoopClients:
@@ -74,31 +74,32 @@ class LoopClients:
         try:
             yield
         finally:
-            if not kept.inherited:  # (a forked child's copy of a parent's loop ending)
-                with self._lock:
-                    if self._kept.get(loop) is kept:
-                        del self._kept[loop]
-                with contextlib.suppress(Exception):
-                    await kept.client.aclose()
+            with self._lock:
+                if self._kept.get(loop) is kept:
+                    del self._kept[loop]
+            # Also after close() asked for it: asyncio.run cancels that request's task
+            # if the loop did not run it before its end.
+            await _close_client(kept)
 
     def close(self) -> None:
         """(Any thread; the group closes) no client is made from now on; each loop
-        still running closes its own, in a turn of its own (not waited for)."""
+        still running closes its own when it next runs (not waited for), or as it
+        ends. The reads on them were cancelled first (closing.close_steps). Only the
+        loop's shutdown closes a sentinel: closing it from here could find it running."""
         with self._lock:
             self._closed = True
             kept, self._kept = self._kept, {}
         for loop, one in kept.items():
-            if one.sentinel is None:  # (being made: its sentinel closes it with its loop)
-                continue
-            closing = _closing(one.sentinel)
+            closing = _close_client(one)
             try:
                 asyncio.run_coroutine_threadsafe(closing, loop)
             except RuntimeError:  # the loop closed meanwhile: its client goes unused
                 closing.close()
 
     def let_go(self) -> None:
-        """(In a forked child) drop the parent's clients without closing them. The lock
-        is not taken: a thread of the parent may have held it at the fork."""
+        """(In a forked child) drop the parent's clients without closing them, even if
+        the child ends a copied loop. The lock is not taken: a thread of the parent may
+        have held it at the fork."""
         self._lock = threading.Lock()
         kept, self._kept = self._kept, {}
         for one in kept.values():
@@ -106,8 +107,13 @@ class LoopClients:
         _inherited.append(kept)
 
 
-async def _closing(sentinel: AsyncGenerator[None, None]) -> None:
-    await sentinel.aclose()  # (its finally closes the client)
+async def _close_client(kept: _Kept) -> None:
+    """(On the client's loop) close it, once."""
+    if kept.closed or kept.inherited:
+        return
+    with contextlib.suppress(Exception):  # (closing: nothing to do about it)
+        await kept.client.aclose()
+    kept.closed = True
 
 
 # Forked children's copies of their parents' clients, kept for good (see the module).
