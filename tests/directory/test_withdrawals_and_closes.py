@@ -66,10 +66,15 @@ def _coordinated_beside_x(h: Harness) -> tuple[Child, Child, FlightGroup, Direct
 
 
 def _connected(directory: str, **kwargs: Any) -> FlightGroup:
-    """A group connected to the coordinator of the moment (it made one call)."""
+    """A group connected to the coordinator of the moment (it made one call), whose
+    campaign holds its descriptor of ``flight.lock``: the campaign's thread opens it
+    some time after the group started, and a count of this process's descriptors taken
+    before that would find it "left" later."""
     group = _group(directory, **kwargs)
     assert group.run_sync(f"warm-{id(group)}", lambda: 0).value == 0
     _settled(group)
+    lock = os.path.realpath(os.path.join(directory, fs.LOCK_NAME))
+    wait_until(lambda: any(path == lock for _, path in _fd_table()), "the group's campaign")
     return group
 
 
