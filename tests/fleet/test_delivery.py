@@ -290,6 +290,7 @@ def test_a_read_that_fails_as_no_step_expects_ends_the_joiner_as_unavailable(
         lead, led = in_thread(a.run_sync, "k", _work_until(started, release, "v"))
         assert started.wait(10)
         monkeypatch.setattr(aioredis.Redis, "xread", broken)  # (only b reads)
+
         def join() -> Any:
             if joiner == "thread":
                 return b.run_sync("k", never_runs)
