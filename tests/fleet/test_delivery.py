@@ -1,20 +1,24 @@
 """Outcome delivery to a fleet flight's joiners: the mailbox is a level, read from its
-start, so a landing made before a joiner's first read is never lost.
+start, so a landing made before a joiner's first read is never lost; a task's joiner
+reads it on its own loop (ADR 0056), on a connection of that loop's that the loop's end
+or the group's close closes, and an error no step expects ends the call unavailable.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import threading
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
-from flightgroup import UnavailableError
+from flightgroup import FlightGroup, UnavailableError
 from flightgroup.redis import scripts
 from flightgroup.redis.names import Names
 
@@ -120,6 +124,24 @@ def test_the_xread_the_arbiter_sends_reads_a_mailbox_written_before_it(
     assert reply and reply[0][1][0][1] == {b"c": b"ok", b"v": b"V"}
 
 
+@contextlib.contextmanager
+def _two_groups(
+    url: str, namespace: str, *releasing: threading.Event
+) -> Iterator[tuple[FlightGroup, FlightGroup]]:
+    """Two groups of ``namespace``, each past its first call (its loop, its scripts);
+    on the way out the works waiting on ``releasing`` are let go, then both close."""
+    a, b = fleet_group(url, namespace), fleet_group(url, namespace)
+    try:
+        a.run_sync("warm-up-a", lambda: 0)
+        b.run_sync("warm-up-b", lambda: 0)
+        yield a, b
+    finally:
+        for event in releasing:
+            event.set()
+        a.close()
+        b.close()
+
+
 def _work_until(started: threading.Event, release: threading.Event, value: Any) -> Any:
     """A leader's work: says it started, returns ``value`` once released."""
 
@@ -156,10 +178,7 @@ def test_a_tasks_joiner_is_woken_on_its_own_loop_while_the_groups_thread_is_held
     the leader's value while its group's thread is held. A thread's joiner reads on
     the group's thread: it waits until that thread is let go."""
     client = server.client()
-    a, b = fleet_group(server.url, namespace), fleet_group(server.url, namespace)
-    try:
-        a.run_sync("warm-up-a", lambda: 0)
-        b.run_sync("warm-up-b", lambda: 0)
+    with _two_groups(server.url, namespace) as (a, b):
         for joiner in ("task", "thread"):
             key = f"k-{joiner}"
             started, release = threading.Event(), threading.Event()
@@ -184,9 +203,6 @@ def test_a_tasks_joiner_is_woken_on_its_own_loop_while_the_groups_thread_is_held
             join.join(10)
             assert result_of(got).value == result_of(led).value == "v"
             assert result_of(got).joined
-    finally:
-        a.close()
-        b.close()
 
 
 def _readers(client: Any) -> int:
@@ -207,10 +223,7 @@ def test_a_loops_joiners_share_one_connection_closed_when_the_loop_ends(
     the loop runs and closed as ``asyncio.run`` ends: a loop per call (``asyncio.run``
     per request) leaves no connection behind."""
     client = server.client()
-    a, b = fleet_group(server.url, namespace), fleet_group(server.url, namespace)
-    try:
-        a.run_sync("warm-up-a", lambda: 0)
-        b.run_sync("warm-up-b", lambda: 0)
+    with _two_groups(server.url, namespace) as (a, b):
         base = _connections(client)
         counts: list[int] = []
 
@@ -230,9 +243,6 @@ def test_a_loops_joiners_share_one_connection_closed_when_the_loop_ends(
         for first in (3, 4, 5):  # a loop per call
             asyncio.run(joins(first, 1))
             wait_until(lambda: _connections(client) == base, "each loop's connection to close")
-    finally:
-        a.close()
-        b.close()
 
 
 @pytest.mark.timeout(40)
@@ -243,11 +253,8 @@ def test_a_loop_that_ends_while_its_joiner_reads_leaves_no_read_behind(
     (its local flight ends interrupted, as its loop stopped), the connection closes, and
     the leader's flight lands for everyone else."""
     client = server.client()
-    a, b = fleet_group(server.url, namespace), fleet_group(server.url, namespace)
     started, release = threading.Event(), threading.Event()
-    try:
-        a.run_sync("warm-up-a", lambda: 0)
-        b.run_sync("warm-up-b", lambda: 0)
+    with _two_groups(server.url, namespace, release) as (a, b):
         base = _connections(client)
         lead, led = in_thread(a.run_sync, "k", _work_until(started, release, "v"))
         assert started.wait(10)
@@ -264,10 +271,6 @@ def test_a_loop_that_ends_while_its_joiner_reads_leaves_no_read_behind(
         lead.join(10)
         assert result_of(led).value == "v"
         assert b.run_sync("k", lambda: "again").value == "again"  # b goes on
-    finally:
-        release.set()
-        a.close()
-        b.close()
 
 
 @pytest.mark.timeout(30)
@@ -278,15 +281,12 @@ def test_a_read_that_fails_as_no_step_expects_ends_the_joiner_as_unavailable(
     """An error a joiner's read does not expect (not Redis's: a transport's TypeError)
     ends its call with UnavailableError, whether it read on the group's thread or on its
     own loop; the leader's flight is not touched."""
-    a, b = fleet_group(redis_server.url, namespace), fleet_group(redis_server.url, namespace)
     started, release = threading.Event(), threading.Event()
 
     async def broken(*_: Any, **__: Any) -> Any:
         raise TypeError("a transport's bug")
 
-    try:
-        a.run_sync("warm-up-a", lambda: 0)
-        b.run_sync("warm-up-b", lambda: 0)
+    with _two_groups(redis_server.url, namespace, release) as (a, b):
         lead, led = in_thread(a.run_sync, "k", _work_until(started, release, "v"))
         assert started.wait(10)
         monkeypatch.setattr(aioredis.Redis, "xread", broken)  # (only b reads)
@@ -302,10 +302,6 @@ def test_a_read_that_fails_as_no_step_expects_ends_the_joiner_as_unavailable(
         release.set()
         lead.join(10)
         assert result_of(led).value == "v"
-    finally:
-        release.set()
-        a.close()
-        b.close()
 
 
 @pytest.mark.timeout(40)
@@ -317,11 +313,8 @@ def test_a_group_closed_between_its_loops_runs_closes_their_connections(
     between two runs): the loop closes that connection when it runs again, or as it
     ends, and asyncio logs no error (the sentinel is closed by the loop alone)."""
     client = server.client()
-    a, b = fleet_group(server.url, namespace), fleet_group(server.url, namespace)
     runner = asyncio.Runner()
-    try:
-        a.run_sync("warm-up-a", lambda: 0)
-        b.run_sync("warm-up-b", lambda: 0)
+    with _two_groups(server.url, namespace) as (a, b), contextlib.closing(runner):
         base = _connections(client)
         started, joined = threading.Event(), threading.Event()
         lead, led = in_thread(a.run_sync, "k", _work_until(started, joined, 7))
@@ -340,7 +333,3 @@ def test_a_group_closed_between_its_loops_runs_closes_their_connections(
             runner.close()
             wait_until(lambda: _readers(client) == 0, "the loop's connection to go")
         assert [r for r in caplog.records if r.name == "asyncio"] == []
-    finally:
-        runner.close()
-        a.close()
-        b.close()
