@@ -20,6 +20,7 @@ beside its mailbox, which a joiner that asked for it reads too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -54,7 +55,7 @@ async def read_outcome(
     joined = functools.partial(_tell_joined, call) if follow else None
     return await _Reading(
         arbiter, call, names, token, pttl, joined=joined, client=arbiter._blocking,
-        on_group=True,
+        on_group=True, since=time.monotonic(),
     ).outcome()
 
 
@@ -120,7 +121,7 @@ class _Reading:
         joined: Callable[[int], None] | None,
         client: Any,
         on_group: bool,
-        since: float | None = None,
+        since: float,
     ) -> None:
         self.arbiter = arbiter
         self.call = call
@@ -131,9 +132,8 @@ class _Reading:
         self.on_group = on_group
         # Past it, a read that ended empty asks CHECK: the flight's lease (then its new
         # lease, as CHECK tells) plus what the reply took to come, from when ``pttl``
-        # was read (``since``; a busy caller loop may start the read later).
-        start = time.monotonic() if since is None else since
-        self.deadline = start + max(pttl, 0) / 1000 + _SLACK
+        # was read (``since``: a busy caller loop may start the read later).
+        self.deadline = since + max(pttl, 0) / 1000 + _SLACK
         self.unreachable: BaseException | None = None  # the last read's error
 
     async def outcome(self) -> Landed | NoOutcome | Refused:
@@ -237,13 +237,13 @@ class _Reading:
 async def _on_group(arbiter: RedisArbiter, step: Coroutine[Any, Any, Any]) -> Any:
     """``step``'s result, run on the group's loop (its command client lives there)."""
     loop = arbiter._background.loop
-    try:
-        if loop is None:
-            raise RuntimeError("no loop")
-        future = asyncio.run_coroutine_threadsafe(step, loop)
-    except RuntimeError:  # the group's loop stopped: it closed
+    future = None
+    if loop is not None:
+        with contextlib.suppress(RuntimeError):  # the group's loop stopped: it closed
+            future = asyncio.run_coroutine_threadsafe(step, loop)
+    if future is None:
         step.close()
-        raise asyncio.CancelledError from None  # (read_here: the call ends as closed)
+        raise asyncio.CancelledError  # (read_here: the call ends as closed)
     return await asyncio.wrap_future(future)
 
 

@@ -33,6 +33,8 @@ class _Kept:
 
     def __init__(self, client: Any) -> None:
         self.client = client
+        # Held here: a loop holds its async generators only weakly (a collected one
+        # would close the client in a task of its own, or never if the loop closed).
         self.sentinel: AsyncGenerator[None, None] | None = None
         self.closed = False  # (on its loop) its client's close is done
         self.inherited = False  # a forked child's copy: not this process's to close
@@ -77,8 +79,8 @@ class LoopClients:
             with self._lock:
                 if self._kept.get(loop) is kept:
                     del self._kept[loop]
-            # Also after close() asked for it: asyncio.run cancels that request's task
-            # if the loop did not run it before its end.
+            # Here too when close() asked for it: a loop that ended before running that
+            # request cancelled it. _close_client closes a client once either way.
             await _close_client(kept)
 
     def close(self) -> None:
