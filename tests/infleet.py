@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from flightgroup import (
@@ -15,7 +16,7 @@ from flightgroup import (
 )
 from flightgroup.redis.arbiter import RedisArbiter
 
-from .support import scope_of
+from .support import in_thread, scope_of
 
 
 def fleet_group(url: str, namespace: str, **options: Any) -> FlightGroup:
@@ -122,3 +123,44 @@ def hold_next_reply(
 
     arbiter._script = script  # type: ignore[method-assign]
 
+
+
+async def join_once(leader: FlightGroup, joiner: FlightGroup) -> None:
+    """``joiner`` joins one flight that ``leader`` leads, from the running loop: that
+    loop's first join reads on the group's thread, its next ones on the loop itself
+    (ADR 0058)."""
+    key = f"first-join-{uuid.uuid4().hex}"
+    started, joined = threading.Event(), threading.Event()
+
+    def work() -> str:
+        started.set()
+        assert joined.wait(10)
+        return "first"
+
+    lead, led = in_thread(leader.run_sync, key, work)
+    assert await asyncio.to_thread(started.wait, 10)
+    got = await joiner.run(key, never_runs, on_join=joined.set)
+    await asyncio.to_thread(lead.join, 10)
+    assert got.joined and got.value == result_of(led).value == "first"
+
+
+def in_a_loop_that_joined(
+    leader: FlightGroup, joiner: FlightGroup, make: Callable[[], Coroutine[Any, Any, Any]]
+) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run ``make()``'s coroutine in a thread of its own, on an event loop that has
+    joined once before (``join_once``), so that a join it makes reads on that loop; the
+    thread and its ``in_thread`` result, once that first join is over."""
+    first_over = threading.Event()
+
+    def body() -> Any:
+        with asyncio.Runner() as runner:
+            runner.run(join_once(leader, joiner))
+            first_over.set()
+            return runner.run(make())
+
+    thread, out = in_thread(body)
+    for _ in range(200):  # (the first join failed: its error is in out)
+        if first_over.wait(0.1) or "error" in out:
+            break
+    assert first_over.is_set(), repr(out.get("error"))
+    return thread, out

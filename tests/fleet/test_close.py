@@ -33,6 +33,7 @@ from ..infleet import (
     fleet_of,
     hold_next_reply,
     hold_script,
+    in_a_loop_that_joined,
     in_thread_box,
     never,
     never_sync,
@@ -547,7 +548,7 @@ def test_closing_a_joiners_group_ends_its_blocked_read(
         if joiner == "thread":
             join, got = in_thread(b.run_sync, "k", never)
         else:
-            join, got = in_thread(asyncio.run, join_then_run_on())
+            join, got = in_a_loop_that_joined(a, b, join_then_run_on)
         wait_until(lambda: int(client.info("clients")["blocked_clients"]) == 1, "the read")
         b.close()
         wait_until(lambda: int(client.info("clients")["blocked_clients"]) == 0, "no read")

@@ -1,13 +1,15 @@
 """Outcome delivery to a fleet flight's joiners: the mailbox is a level, read from its
 start, so a landing made before a joiner's first read is never lost; a task's joiner
-reads it on its own loop (ADR 0056), on a connection of that loop's that the loop's end
-or the group's close closes, and an error no step expects ends the call unavailable.
+reads it on its own loop (ADR 0056) once that loop joined before (ADR 0058), on a
+connection of that loop's that the loop's end or the group's close closes, and an error
+no step expects ends the call unavailable.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import threading
@@ -22,7 +24,14 @@ from flightgroup import FlightGroup, UnavailableError
 from flightgroup.redis import scripts
 from flightgroup.redis.names import Names
 
-from ..infleet import fleet_group, fleet_of, never_runs, result_of
+from ..infleet import (
+    fleet_group,
+    fleet_of,
+    in_a_loop_that_joined,
+    join_once,
+    never_runs,
+    result_of,
+)
 from ..redisproc import RedisServer
 from ..support import in_thread, wait_until
 
@@ -174,9 +183,10 @@ def _held(group: Any) -> tuple[threading.Event, threading.Event]:
 def test_a_tasks_joiner_is_woken_on_its_own_loop_while_the_groups_thread_is_held(
     server: RedisServer, namespace: str
 ) -> None:
-    """A task's joiner reads the outcome on its own loop (ADR 0056): its call returns
-    the leader's value while its group's thread is held. A thread's joiner reads on
-    the group's thread: it waits until that thread is let go."""
+    """A task's joiner reads the outcome on its own loop (ADR 0056) once that loop has
+    joined before (ADR 0058): its call returns the leader's value while its group's
+    thread is held. A thread's joiner reads on the group's thread: it waits until that
+    thread is let go."""
     client = server.client()
     with _two_groups(server.url, namespace) as (a, b):
         for joiner in ("task", "thread"):
@@ -185,7 +195,7 @@ def test_a_tasks_joiner_is_woken_on_its_own_loop_while_the_groups_thread_is_held
             lead, led = in_thread(a.run_sync, key, _work_until(started, release, "v"))
             assert started.wait(10)
             if joiner == "task":
-                join, got = in_thread(asyncio.run, b.run(key, never_runs))
+                join, got = in_a_loop_that_joined(a, b, functools.partial(b.run, key, never_runs))
             else:
                 join, got = in_thread(b.run_sync, key, never_runs)
             wait_until(lambda: _blocked(client) == 1, "the joiner's read")
@@ -215,16 +225,21 @@ def _connections(client: Any) -> int:
     return int(client.info("clients")["connected_clients"])
 
 
+def _received(client: Any) -> int:
+    """The connections the server accepted since it started."""
+    return int(client.info("stats")["total_connections_received"])
+
+
 @pytest.mark.timeout(40)
-def test_a_loops_joiners_share_one_connection_closed_when_the_loop_ends(
+def test_a_loops_first_join_reads_on_the_groups_thread_and_its_next_share_one_connection(
     server: RedisServer, namespace: str
 ) -> None:
-    """The joiners of one event loop read on one connection of that loop's, kept while
-    the loop runs and closed as ``asyncio.run`` ends: a loop per call (``asyncio.run``
-    per request) leaves no connection behind."""
+    """A loop's first join reads on the group's thread (ADR 0058): a loop per call
+    (``asyncio.run`` per request) opens no connection of its own. From its second join
+    on, the loop's joiners read on one connection of that loop's, kept while the loop
+    runs and closed as ``asyncio.run`` ends."""
     client = server.client()
     with _two_groups(server.url, namespace) as (a, b):
-        base = _connections(client)
         counts: list[int] = []
 
         async def joins(first: int, count: int) -> None:
@@ -237,12 +252,18 @@ def test_a_loops_joiners_share_one_connection_closed_when_the_loop_ends(
                 assert got.value == result_of(led).value == 7 and got.joined
                 counts.append(_connections(client))
 
-        asyncio.run(joins(0, 3))
-        assert counts == [base + 1] * 3  # one connection for the loop's reads
-        wait_until(lambda: _connections(client) == base, "the loop's connection to close")
-        for first in (3, 4, 5):  # a loop per call
+        asyncio.run(joins(0, 1))  # the group's thread reads: its blocking connection
+        base = _connections(client)
+        accepted = _received(client)
+        for first in (1, 2, 3):  # a loop per call: nothing more
             asyncio.run(joins(first, 1))
-            wait_until(lambda: _connections(client) == base, "each loop's connection to close")
+        assert _received(client) == accepted and _connections(client) == base
+        counts.clear()
+        asyncio.run(joins(4, 4))
+        # the first on the group's thread, then one connection for the loop's reads
+        assert counts == [base, base + 1, base + 1, base + 1]
+        assert _received(client) == accepted + 1
+        wait_until(lambda: _connections(client) == base, "the loop's connection to close")
 
 
 @pytest.mark.timeout(40)
@@ -255,11 +276,14 @@ def test_a_loop_that_ends_while_its_joiner_reads_leaves_no_read_behind(
     client = server.client()
     started, release = threading.Event(), threading.Event()
     with _two_groups(server.url, namespace, release) as (a, b):
-        base = _connections(client)
         lead, led = in_thread(a.run_sync, "k", _work_until(started, release, "v"))
         assert started.wait(10)
+        base = 0
 
         async def leave_while_reading() -> None:
+            nonlocal base
+            await join_once(a, b)  # (the loop's next join reads on the loop)
+            base = await asyncio.to_thread(_connections, client)
             asyncio.get_running_loop().create_task(b.run("k", never_runs))
             await asyncio.to_thread(wait_until, lambda: _blocked(client) == 1, "the read")
             # returns: asyncio.run cancels the joiner's task and the flight's own
@@ -289,12 +313,17 @@ def test_a_read_that_fails_as_no_step_expects_ends_the_joiner_as_unavailable(
     with _two_groups(redis_server.url, namespace, release) as (a, b):
         lead, led = in_thread(a.run_sync, "k", _work_until(started, release, "v"))
         assert started.wait(10)
-        monkeypatch.setattr(aioredis.Redis, "xread", broken)  # (only b reads)
+
+        async def join_on_the_loop() -> Any:
+            await join_once(a, b)  # (the loop's next join reads on the loop)
+            monkeypatch.setattr(aioredis.Redis, "xread", broken)  # (only b reads)
+            return await b.run("k", never_runs)
 
         def join() -> Any:
             if joiner == "thread":
+                monkeypatch.setattr(aioredis.Redis, "xread", broken)
                 return b.run_sync("k", never_runs)
-            return asyncio.run(b.run("k", never_runs))
+            return asyncio.run(join_on_the_loop())
 
         with pytest.raises(UnavailableError) as raised:
             join()
@@ -315,6 +344,7 @@ def test_a_group_closed_between_its_loops_runs_closes_their_connections(
     client = server.client()
     runner = asyncio.Runner()
     with _two_groups(server.url, namespace) as (a, b), contextlib.closing(runner):
+        runner.run(join_once(a, b))  # (the loop's next join reads on the loop)
         base = _connections(client)
         started, joined = threading.Event(), threading.Event()
         lead, led = in_thread(a.run_sync, "k", _work_until(started, joined, 7))
@@ -323,7 +353,7 @@ def test_a_group_closed_between_its_loops_runs_closes_their_connections(
         lead.join(10)
         assert got.value == result_of(led).value == 7 and got.joined
         assert _connections(client) == base + 1  # the runner's loop keeps its connection
-        assert _readers(client) == 1
+        assert _readers(client) == 2  # it and the group's thread's, from the first join
         b.close()  # (its loop idle: the close waits for the loop to run again)
         with caplog.at_level(logging.ERROR, logger="asyncio"):
             if then == "the loop runs again":

@@ -10,16 +10,15 @@ own connections to a real redis-server. The waits are on the state the notice ch
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from ..infleet import fleet_group, never
+from ..infleet import fleet_group, in_a_loop_that_joined, never, result_of
 from ..ingroup import Background, close
-from ..support import table_of, wait_until
+from ..support import in_thread, table_of, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,7 +37,7 @@ def test_a_forget_elsewhere_detaches_the_leaders_and_the_joiners_local_flights(
     redis_server: Any, namespace: str, caller: str
 ) -> None:
     """The joiner's read hears the notice: on its group's thread (a thread's call) or on
-    its own loop (a task's)."""
+    its own loop (a task's, on a loop that joined before)."""
     # A short lease: the leader's renewals (each lease/3) carry the notice to it.
     leader = fleet_group(redis_server.url, namespace, lease=0.9)
     joiner = fleet_group(redis_server.url, namespace)
@@ -50,10 +49,10 @@ def test_a_forget_elsewhere_detaches_the_leaders_and_the_joiners_local_flights(
         wait_until(lambda: runs == ["old"], "the leader's work started")
         joined = threading.Event()
         if caller == "thread":
-            following = Background(lambda: joiner.run_sync("k", never, on_join=joined.set))
+            thread, out = in_thread(joiner.run_sync, "k", never, on_join=joined.set)
         else:
-            following = Background(
-                lambda: asyncio.run(joiner.run("k", never, on_join=joined.set))
+            thread, out = in_a_loop_that_joined(
+                leader, joiner, lambda: joiner.run("k", never, on_join=joined.set)
             )
         assert joined.wait(10)
         assert "k" in table_of(joiner).flights and "k" in table_of(leader).flights
@@ -69,7 +68,8 @@ def test_a_forget_elsewhere_detaches_the_leaders_and_the_joiners_local_flights(
         # The parked flight still lands for the callers it had.
         old_may_end.set()
         assert (first.wait().value, first.wait().joined) == ("old", False)
-        assert (following.wait().value, following.wait().joined) == ("old", True)
+        thread.join(10)
+        assert (result_of(out).value, result_of(out).joined) == ("old", True)
         assert runs == ["old"]
     finally:
         old_may_end.set()

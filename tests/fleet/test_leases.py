@@ -38,6 +38,7 @@ from ..infleet import (
     fleet_of,
     hold_script,
     in_thread_box,
+    join_once,
     never,
     record_key,
     result_of,
@@ -364,9 +365,10 @@ def test_a_retention_past_the_pexpire_range_lands_for_the_leader_too(
 def test_a_joiners_wait_for_a_dead_leader_counts_from_its_join_not_from_its_busy_loop(
     redis_server: RedisServer, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A task's joiner reads on its own loop (ADR 0056); a loop busy past the leader's
-    lease when the join is answered does not add a read of a lease more: the joiner asks
-    CHECK at once, hears that its leader stopped, and sent no XREAD."""
+    """A task's joiner reads on its own loop (ADR 0056; a loop that joined before, ADR
+    0058); a loop busy past the leader's lease when the join is answered does not add a
+    read of a lease more: the joiner asks CHECK at once, hears that its leader stopped,
+    and sent no XREAD."""
     a = fleet_group(redis_server.url, namespace, lease=1.0)
     b = fleet_group(redis_server.url, namespace, lease=1.0)
     started, release = threading.Event(), threading.Event()
@@ -380,9 +382,11 @@ def test_a_joiners_wait_for_a_dead_leader_counts_from_its_join_not_from_its_busy
         release.wait(20)
         return "late"
 
+    runner = asyncio.Runner()
     try:
         a.run_sync("warm-up-a", lambda: 0)
         b.run_sync("warm-up-b", lambda: 0)
+        runner.run(join_once(a, b))  # (the loop's next join reads on the loop)
         fleet_of(a)._renewal.renew_some = no_renewal  # type: ignore[method-assign]  # it "dies"
         lead, _ = in_thread(a.run_sync, "k", work)
         assert started.wait(10)
@@ -407,11 +411,12 @@ def test_a_joiners_wait_for_a_dead_leader_counts_from_its_join_not_from_its_busy
             return await call
 
         with pytest.raises(FlightInterruptedError):
-            asyncio.run(join_on_a_busy_loop())
+            runner.run(join_on_a_busy_loop())
         assert sent == ["acquire", "check"]
         release.set()
         lead.join(10)
     finally:
         release.set()
+        runner.close()
         a.close()
         b.close()

@@ -41,7 +41,7 @@ from flightgroup.redis.arbiter import RedisArbiter
 from flightgroup.redis.names import Names
 from flightgroup.redis.readers import LoopClients
 
-from ..infleet import fleet_of
+from ..infleet import fleet_of, join_once
 from ..redisproc import (
     CutProxy,
     RedisCluster,
@@ -1215,12 +1215,16 @@ def test_a_short_flight_takes_two_round_trips_per_caller(
     redis_server: RedisServer, namespace: str, monkeypatch: pytest.MonkeyPatch, joiner: str
 ) -> None:
     """A leader sends ACQUIRE and COMPLETE; a joiner ACQUIRE and one XREAD, whether it
-    reads on the group's thread (a thread's call) or on its own loop (a task's)."""
+    reads on the group's thread (a thread's call) or on its own loop (a task's, on a
+    loop that joined before)."""
     started = threading.Event()
     with FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON, lease=3.0) as a, \
             FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON) as b:
         a.run_sync("warm-up-a", lambda: 0)  # each group's startup (script loads) is done
         b.run_sync("warm-up-b", lambda: 0)
+        runner = asyncio.Runner()
+        if joiner == "task":
+            runner.run(join_once(a, b))  # (its loop's next join reads on it)
         counter = Counter(monkeypatch)
 
         def work() -> str:
@@ -1230,7 +1234,8 @@ def test_a_short_flight_takes_two_round_trips_per_caller(
 
         lead_thread, lead = in_thread(a.run_sync, "k", work)
         assert started.wait(10)
-        got = b.run_sync("k", never) if joiner == "thread" else asyncio.run(b.run("k", never))
+        with runner:
+            got = b.run_sync("k", never) if joiner == "thread" else runner.run(b.run("k", never))
         lead_thread.join(10)
         assert joined_value(lead).value == got.value == "v" and got.joined
         assert counter.of(a) == ["acquire", "complete"]

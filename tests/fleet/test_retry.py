@@ -22,6 +22,7 @@ from ..infleet import (
     fleet_group,
     fleet_of,
     hold_script,
+    in_a_loop_that_joined,
     in_thread_box,
     never,
     never_sync,
@@ -119,7 +120,9 @@ def test_a_joiner_that_followed_a_retry_hears_its_leaders_death_within_the_leade
         if joiner == "thread":  # (it reads on its group's thread; a task, on its loop)
             join, got = in_thread(b.run_sync, "k", never, on_join=joined.set, timeout=4.0)
         else:
-            join, got = in_thread(asyncio.run, b.run("k", never, on_join=joined.set, timeout=4.0))
+            join, got = in_a_loop_that_joined(
+                a, b, lambda: b.run("k", never, on_join=joined.set, timeout=4.0)
+            )
         assert joined.wait(10)
         fail.set()
         join.join(10)

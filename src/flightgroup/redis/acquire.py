@@ -76,7 +76,7 @@ async def acquire(arbiter: RedisArbiter, call: FleetCall) -> None:
         if kind == 2:
             age = int(reply[5]) / 1e6
             call.inbox.put(Joined(token, int(reply[3]), age, reply[4].decode()))
-            if call.loop is not None:
+            if call.loop is not None and arbiter._readers.reads_on(call.loop):
                 # Its driver reads the outcome on its own loop; the call stays in
                 # _calls (close() cancels that read) until the read ends.
                 read = functools.partial(

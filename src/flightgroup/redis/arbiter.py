@@ -90,7 +90,8 @@ class RedisArbiter:
         self._background = BackgroundLoop("fleet", self._forked)
         self._client: Any = None  # Redis | RedisCluster: scripts and commands
         self._blocking: Any = None  # Redis | RedisCluster: the joiners' XREADs
-        # A single server's joiners called from an event loop read there (ADR 0056).
+        # A single server's joiners called from an event loop read there (ADR 0056),
+        # from the loop's second join (ADR 0058).
         self._readers = LoopClients(
             lambda: self._make_client(MAX_BLOCK + self._timeout, retries=0)
         )
@@ -225,7 +226,8 @@ class RedisArbiter:
         ``on_detached``: called once a FORGET elsewhere parked the flight this call
         joined (its joiners read a notice beside its mailbox) or leads (its next RENEW
         says so). ``loop``: the caller's loop, where a join's outcome is then read
-        (a Follow; not with a Cluster, whose joiners read on the group's loop)."""
+        (a Follow) if that loop joined before (not with a Cluster, whose joiners read
+        on the group's loop)."""
         if self._closing:
             raise self._closed()
         refused = self._breaker.refusal()

@@ -4,13 +4,13 @@ The leader's landing (COMPLETE) appends the outcome to the flight's mailbox, a s
 named by its token. A waiting call reads that stream from its start with a blocking
 XREAD, on a client whose socket timeout exceeds the block and which never re-sends:
 the outcome is pushed, and no order of "starts reading" and "the leader lands" loses
-it. A call submitted from an event loop reads on that loop (``read_here``, with its
-loop's client from :mod:`.readers`: the reply resumes the caller with no hop between
-threads, ADR 0056); a thread's call, and a Cluster's, on the group's loop
-(``read_outcome``). Both make the same decisions (``_Reading``). A read that ends
-empty past the flight's lease, or cannot reach Redis, asks CHECK instead: the flight
-is gone (its leader stopped renewing), still running (wait for its new lease), or
-ended (its mailbox entry).
+it. A call submitted from an event loop that joined before reads on that loop
+(``read_here``, with its loop's client from :mod:`.readers`: the reply resumes the
+caller with no hop between threads, ADR 0056); a thread's call, a Cluster's, and a
+loop's first join (ADR 0058), on the group's loop (``read_outcome``). Both make the
+same decisions (``_Reading``). A read that ends empty past the flight's lease, or
+cannot reach Redis, asks CHECK instead: the flight is gone (its leader stopped
+renewing), still running (wait for its new lease), or ended (its mailbox entry).
 
 A retry moves the flight to a new token: the old mailbox says ``next`` and its new
 token, and a joiner follows it. A FORGET elsewhere parks a flight and writes a notice

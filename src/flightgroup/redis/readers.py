@@ -2,7 +2,10 @@
 
 redis-py's asyncio connections belong to the loop that opened them, so a fleet group
 keeps one blocking client per caller loop that read a joined flight's outcome there:
-made by the first such read, kept while the loop lives. asyncio says nothing when a
+made by the first such read, kept while the loop lives. A loop's first join reads on
+the group's thread instead (``reads_on``), and only a loop that joins again gets a
+client: a loop per call (``asyncio.run`` per request) would otherwise open and close a
+connection for every join (ADR 0058). asyncio says nothing when a
 loop ends, so each client comes with a sentinel async generator started on its loop:
 ``loop.shutdown_asyncgens()`` (which ``asyncio.run`` and ``asyncio.Runner`` call as they
 end) closes it, and its ``finally`` closes the client and drops it. A loop closed
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import weakref
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
@@ -43,15 +47,33 @@ class _Kept:
 class LoopClients:
     """A client per caller loop (see the module); ``make`` makes one (on its loop)."""
 
-    __slots__ = ("_closed", "_kept", "_lock", "_make")
+    __slots__ = ("_closed", "_kept", "_lock", "_make", "_seen")
 
     def __init__(self, make: Callable[[], Any]) -> None:
         self._make = make
         # Changed under the lock from any caller's thread and the group's; read without
         # it (a dict's get is atomic) on the path of every read.
         self._kept: dict[asyncio.AbstractEventLoop, _Kept] = {}
+        # The loops whose first join was answered (held weakly: a loop per call is
+        # never held by the group); under the lock.
+        self._seen: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._closed = False
+
+    def reads_on(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """(As a join is answered) whether the joiner of ``loop`` reads there: the loop
+        has a client, or joined before (this read makes its client). False for its
+        first join, which reads on the group's thread."""
+        if loop in self._kept:
+            return True
+        with self._lock:
+            try:
+                if loop in self._seen:
+                    return True
+                self._seen.add(loop)
+            except TypeError:  # a loop that takes no weak reference: at once, as before
+                return True
+        return False
 
     async def client(self, loop: asyncio.AbstractEventLoop) -> Any | None:
         """(On ``loop``) its client, made now if it has none; None once the group closed."""
@@ -103,6 +125,7 @@ class LoopClients:
         the child ends a copied loop. The lock is not taken: a thread of the parent may
         have held it at the fork."""
         self._lock = threading.Lock()
+        self._seen = weakref.WeakSet()
         kept, self._kept = self._kept, {}
         for one in kept.values():
             one.inherited = True
