@@ -14,6 +14,7 @@ import gc
 import logging
 import threading
 import uuid
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +24,7 @@ import redis.asyncio as aioredis
 from flightgroup import FlightGroup, UnavailableError
 from flightgroup.redis import scripts
 from flightgroup.redis.names import Names
+from flightgroup.redis.readers import LoopClients
 
 from ..infleet import (
     fleet_group,
@@ -363,3 +365,25 @@ def test_a_group_closed_between_its_loops_runs_closes_their_connections(
             runner.close()
             wait_until(lambda: _readers(client) == 0, "the loop's connection to go")
         assert [r for r in caplog.records if r.name == "asyncio"] == []
+
+
+def test_loops_are_noted_weakly_and_one_without_weak_references_reads_at_once() -> None:
+    """``reads_on``: a loop's first join reads on the group's thread, its second on the
+    loop; the group does not keep a loop alive by noting it; a loop that takes no weak
+    reference (a C loop may not) reads on itself at once, as before ADR 0058."""
+    clients = LoopClients(lambda: None)
+    loop = asyncio.new_event_loop()
+    try:
+        assert clients.reads_on(loop) is False
+        assert clients.reads_on(loop) is True
+    finally:
+        loop.close()
+    noted = weakref.ref(loop)
+    del loop
+    gc.collect()
+    assert noted() is None
+
+    class NoWeakReferences:
+        __slots__ = ()
+
+    assert clients.reads_on(NoWeakReferences()) is True  # type: ignore[arg-type]
