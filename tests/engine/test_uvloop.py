@@ -53,27 +53,36 @@ def test_callers_on_uvloop_and_threads_share_one_run(
     def sync_work() -> str:
         raise AssertionError("the threads join: the work never runs here")
 
-    async def main() -> list[Any]:
-        assert isinstance(asyncio.get_running_loop(), uvloop.Loop)
-        leader = asyncio.ensure_future(first.run("k", work))
+    async def one_flight(key: str) -> list[Any]:
+        started.clear()
+        release.clear()
+        joins = sum(g.stats().joins for g in groups)
+        leader = asyncio.ensure_future(first.run(key, work))
         assert await asyncio.to_thread(started.wait, 20)
-        joiners = [asyncio.ensure_future(g.run("k", work)) for g in (first, second) * 10]
+        joiners = [asyncio.ensure_future(g.run(key, work)) for g in (first, second) * 10]
         threads = [
-            asyncio.ensure_future(asyncio.to_thread(g.run_sync, "k", sync_work))
+            asyncio.ensure_future(asyncio.to_thread(g.run_sync, key, sync_work))
             for g in (first, second)
         ]
-        while sum(g.stats().joins for g in groups) < len(joiners) + len(threads):
+        while sum(g.stats().joins for g in groups) < joins + len(joiners) + len(threads):
             await asyncio.sleep(0.005)
         release.set()
         return await asyncio.gather(leader, *joiners, *threads)
 
+    async def main() -> list[list[Any]]:
+        assert isinstance(asyncio.get_running_loop(), uvloop.Loop)
+        # Two flights on one loop: a fleet joiner's first reads on its group's thread,
+        # its next on the loop itself, with a client of uvloop's (ADR 0056, 0058).
+        return [await one_flight("k"), await one_flight("k2")]
+
     try:
-        results = asyncio.run(main())
+        flights = asyncio.run(main())
     finally:
         release.set()
         first.close()
         second.close()
-    assert runs == ["run"]
-    assert [r.value for r in results] == ["v"] * len(results)
-    assert [r.joined for r in results] == [False] + [True] * (len(results) - 1)
-    assert len({r.token for r in results}) == 1
+    assert runs == ["run", "run"]
+    for results in flights:
+        assert [r.value for r in results] == ["v"] * len(results)
+        assert [r.joined for r in results] == [False] + [True] * (len(results) - 1)
+        assert len({r.token for r in results}) == 1
