@@ -16,7 +16,7 @@ from flightgroup import (
 )
 from flightgroup.redis.arbiter import RedisArbiter
 
-from .support import in_thread, scope_of
+from .support import in_thread, scope_of, wait_until
 
 
 def fleet_group(url: str, namespace: str, **options: Any) -> FlightGroup:
@@ -159,8 +159,6 @@ def in_a_loop_that_joined(
             return runner.run(make())
 
     thread, out = in_thread(body)
-    for _ in range(200):  # (the first join failed: its error is in out)
-        if first_over.wait(0.1) or "error" in out:
-            break
+    wait_until(lambda: first_over.is_set() or "error" in out, "the loop's first join")
     assert first_over.is_set(), repr(out.get("error"))
     return thread, out
