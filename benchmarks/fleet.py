@@ -65,7 +65,7 @@ from multiprocessing.synchronize import Barrier
 from multiprocessing.synchronize import Event as MpEvent
 from pathlib import Path
 from statistics import median
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import outage
 from .directory import Herd as DirectoryHerd
@@ -283,6 +283,7 @@ class _Counter:
         self.complete_at: list[int] = []
         self.xread_at: list[int] = []
         self.xread_back: list[int] = []
+        self.on_loop = 0  # the XREADs sent on a caller loop's own client
 
     def snapshot(self) -> dict[str, int]:
         return dict(self.sent)
@@ -305,11 +306,13 @@ def _instrument(group: Any, counter: _Counter) -> None:
 
     arbiter._script = counted_script
 
-    def count_reads(client: Any) -> Any:
+    def count_reads(client: Any, *, on_loop: bool) -> Any:
         xread = client.xread
 
         async def counted_xread(*args: Any, **kwargs: Any) -> Any:
             counter.sent["xread"] = counter.sent.get("xread", 0) + 1
+            if on_loop:  # (only the caller's loop writes it)
+                counter.on_loop += 1
             counter.xread_at.append(_clock())
             try:
                 return await xread(*args, **kwargs)
@@ -319,12 +322,23 @@ def _instrument(group: Any, counter: _Counter) -> None:
         client.xread = counted_xread
         return client
 
-    # A thread's joiner reads on the group's blocking client; a task's, on a client of
-    # its own loop's, made on its first read there (ADR 0056).
-    count_reads(arbiter._blocking)
+    # A thread's joiner reads on the group's blocking client, as does a loop's first
+    # join; a task's next, on a client of its own loop's (ADR 0056, 0058).
+    count_reads(arbiter._blocking, on_loop=False)
     readers = arbiter._readers
     make = readers._make
-    readers._make = lambda: count_reads(make())
+    readers._make = lambda: count_reads(make(), on_loop=True)
+
+
+class _Join(NamedTuple):
+    """What a joiner's call of (1) and (2) saw in its process."""
+
+    joined: bool
+    sent: dict[str, int]  # requests sent
+    reads: list[int]  # when its XREADs were sent (monotonic ns)
+    backs: list[int]  # when they returned
+    returned: int  # when the call returned
+    on_loop: bool  # it read on its caller loop's own client
 
 
 class _Worker:
@@ -386,25 +400,27 @@ class _Worker:
             raise RuntimeError(f"the leader got {result.value!r}")
         return result.joined, self.counter.since(before), self.counter.complete_at[completes:]
 
-    def join(self, key: str) -> tuple[bool, dict[str, int], list[int], list[int], int]:
-        """Join ``key`` (the parent calls after the leader's work started). (joined?,
-        requests sent, XREAD send times, XREAD reply times, when the call returned)."""
+    def join(self, key: str) -> _Join:
+        """Join ``key`` (the parent calls after the leader's work started)."""
         return self.runner.run(self._join(key))
 
-    async def _join(self, key: str) -> tuple[bool, dict[str, int], list[int], list[int], int]:
+    async def _join(self, key: str) -> _Join:
         async def work() -> str:
             return "a joiner must not run the work"
 
         counter = self.counter
         before = counter.snapshot()
-        reads, backs = len(counter.xread_at), len(counter.xread_back)
+        reads, backs, on_loop = len(counter.xread_at), len(counter.xread_back), counter.on_loop
         with quiet():
             result = await self.group.run(key, work, on_join=self.joined.set, timeout=WAIT)
             returned = _clock()
         if result.value != f"value of {key}":
             raise RuntimeError(f"the joiner got {result.value!r}")
-        return (result.joined, counter.since(before), counter.xread_at[reads:],
-                counter.xread_back[backs:], returned)
+        return _Join(
+            joined=result.joined, sent=counter.since(before), reads=counter.xread_at[reads:],
+            backs=counter.xread_back[backs:], returned=returned,
+            on_loop=counter.on_loop > on_loop,
+        )
 
     def floor_read(self, stream: str) -> int:
         """redis-py alone: block on XREAD of ``stream`` from its start; when it returned."""
@@ -677,6 +693,7 @@ class Rounds:
     wake: list[float] = field(default_factory=list)  # µs, COMPLETE sent -> call returned
     wake_read: list[float] = field(default_factory=list)  # µs, COMPLETE sent -> XREAD back
     reading_first: int = 0  # rounds where the joiner's XREAD was sent before COMPLETE
+    on_loop: int = 0  # rounds where the joiner read on its caller loop's own client
     roles_ok: int = 0  # rounds where the leader led and the joiner joined
     floor: list[float] = field(default_factory=list)  # µs, XADD sent -> XREAD returned
     inner: list[str] = field(default_factory=list)  # the scripts' commands, left out
@@ -755,17 +772,18 @@ def _measure_rounds(procs: Sequence[Proc], started: MpEvent, joined: MpEvent, cl
                 raise TimeoutError("the leader's work did not start")
             joiner.send("join", key)
             led, lead_sent, completes = leader.recv()
-            was_joined, join_sent, reads, backs, returned = joiner.recv()
+            join: _Join = joiner.recv()
             server = _delta(before, _commandstats(client), inner)
             if timed:
                 rounds.leader.append(lead_sent)
-                rounds.joiner.append(join_sent)
+                rounds.joiner.append(join.sent)
                 rounds.server.append(server)
-                rounds.roles_ok += not led and was_joined
-                if completes and reads and backs:
-                    rounds.wake.append((returned - completes[-1]) / 1e3)
-                    rounds.wake_read.append((backs[-1] - completes[-1]) / 1e3)
-                    rounds.reading_first += reads[0] < completes[-1]
+                rounds.roles_ok += not led and join.joined
+                rounds.on_loop += join.on_loop
+                if completes and join.reads and join.backs:
+                    rounds.wake.append((join.returned - completes[-1]) / 1e3)
+                    rounds.wake_read.append((join.backs[-1] - completes[-1]) / 1e3)
+                    rounds.reading_first += join.reads[0] < completes[-1]
         if i < sizes.warm + sizes.floor_rounds:
             stream = f"floor:{i}"
             started.clear()
@@ -994,13 +1012,20 @@ def targets(out: FleetReport) -> list[Target]:
         # A floor slower than the group's own read of the same reply measured the host's
         # stalls, not a floor: no verdict from it.
         sound = not r.wake_read or floor <= _pct(r.wake_read, 50)
+        # The floor reads on the caller's loop: so must every timed joiner (ADR 0058).
+        on_loop = r.on_loop == len(r.joiner)
+        note = ""
+        if not sound:
+            note = " (the floor was slower than the group's own read: no floor in this run)"
+        elif not on_loop:
+            note = (f" (the joiner read on its caller's loop in {r.on_loop} of "
+                    f"{len(r.joiner)} rounds: not the path the floor measures)")
         found.append(Target(
             "fleet (2): joiner wake-up p50 ÷ its floor's (redis-py alone, XADD → XREAD "
             "BLOCK on the caller's loop)",
-            f"{over:.2f}×" + ("" if sound else " (the floor was slower than the group's "
-                              "own read: no floor in this run)"),
+            f"{over:.2f}×{note}",
             f"≤ {WAKE_GOAL:.2f}×",
-            over <= WAKE_GOAL if sound else None,
+            over <= WAKE_GOAL if sound and on_loop else None,
         ))
         if r.wake_read:
             found.append(Target(
@@ -1175,7 +1200,10 @@ def _wake_lines(out: FleetReport) -> list[str]:
         "In the rounds of (1): from the moment the leader's arbiter sends COMPLETE (read "
         "in the leader's process) to the joiner's call returning with the value (read in "
         "the joiner's process). The joiner's XREAD was sent before COMPLETE in "
-        f"{r.reading_first} of {len(r.wake)} rounds (it was blocked, waiting). The floor "
+        f"{r.reading_first} of {len(r.wake)} rounds (it was blocked, waiting), on its "
+        f"caller loop's own client in {r.on_loop} of {len(r.joiner)} (ADR 0056; a loop's "
+        "first join reads on the group's thread, ADR 0058, and each process's first "
+        "join was among the untimed rounds). The floor "
         "is redis-py's asyncio client alone, in the same two processes and rounds "
         "interleaved with these: one blocks on XREAD of a fresh stream, the other "
         "XADDs to it.",

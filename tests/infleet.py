@@ -8,6 +8,7 @@ import threading
 import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any
+from unittest import mock
 
 from flightgroup import (
     JSON,
@@ -15,6 +16,7 @@ from flightgroup import (
     Retry,
 )
 from flightgroup.redis.arbiter import RedisArbiter
+from flightgroup.redis.readers import LoopClients
 
 from .support import in_thread, scope_of, wait_until
 
@@ -124,7 +126,6 @@ def hold_next_reply(
     arbiter._script = script  # type: ignore[method-assign]
 
 
-
 async def join_once(leader: FlightGroup, joiner: FlightGroup) -> None:
     """``joiner`` joins one flight that ``leader`` leads, from the running loop: that
     loop's first join reads on the group's thread, its next ones on the loop itself
@@ -149,14 +150,29 @@ def in_a_loop_that_joined(
 ) -> tuple[threading.Thread, dict[str, Any]]:
     """Run ``make()``'s coroutine in a thread of its own, on an event loop that has
     joined once before (``join_once``), so that a join it makes reads on that loop; the
-    thread and its ``in_thread`` result, once that first join is over."""
+    thread and its ``in_thread`` result, once that first join is over. The result is an
+    AssertionError if the first join read on the loop, or ``make()``'s did not."""
+    readers = fleet_of(joiner)._readers
+    asked: list[asyncio.AbstractEventLoop] = []  # the loops that asked for a client
+    client = LoopClients.client
+
+    async def counted(self: LoopClients, loop: asyncio.AbstractEventLoop) -> Any:
+        if self is readers:
+            asked.append(loop)
+        return await client(self, loop)
+
     first_over = threading.Event()
 
     def body() -> Any:
-        with asyncio.Runner() as runner:
+        with asyncio.Runner() as runner, mock.patch.object(LoopClients, "client", counted):
             runner.run(join_once(leader, joiner))
+            assert asked == [], "a loop's first join read on the loop"
             first_over.set()
-            return runner.run(make())
+            try:
+                return runner.run(make())
+            finally:
+                loop = runner.get_loop()
+                assert asked and all(one is loop for one in asked), "it read elsewhere"
 
     thread, out = in_thread(body)
     wait_until(lambda: first_over.is_set() or "error" in out, "the loop's first join")

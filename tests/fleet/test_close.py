@@ -517,12 +517,13 @@ def test_close_waits_for_a_landing_in_flight(redis_server: RedisServer, namespac
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("joiner", ["thread", "task"])
+@pytest.mark.parametrize("joiner", ["thread", "task's first join", "task"])
 def test_closing_a_joiners_group_ends_its_blocked_read(
     server: RedisServer, namespace: str, joiner: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Closing a joiner's group ends its blocked read: on the group's thread (a thread's
-    call), or on the call's own loop (a task's), from another thread. A task's loop runs
+    call, a loop's first join), or on the call's own loop (a task's), from another
+    thread. A task's loop runs
     on after its call raised, and its client is left open here: only close()'s cancel of
     the read can end it."""
     monkeypatch.setattr(LoopClients, "close", lambda self: None)
@@ -547,6 +548,8 @@ def test_closing_a_joiners_group_ends_its_blocked_read(
         assert started.wait(10)
         if joiner == "thread":
             join, got = in_thread(b.run_sync, "k", never)
+        elif joiner == "task's first join":
+            join, got = in_thread(asyncio.run, join_then_run_on())
         else:
             join, got = in_a_loop_that_joined(a, b, join_then_run_on)
         wait_until(lambda: int(client.info("clients")["blocked_clients"]) == 1, "the read")

@@ -269,12 +269,14 @@ def test_a_loops_first_join_reads_on_the_groups_thread_and_its_next_share_one_co
 
 
 @pytest.mark.timeout(40)
+@pytest.mark.parametrize("join", ["the loop's first", "a later one"])
 def test_a_loop_that_ends_while_its_joiner_reads_leaves_no_read_behind(
-    server: RedisServer, namespace: str
+    server: RedisServer, namespace: str, join: str
 ) -> None:
-    """An event loop that ends while its task's joiner reads: the call and the read end
-    (its local flight ends interrupted, as its loop stopped), the connection closes, and
-    the leader's flight lands for everyone else."""
+    """An event loop that ends while its task's joiner reads, on the group's thread (the
+    loop's first join) or on the loop: the call and the read end (its local flight ends
+    interrupted, as its loop stopped), the read's connection closes, and the leader's
+    flight lands for everyone else."""
     client = server.client()
     started, release = threading.Event(), threading.Event()
     with _two_groups(server.url, namespace, release) as (a, b):
@@ -284,15 +286,18 @@ def test_a_loop_that_ends_while_its_joiner_reads_leaves_no_read_behind(
 
         async def leave_while_reading() -> None:
             nonlocal base
-            await join_once(a, b)  # (the loop's next join reads on the loop)
+            if join == "a later one":
+                await join_once(a, b)  # (its group's thread's connection stays)
             base = await asyncio.to_thread(_connections, client)
             asyncio.get_running_loop().create_task(b.run("k", never_runs))
             await asyncio.to_thread(wait_until, lambda: _blocked(client) == 1, "the read")
+            # one connection more: the group's blocking client's first, or the loop's
+            assert await asyncio.to_thread(_connections, client) == base + 1
             # returns: asyncio.run cancels the joiner's task and the flight's own
 
         asyncio.run(leave_while_reading())
         wait_until(lambda: _blocked(client) == 0, "the read to end")
-        wait_until(lambda: _connections(client) == base, "the loop's connection to close")
+        wait_until(lambda: _connections(client) == base, "the read's connection to close")
         release.set()
         lead.join(10)
         assert result_of(led).value == "v"
@@ -300,13 +305,14 @@ def test_a_loop_that_ends_while_its_joiner_reads_leaves_no_read_behind(
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("joiner", ["thread", "task"])
+@pytest.mark.parametrize("joiner", ["thread", "task's first join", "task"])
 def test_a_read_that_fails_as_no_step_expects_ends_the_joiner_as_unavailable(
     redis_server: RedisServer, namespace: str, joiner: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An error a joiner's read does not expect (not Redis's: a transport's TypeError)
-    ends its call with UnavailableError, whether it read on the group's thread or on its
-    own loop; the leader's flight is not touched."""
+    ends its call with UnavailableError, whether it read on the group's thread (a
+    thread's call, a loop's first join) or on its own loop; the leader's flight is not
+    touched."""
     started, release = threading.Event(), threading.Event()
 
     async def broken(*_: Any, **__: Any) -> Any:
@@ -316,20 +322,20 @@ def test_a_read_that_fails_as_no_step_expects_ends_the_joiner_as_unavailable(
         lead, led = in_thread(a.run_sync, "k", _work_until(started, release, "v"))
         assert started.wait(10)
 
-        async def join_on_the_loop() -> Any:
-            await join_once(a, b)  # (the loop's next join reads on the loop)
+        async def join_broken() -> Any:
             monkeypatch.setattr(aioredis.Redis, "xread", broken)  # (only b reads)
             return await b.run("k", never_runs)
 
-        def join() -> Any:
-            if joiner == "thread":
-                monkeypatch.setattr(aioredis.Redis, "xread", broken)
-                return b.run_sync("k", never_runs)
-            return asyncio.run(join_on_the_loop())
-
-        with pytest.raises(UnavailableError) as raised:
-            join()
-        assert isinstance(raised.value.__cause__, TypeError)
+        if joiner == "thread":
+            monkeypatch.setattr(aioredis.Redis, "xread", broken)
+            thread, got = in_thread(b.run_sync, "k", never_runs)
+        elif joiner == "task's first join":
+            thread, got = in_thread(asyncio.run, join_broken())
+        else:
+            thread, got = in_a_loop_that_joined(a, b, join_broken)
+        thread.join(10)
+        assert isinstance(got.get("error"), UnavailableError), got
+        assert isinstance(got["error"].__cause__, TypeError)
         release.set()
         lead.join(10)
         assert result_of(led).value == "v"

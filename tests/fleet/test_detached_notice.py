@@ -10,6 +10,7 @@ own connections to a real redis-server. The waits are on the state the notice ch
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -32,12 +33,12 @@ def _work(runs: list[str], name: str, gate: threading.Event) -> Callable[[], str
     return body
 
 
-@pytest.mark.parametrize("caller", ["thread", "task"])
+@pytest.mark.parametrize("caller", ["thread", "task's first join", "task"])
 def test_a_forget_elsewhere_detaches_the_leaders_and_the_joiners_local_flights(
     redis_server: Any, namespace: str, caller: str
 ) -> None:
-    """The joiner's read hears the notice: on its group's thread (a thread's call) or on
-    its own loop (a task's, on a loop that joined before)."""
+    """The joiner's read hears the notice: on its group's thread (a thread's call, a
+    loop's first join) or on its own loop (a task's, on a loop that joined before)."""
     # A short lease: the leader's renewals (each lease/3) carry the notice to it.
     leader = fleet_group(redis_server.url, namespace, lease=0.9)
     joiner = fleet_group(redis_server.url, namespace)
@@ -50,6 +51,8 @@ def test_a_forget_elsewhere_detaches_the_leaders_and_the_joiners_local_flights(
         joined = threading.Event()
         if caller == "thread":
             thread, out = in_thread(joiner.run_sync, "k", never, on_join=joined.set)
+        elif caller == "task's first join":
+            thread, out = in_thread(asyncio.run, joiner.run("k", never, on_join=joined.set))
         else:
             thread, out = in_a_loop_that_joined(
                 leader, joiner, lambda: joiner.run("k", never, on_join=joined.set)

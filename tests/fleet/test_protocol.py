@@ -1205,18 +1205,31 @@ class Counter:
             or self.loop_clients.get(id(who)) is arbiter._readers
         ]
 
+    def read_where(self, group: FlightGroup) -> list[str]:
+        """Where each read of ``group`` was sent from: "the group's thread" (its blocking
+        client) or "its loop" (a client it made for a caller's loop)."""
+        arbiter = scope_of(group)
+        assert isinstance(arbiter, RedisArbiter)
+        return [
+            "the group's thread" if who is arbiter._blocking else "its loop"
+            for who, name, _ in self.log
+            if name == "xread" and (
+                who is arbiter._blocking or self.loop_clients.get(id(who)) is arbiter._readers
+            )
+        ]
+
     def replies(self, group: FlightGroup, name: str) -> list[Any]:
         return [reply for who, n, reply in self.log if who is scope_of(group) and n == name]
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("joiner", ["thread", "task"])
+@pytest.mark.parametrize("joiner", ["thread", "task's first join", "task"])
 def test_a_short_flight_takes_two_round_trips_per_caller(
     redis_server: RedisServer, namespace: str, monkeypatch: pytest.MonkeyPatch, joiner: str
 ) -> None:
     """A leader sends ACQUIRE and COMPLETE; a joiner ACQUIRE and one XREAD, whether it
-    reads on the group's thread (a thread's call) or on its own loop (a task's, on a
-    loop that joined before)."""
+    reads on the group's thread (a thread's call, and a loop's first join) or on its own
+    loop (a task's, on a loop that joined before)."""
     started = threading.Event()
     with FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON, lease=3.0) as a, \
             FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON) as b:
@@ -1240,6 +1253,7 @@ def test_a_short_flight_takes_two_round_trips_per_caller(
         assert joined_value(lead).value == got.value == "v" and got.joined
         assert counter.of(a) == ["acquire", "complete"]
         assert counter.of(b) == ["acquire", "xread"]
+        assert counter.read_where(b) == ["its loop" if joiner == "task" else "the group's thread"]
 
 
 @pytest.mark.timeout(30)

@@ -86,7 +86,7 @@ def test_a_leaders_loop_stopping_during_a_retry_ends_the_flight_for_everyone(
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("joiner", ["thread", "task"])
+@pytest.mark.parametrize("joiner", ["thread", "task's first join", "task"])
 def test_a_joiner_that_followed_a_retry_hears_its_leaders_death_within_the_leaders_lease(
     redis_server: RedisServer, namespace: str, joiner: str
 ) -> None:
@@ -117,8 +117,12 @@ def test_a_joiner_that_followed_a_retry_hears_its_leaders_death_within_the_leade
     lead, _ = in_thread(a.run_sync, "k", work)
     try:
         wait_until(lambda: bool(tokens), "the first attempt")
-        if joiner == "thread":  # (it reads on its group's thread; a task, on its loop)
+        # (a thread's call reads on its group's thread, as a loop's first join does; a
+        # task's next, on its loop)
+        if joiner == "thread":
             join, got = in_thread(b.run_sync, "k", never, on_join=joined.set, timeout=4.0)
+        elif joiner == "task's first join":
+            join, got = in_thread(asyncio.run, b.run("k", never, on_join=joined.set, timeout=4.0))
         else:
             join, got = in_a_loop_that_joined(
                 a, b, lambda: b.run("k", never, on_join=joined.set, timeout=4.0)
