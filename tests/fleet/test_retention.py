@@ -169,6 +169,21 @@ def test_forget_and_a_fresh_flight_drop_the_member(kept: Kept) -> None:
     assert kept.members() == [] and kept.total() == 0
 
 
+def test_a_landing_that_keeps_nothing_drops_a_member_whose_record_was_lost(
+    kept: Kept,
+) -> None:
+    """A kept outcome's record gone behind the index's back (evicted under memory
+    pressure, deleted by hand): the key's next flight, landed without keeping, drops
+    it from the index, so its size no longer counts against max_bytes."""
+    kept.keep("a", b"aaa")
+    kept.keep("b", b"bb")
+    kept.r.delete(kept.n("a").record)  # as maxmemory's eviction would
+    token = int(kept.acquire("a", "after-eviction")[1])  # a new flight: nothing to replace
+    assert len(kept.members()) == 2 and kept.total() == 5  # still listed
+    assert int(kept.complete("a", token, b"a2", retain_ms=0)[0]) == 1
+    assert kept.members() == [kept.n("b").record.encode()] and kept.total() == 2
+
+
 def test_resent_completes_answer_as_the_first_did(kept: Kept) -> None:
     # kept, then re-sent: landed, counted once
     token = int(kept.acquire("a", "na")[1])

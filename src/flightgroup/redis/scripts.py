@@ -276,7 +276,12 @@ if retain > 0 and key == KEYS[1] and (max_bytes == 0 or size <= max_bytes) then
   if idx then keep_in(idx, key, size, retain, max_items, max_bytes) end
 else
   redis.call('DEL', key)
-  if idx and key == KEYS[1] then unindex(idx, key) end
+  -- A running record is in the index only if it replaced a kept outcome behind the
+  -- index's back (evicted, deleted): one lookup, not unindex's three writes, on every
+  -- landing that keeps nothing. (The by-use set holds every member: see keep_in.)
+  if idx and key == KEYS[1] and redis.call('ZSCORE', idx[1], key) then
+    unindex(idx, key)
+  end
   if key ~= KEYS[1] then  -- a parked (forgotten) flight: see ACQUIRE's ARGV[8]
     redis.call('SET', KEYS[1] .. ':y:' .. ARGV[1], '1', 'PX', ARGV[5])
   end
