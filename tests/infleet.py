@@ -18,7 +18,7 @@ from flightgroup import (
 from flightgroup.redis.arbiter import RedisArbiter
 from flightgroup.redis.readers import LoopClients
 
-from .support import in_thread, scope_of, wait_until
+from .support import in_thread, scope_of, wait_until, work_until
 
 
 def fleet_group(url: str, namespace: str, **options: Any) -> FlightGroup:
@@ -132,13 +132,7 @@ async def join_once(leader: FlightGroup, joiner: FlightGroup) -> None:
     (ADR 0058)."""
     key = f"first-join-{uuid.uuid4().hex}"
     started, joined = threading.Event(), threading.Event()
-
-    def work() -> str:
-        started.set()
-        assert joined.wait(10)
-        return "first"
-
-    lead, led = in_thread(leader.run_sync, key, work)
+    lead, led = in_thread(leader.run_sync, key, work_until(started, joined, "first"))
     assert await asyncio.to_thread(started.wait, 10)
     got = await joiner.run(key, never_runs, on_join=joined.set)
     await asyncio.to_thread(lead.join, 10)

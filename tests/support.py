@@ -66,6 +66,17 @@ def wait_until(predicate: Callable[[], bool], what: str = "condition") -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def work_until(started: threading.Event, release: threading.Event, value: Any) -> Any:
+    """A leader's work: says it started, returns ``value`` once released."""
+
+    def work() -> Any:
+        started.set()
+        assert release.wait(10)
+        return value
+
+    return work
+
+
 def in_thread(fn: Any, *args: Any, **kwargs: Any) -> tuple[threading.Thread, dict[str, Any]]:
     """Run ``fn`` on a thread; the dict gets "result" or "error" when it ends."""
     out: dict[str, Any] = {}

@@ -35,7 +35,7 @@ from ..infleet import (
     result_of,
 )
 from ..redisproc import RedisServer
-from ..support import in_thread, wait_until
+from ..support import in_thread, wait_until, work_until
 
 
 @pytest.mark.timeout(30)
@@ -153,17 +153,6 @@ def _two_groups(
         b.close()
 
 
-def _work_until(started: threading.Event, release: threading.Event, value: Any) -> Any:
-    """A leader's work: says it started, returns ``value`` once released."""
-
-    def work() -> Any:
-        started.set()
-        assert release.wait(10)
-        return value
-
-    return work
-
-
 def _blocked(client: Any) -> int:
     return int(client.info("clients")["blocked_clients"])
 
@@ -194,7 +183,7 @@ def test_a_tasks_joiner_is_woken_on_its_own_loop_while_the_groups_thread_is_held
         for joiner in ("task", "thread"):
             key = f"k-{joiner}"
             started, release = threading.Event(), threading.Event()
-            lead, led = in_thread(a.run_sync, key, _work_until(started, release, "v"))
+            lead, led = in_thread(a.run_sync, key, work_until(started, release, "v"))
             assert started.wait(10)
             if joiner == "task":
                 join, got = in_a_loop_that_joined(a, b, functools.partial(b.run, key, never_runs))
@@ -247,7 +236,7 @@ def test_a_loops_first_join_reads_on_the_groups_thread_and_its_next_share_one_co
         async def joins(first: int, count: int) -> None:
             for i in range(first, first + count):
                 started, joined = threading.Event(), threading.Event()
-                lead, led = in_thread(a.run_sync, f"k{i}", _work_until(started, joined, 7))
+                lead, led = in_thread(a.run_sync, f"k{i}", work_until(started, joined, 7))
                 assert await asyncio.to_thread(started.wait, 10)
                 got = await b.run(f"k{i}", never_runs, on_join=joined.set)
                 await asyncio.to_thread(lead.join, 10)
@@ -280,7 +269,7 @@ def test_a_loop_that_ends_while_its_joiner_reads_leaves_no_read_behind(
     client = server.client()
     started, release = threading.Event(), threading.Event()
     with _two_groups(server.url, namespace, release) as (a, b):
-        lead, led = in_thread(a.run_sync, "k", _work_until(started, release, "v"))
+        lead, led = in_thread(a.run_sync, "k", work_until(started, release, "v"))
         assert started.wait(10)
         base = 0
 
@@ -319,7 +308,7 @@ def test_a_read_that_fails_as_no_step_expects_ends_the_joiner_as_unavailable(
         raise TypeError("a transport's bug")
 
     with _two_groups(redis_server.url, namespace, release) as (a, b):
-        lead, led = in_thread(a.run_sync, "k", _work_until(started, release, "v"))
+        lead, led = in_thread(a.run_sync, "k", work_until(started, release, "v"))
         assert started.wait(10)
 
         async def join_broken() -> Any:
@@ -355,7 +344,7 @@ def test_a_group_closed_between_its_loops_runs_closes_their_connections(
         runner.run(join_once(a, b))  # (the loop's next join reads on the loop)
         base = _connections(client)
         started, joined = threading.Event(), threading.Event()
-        lead, led = in_thread(a.run_sync, "k", _work_until(started, joined, 7))
+        lead, led = in_thread(a.run_sync, "k", work_until(started, joined, 7))
         assert started.wait(10)
         got = runner.run(b.run("k", never_runs, on_join=joined.set))
         lead.join(10)
