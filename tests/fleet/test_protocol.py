@@ -1232,10 +1232,10 @@ def test_a_short_flight_takes_two_round_trips_per_caller(
     loop (a task's, on a loop that joined before)."""
     started = threading.Event()
     with FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON, lease=3.0) as a, \
-            FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON) as b:
+            FlightGroup(redis=redis_server.url, namespace=namespace, codec=JSON) as b, \
+            asyncio.Runner() as runner:
         a.run_sync("warm-up-a", lambda: 0)  # each group's startup (script loads) is done
         b.run_sync("warm-up-b", lambda: 0)
-        runner = asyncio.Runner()
         if joiner == "task":
             runner.run(join_once(a, b))  # (its loop's next join reads on it)
         counter = Counter(monkeypatch)
@@ -1247,8 +1247,7 @@ def test_a_short_flight_takes_two_round_trips_per_caller(
 
         lead_thread, lead = in_thread(a.run_sync, "k", work)
         assert started.wait(10)
-        with runner:
-            got = b.run_sync("k", never) if joiner == "thread" else runner.run(b.run("k", never))
+        got = b.run_sync("k", never) if joiner == "thread" else runner.run(b.run("k", never))
         lead_thread.join(10)
         assert joined_value(lead).value == got.value == "v" and got.joined
         assert counter.of(a) == ["acquire", "complete"]

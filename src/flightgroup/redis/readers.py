@@ -5,12 +5,13 @@ keeps one blocking client per caller loop that read a joined flight's outcome th
 made by the first such read, kept while the loop lives. A loop's first join reads on
 the group's thread instead (``reads_on``), and only a loop that joins again gets a
 client: a loop per call (``asyncio.run`` per request) would otherwise open and close a
-connection for every join (ADR 0058). asyncio says nothing when a
-loop ends, so each client comes with a sentinel async generator started on its loop:
-``loop.shutdown_asyncgens()`` (which ``asyncio.run`` and ``asyncio.Runner`` call as they
-end) closes it, and its ``finally`` closes the client and drops it. A loop closed
-without that loses its client when the next one is made, or at the group's close; a loop
-stopped and never closed keeps it until the group's close.
+connection for every join (ADR 0058).
+
+asyncio says nothing when a loop ends, so each client comes with a sentinel async
+generator started on its loop: ``loop.shutdown_asyncgens()`` (which ``asyncio.run`` and
+``asyncio.Runner`` call as they end) closes it, and its ``finally`` closes the client and
+drops it. A loop closed without that loses its client when the next one is made, or at
+the group's close; a loop stopped and never closed keeps it until the group's close.
 
 A group's close closes the clients of the loops still running (on their loops, without
 waiting); a forked child keeps its copies of the parent's, unused and never closed: a
